@@ -1,0 +1,67 @@
+"""Output for mrcctl: one valid JSON document per call in -j mode, aligned tables otherwise.
+
+Commands build a plain dict/list document and a renderer for humans; `Output.emit` picks one. Progress
+goes to stderr and is suppressed in JSON mode so stdout stays machine-readable."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+Column = tuple[str, str]  # (key in the row dict, header)
+
+
+@dataclass
+class Output:
+    json: bool = False
+    pretty: bool = False
+    out: TextIO = sys.stdout
+    err: TextIO = sys.stderr
+
+    def emit(self, doc: Any, render: Callable[[Any], str] | None = None) -> None:
+        if self.json:
+            self.out.write(json.dumps(doc, indent=2 if self.pretty else None, sort_keys=False) + "\n")
+        elif render is not None:
+            text = render(doc)
+            if text:
+                self.out.write(text if text.endswith("\n") else text + "\n")
+        else:
+            self.out.write(json.dumps(doc, indent=2) + "\n")
+        self.out.flush()
+
+    def progress(self, message: str) -> None:
+        """A progress line for long work (stderr; silent in JSON mode)."""
+        if not self.json:
+            self.err.write(message + "\n")
+            self.err.flush()
+
+    def error(self, message: str) -> None:
+        if self.json:
+            self.out.write(json.dumps({"error": message}) + "\n")
+            self.out.flush()
+        else:
+            self.err.write(f"mrcctl: error: {message}\n")
+            self.err.flush()
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def table(rows: Iterable[Mapping[str, Any]], columns: Sequence[Column]) -> str:
+    """Left-aligned columns with a header line, like `ip -br` / `rdma` output."""
+    cells = [[h for _, h in columns]]
+    cells += [[_cell(r.get(k)) for k, _ in columns] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    )

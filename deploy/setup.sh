@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# mrc setup: Debian packages, kernel headers for BCC, and the project virtualenv.
+#
+# Idempotent: every step checks before it acts, so re-running is cheap and safe.
+# Usage: deploy/setup.sh [--no-apt]    (run as root for the apt and headers steps)
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$here"
+VENV=${VENV:-.venv}
+SYSPY=/usr/bin/python3
+
+# Debian packages the project needs, and why:
+#   python3-bpfcc        BCC (compiles and loads the eBPF dataplane; not on PyPI)
+#   linux-headers-amd64  kernel headers BCC compiles against
+#   bpftool              inspect/detach programs ("mrcctl prog" and the operator)
+#   iproute2 ethtool     links, routes, qdiscs, driver counters
+#   tcpdump tshark       captures and the BTH/RETH/MXH decode tests
+#   iperf3               kernel TCP baseline in benchmarks
+#   prometheus           metrics scrape and rule checks (promtool)
+#   python3-venv         the virtualenv module for the system Python
+APT_PKGS=(python3-bpfcc python3-venv linux-headers-amd64 bpftool iproute2 ethtool tcpdump tshark iperf3 prometheus)
+
+say() { printf 'setup: %s\n' "$*"; }
+die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
+
+no_apt=0
+[ "${1:-}" = "--no-apt" ] && no_apt=1
+
+missing=()
+for p in "${APT_PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ $no_apt = 1 ]; then
+    say "skipping apt (--no-apt); missing: ${missing[*]}"
+  elif [ "$(id -u)" != 0 ]; then
+    die "missing Debian packages: ${missing[*]}; run 'sudo make setup' or: apt-get install ${missing[*]}"
+  else
+    say "installing Debian packages: ${missing[*]}"
+    # tshark asks whether non-root users may capture; answer it so the install never blocks.
+    echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq || die "apt-get update failed"
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+      || die "apt-get install ${missing[*]} failed"
+  fi
+else
+  say "Debian packages present"
+fi
+
+# BCC compiles against /lib/modules/$(uname -r)/build. Containers and custom kernels often lack it:
+# link the nearest Debian headers tree there. Networking programs only use the stable UAPI.
+kver=$(uname -r)
+kdir=/lib/modules/$kver
+if [ ! -e "$kdir/build" ]; then
+  hdr=$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -n 1 || true)
+  if [ -z "$hdr" ]; then
+    say "warning: no kernel headers in /usr/src; BCC programs will not compile (apt-get install linux-headers-amd64)"
+  elif [ "$(id -u)" != 0 ]; then
+    say "warning: $kdir/build is missing; as root, setup links $hdr there"
+  else
+    mkdir -p "$kdir"
+    ln -sfn "$hdr" "$kdir/build"
+    ln -sfn "$hdr" "$kdir/source"
+    say "linked kernel headers $hdr -> $kdir/build (and source): the running kernel $kver has no headers package"
+  fi
+fi
+
+# The virtualenv sees the system site-packages, which is where Debian's BCC lives.
+[ -x "$SYSPY" ] || die "$SYSPY not found: install python3 (Debian 12: apt-get install python3 python3-venv)"
+if [ ! -x "$VENV/bin/python" ]; then
+  say "creating $VENV from $SYSPY (--system-site-packages, for BCC)"
+  "$SYSPY" -m venv --system-site-packages "$VENV" || die "venv creation failed: apt-get install python3-venv"
+fi
+stamp="$VENV/.mrc-installed"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  say "installing mrc (editable, [dev]) into $VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  "$VENV/bin/python" -m pip install -q -e '.[dev]' || die "pip install -e .[dev] failed"
+  touch "$stamp"
+else
+  say "$VENV up to date"
+fi
+"$VENV/bin/python" -c 'import bcc' 2>/dev/null && say "bcc importable from $VENV" \
+  || say "warning: 'import bcc' fails in $VENV (apt-get install python3-bpfcc)"
+say "done"

@@ -1,0 +1,107 @@
+"""RoCEv2 invariant CRC (ICRC) over the inner IPv6 packet.
+
+The ICRC is the IEEE CRC-32 (zlib.crc32) of::
+
+    8 bytes of 0xFF                      stands in for the InfiniBand LRH, which RoCEv2 does not carry
+    IPv6 header                          Traffic Class, Flow Label and Hop Limit masked to all ones
+    UDP header                           checksum masked to 0xFFFF
+    BTH                                  byte 4 (FECN, BECN, Resv6) masked to 0xFF
+    everything after BTH up to the ICRC  (RETH, ImmDt, MXH, payload, pad; or a control body)
+
+and is carried in the last 4 bytes of the UDP payload, least significant byte first (the byte order
+of the kernel's rxe driver and of scapy.contrib.roce). The masked fields are the ones a switch may
+rewrite (ECN bits, flow label, TTL); everything else is covered end to end.
+
+MRC's host egress program rewrites the UDP source port to 0xC000 | EV index; the ports are not masked,
+so the sender computes the ICRC with that final source port (see `ev_sport`).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import Final
+
+from .consts import BTH_LEN, EV_INDEX_MAX, EV_SPORT_BASE, ICRC_LEN, ROCEV2_UDP_PORT, UDP_LEN
+
+#: 8 x 0xFF pseudo-LRH, then IPv6 (ver/tc/flow masked, payload length, next header 17, hop limit masked,
+#: src, dst), then UDP (sport, dport, length, checksum masked), then the first 12 bytes of BTH.
+_PSEUDO: Final = struct.Struct("!8sIHBB16s16sHHHH")
+_PSEUDO_LEN: Final = _PSEUDO.size  # 8 + 40 + 8 = 56
+_LRH: Final = b"\xff" * 8
+_VTF_MASKED: Final = 0x6FFFFFFF
+_ICRC: Final = struct.Struct("<I")
+
+
+def ev_sport(ev_index: int) -> int:
+    """The UDP source port a packet sprayed on EV index `ev_index` carries on the fabric."""
+    return EV_SPORT_BASE | (ev_index & EV_INDEX_MAX)
+
+
+class IcrcContext:
+    """The parts of the IPv6/UDP envelope the ICRC covers that the MRC payload does not carry:
+    source and destination addresses (16 bytes each) and the UDP ports.
+
+    One context per peer; `compute` is the hot path: one struct pack into a reused scratch buffer and
+    two zlib.crc32 calls, no per-packet allocations beyond the masked header copy."""
+
+    __slots__ = ("_scratch", "dport", "dst", "src")
+
+    def __init__(self, src: bytes, dst: bytes, dport: int = ROCEV2_UDP_PORT) -> None:
+        if len(src) != 16 or len(dst) != 16:
+            raise ValueError("IcrcContext needs 16-byte IPv6 addresses")
+        self.src = bytes(src)
+        self.dst = bytes(dst)
+        self.dport = dport
+        self._scratch = bytearray(_PSEUDO_LEN + BTH_LEN)
+
+    def compute(self, mrc: bytes | bytearray | memoryview, end: int, sport: int) -> int:
+        """ICRC of `mrc[0:end]` (BTH up to, not including, the ICRC) as sent with UDP source `sport`.
+        The UDP length the ICRC sees is that of the full datagram: end + ICRC."""
+        udp_len = UDP_LEN + end + ICRC_LEN
+        s = self._scratch
+        _PSEUDO.pack_into(
+            s, 0, _LRH, _VTF_MASKED, udp_len, 17, 0xFF, self.src, self.dst, sport, self.dport, udp_len,
+            0xFFFF,
+        )
+        s[_PSEUDO_LEN : _PSEUDO_LEN + BTH_LEN] = mrc[0:BTH_LEN]
+        s[_PSEUDO_LEN + 4] = 0xFF
+        crc = zlib.crc32(s)
+        return zlib.crc32(memoryview(mrc)[BTH_LEN:end], crc)
+
+    def write(self, buf: bytearray | memoryview, end: int, sport: int) -> int:
+        """Compute the ICRC of buf[0:end] and store it at buf[end:end+4]; returns end + 4."""
+        _ICRC.pack_into(buf, end, self.compute(buf, end, sport))
+        return end + ICRC_LEN
+
+    def check(self, mrc: bytes | bytearray | memoryview, sport: int) -> bool:
+        """True when the last 4 bytes of `mrc` are the ICRC of the rest."""
+        end = len(mrc) - ICRC_LEN
+        if end < BTH_LEN:
+            return False
+        return bool(_ICRC.unpack_from(mrc, end)[0] == self.compute(mrc, end, sport))
+
+
+def read_icrc(mrc: bytes | bytearray | memoryview) -> int:
+    """The last 4 bytes read in network order: the number Wireshark and scapy display as the ICRC
+    (the byte swap of the CRC value, because the CRC is stored least significant byte first)."""
+    return int(struct.unpack_from("!I", mrc, len(mrc) - ICRC_LEN)[0])
+
+
+def icrc_of_ipv6(pkt: bytes | bytearray | memoryview) -> int:
+    """ICRC of a whole inner IPv6/UDP/BTH... packet (ICRC trailer present, not included). Uses the
+    packet's own header bytes, masked; for checks of captured packets."""
+    mv = memoryview(pkt)
+    end = len(mv) - ICRC_LEN
+    hdr = bytearray(_LRH)
+    hdr += mv[0 : 40 + 8 + BTH_LEN]
+    # IPv6: version stays, traffic class + flow label -> all ones; hop limit -> 0xFF
+    hdr[8] = (hdr[8] & 0xF0) | 0x0F
+    hdr[9:12] = b"\xff\xff\xff"
+    hdr[8 + 7] = 0xFF
+    # UDP checksum
+    hdr[8 + 40 + 6 : 8 + 40 + 8] = b"\xff\xff"
+    # BTH byte 4
+    hdr[8 + 48 + 4] = 0xFF
+    crc = zlib.crc32(hdr)
+    return zlib.crc32(mv[40 + 8 + BTH_LEN : end], crc)

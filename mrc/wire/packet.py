@@ -1,0 +1,403 @@
+"""Whole MRC packets as the UDP payload a socket sends: build into preallocated buffers, parse from
+any bytes-like object.
+
+Layouts (see bth.py, mxh.py, control.py for every field)::
+
+    RDMA WRITE Only (0x0A)            BTH | RETH | MXH | payload | pad | ICRC      52 B + payload + 4
+    RDMA WRITE Only w/ Immediate (0x0B) BTH | RETH | ImmDt | MXH | payload | pad | ICRC  56 B + ...
+    control (0xC0-0xC4)               BTH | MXH | body | ICRC                      36 B + body + 4
+    trimmed data packet               BTH | RETH | [ImmDt] | MXH (TRIMMED set)     nothing after MXH
+
+`build_*` write headers with one `struct.pack_into` each, copy the payload once and append the ICRC;
+they return the packet length. `parse` unpacks the fixed headers with one precompiled Struct per
+opcode and returns one `MrcPacket` whose payload is a zero-copy memoryview into the input. Every
+failure is a `WireError` with a reason from `errors.REASONS`; nothing else escapes.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from . import control as ctl
+from .bth import ACKREQ_BIT, BECN_BIT, FECN_BIT
+from .consts import (
+    BTH_LEN,
+    DATA_OPCODES,
+    DEFAULT_PKEY,
+    ICRC_LEN,
+    MAX_PAYLOAD,
+    MXH_LEN,
+    MXH_VERSION,
+    PSN_MASK,
+    QPN_MASK,
+    MxhFlag,
+    Opcode,
+)
+from .control import ControlBody
+from .errors import WireError
+from .icrc import IcrcContext, ev_sport
+from .mxh import MXH_FLAGS_OFFSET
+
+Buffer = bytes | bytearray | memoryview
+WBuffer = bytearray | memoryview
+IcrcStatus = Literal["ok", "bad", "ignored", "unchecked"]
+
+# Fixed headers per packet shape, as single Structs (fewer calls on the hot path).
+_WRITE: Final = struct.Struct("!BBHII" "QII" "BBHIIIQ")
+_WRITE_IMM: Final = struct.Struct("!BBHII" "QII" "I" "BBHIIIQ")
+_CTRL: Final = struct.Struct("!BBHII" "BBHIIIQ")
+WRITE_HDR_LEN: Final = _WRITE.size  # 52
+WRITE_IMM_HDR_LEN: Final = _WRITE_IMM.size  # 56
+CTRL_HDR_LEN: Final = _CTRL.size  # 36
+assert CTRL_HDR_LEN == BTH_LEN + MXH_LEN
+
+_TRIM_FLAGS: Final = int(MxhFlag.TRIMMED | MxhFlag.PRIO)
+_TRIMMED: Final = int(MxhFlag.TRIMMED)
+_ZERO4: Final = b"\x00\x00\x00\x00"
+
+OPCODE_NAMES: Final = {
+    Opcode.RDMA_WRITE_ONLY: "WRITE",
+    Opcode.RDMA_WRITE_ONLY_IMM: "WRITE_IMM",
+    Opcode.SACK: "SACK",
+    Opcode.NACK: "NACK",
+    Opcode.PROBE: "PROBE",
+    Opcode.PROBE_REPLY: "PROBE_REPLY",
+    Opcode.PORT_STATUS: "PORT_STATUS",
+}
+
+_BODY_PARSERS: Final = {
+    Opcode.SACK: ctl.unpack_sack,
+    Opcode.NACK: ctl.unpack_nack,
+    Opcode.PROBE: ctl.unpack_probe,
+    Opcode.PROBE_REPLY: ctl.unpack_probe_reply,
+    Opcode.PORT_STATUS: ctl.unpack_port_status,
+}
+
+
+def header_len(opcode: int) -> int:
+    """Bytes from BTH to the end of MXH for `opcode` (where the payload or body starts)."""
+    if opcode == Opcode.RDMA_WRITE_ONLY:
+        return WRITE_HDR_LEN
+    if opcode == Opcode.RDMA_WRITE_ONLY_IMM:
+        return WRITE_IMM_HDR_LEN
+    if opcode in _BODY_PARSERS:
+        return CTRL_HDR_LEN
+    raise WireError("bad_opcode", f"opcode {opcode:#04x} is not an MRC opcode")
+
+
+@dataclass(slots=True)
+class MrcPacket:
+    """One parsed MRC packet. RETH/ImmDt fields are 0/None on control packets; `body` is None on data."""
+
+    opcode: int
+    pad: int
+    pkey: int
+    fecn: bool
+    becn: bool
+    dqpn: int
+    ackreq: bool
+    psn: int
+    va: int
+    rkey: int
+    dma_len: int
+    imm: int | None
+    flags: int
+    ev_index: int
+    msn: int
+    msg_len: int
+    msg_offset: int
+    timestamp_ns: int
+    payload: memoryview
+    body: ControlBody | None
+    icrc: IcrcStatus
+    length: int
+
+    @property
+    def trimmed(self) -> bool:
+        return bool(self.flags & _TRIMMED)
+
+    @property
+    def is_data(self) -> bool:
+        return self.opcode in DATA_OPCODES
+
+    @property
+    def opcode_name(self) -> str:
+        return OPCODE_NAMES.get(self.opcode, f"{self.opcode:#04x}")  # type: ignore[call-overload]
+
+
+# --------------------------------------------------------------------------------------------- build
+
+
+def build_write(
+    buf: WBuffer,
+    ctx: IcrcContext,
+    *,
+    dqpn: int,
+    psn: int,
+    ev_index: int,
+    va: int,
+    rkey: int,
+    payload: Buffer,
+    msn: int = 0,
+    msg_len: int | None = None,
+    msg_offset: int = 0,
+    timestamp_ns: int = 0,
+    flags: int = 0,
+    ackreq: bool = False,
+    imm: int | None = None,
+    sport: int | None = None,
+) -> int:
+    """Write an RDMA WRITE Only (or, with `imm`, WRITE Only with Immediate) packet into `buf`.
+
+    Returns the packet length. `buf` must hold header + payload + pad + 4 bytes. `sport` defaults to
+    the fabric source port of `ev_index` (what the host egress program writes)."""
+    n = len(payload)
+    if n > MAX_PAYLOAD:
+        raise ValueError(f"payload of {n} bytes exceeds MAX_PAYLOAD {MAX_PAYLOAD}")
+    pad = -n & 3
+    if msg_len is None:
+        msg_len = msg_offset + n
+    w0 = (ACKREQ_BIT if ackreq else 0) | (psn & PSN_MASK)
+    if imm is None:
+        hl = WRITE_HDR_LEN
+        _WRITE.pack_into(
+            buf, 0, Opcode.RDMA_WRITE_ONLY, pad << 4, DEFAULT_PKEY, dqpn & QPN_MASK, w0, va, rkey, n,
+            MXH_VERSION, flags, ev_index, msn, msg_len, msg_offset, timestamp_ns,
+        )
+    else:
+        hl = WRITE_IMM_HDR_LEN
+        _WRITE_IMM.pack_into(
+            buf, 0, Opcode.RDMA_WRITE_ONLY_IMM, pad << 4, DEFAULT_PKEY, dqpn & QPN_MASK, w0, va, rkey, n,
+            imm & 0xFFFFFFFF, MXH_VERSION, flags, ev_index, msn, msg_len, msg_offset, timestamp_ns,
+        )
+    end = hl + n
+    buf[hl:end] = payload
+    if pad:
+        buf[end : end + pad] = _ZERO4[:pad]
+        end += pad
+    return ctx.write(buf, end, ev_sport(ev_index) if sport is None else sport)
+
+
+def _control(
+    buf: WBuffer,
+    ctx: IcrcContext,
+    opcode: int,
+    dqpn: int,
+    psn: int,
+    ev_index: int,
+    timestamp_ns: int,
+    body_len: int,
+    sport: int | None,
+) -> int:
+    _CTRL.pack_into(
+        buf, 0, opcode, 0, DEFAULT_PKEY, dqpn & QPN_MASK, psn & PSN_MASK,
+        MXH_VERSION, 0, ev_index, 0, 0, 0, timestamp_ns,
+    )
+    return ctx.write(buf, CTRL_HDR_LEN + body_len, ev_sport(ev_index) if sport is None else sport)
+
+
+def build_sack(
+    buf: WBuffer,
+    ctx: IcrcContext,
+    *,
+    dqpn: int,
+    psn: int,
+    ev_index: int,
+    cum_psn: int,
+    echo_ev_index: int,
+    echo_timestamp_ns: int,
+    bitmap: int = 0,
+    words: int = 1,
+    echo_flags: int = 0,
+    service_time_ns: int = 0,
+    timestamp_ns: int = 0,
+    sport: int | None = None,
+) -> int:
+    """SACK: `psn` is the PSN that triggered it; bit i of `bitmap` <=> PSN cum_psn + 1 + i received."""
+    blen = ctl.pack_sack(
+        buf, CTRL_HDR_LEN, cum_psn, echo_ev_index, echo_flags, echo_timestamp_ns, service_time_ns,
+        bitmap, words,
+    )
+    return _control(buf, ctx, Opcode.SACK, dqpn, psn, ev_index, timestamp_ns, blen, sport)
+
+
+def build_nack(
+    buf: WBuffer,
+    ctx: IcrcContext,
+    *,
+    dqpn: int,
+    psn: int,
+    ev_index: int,
+    code: int,
+    echo_ev_index: int,
+    cum_psn: int,
+    echo_timestamp_ns: int = 0,
+    timestamp_ns: int = 0,
+    sport: int | None = None,
+) -> int:
+    """NACK of `psn` with `code` (NackCode)."""
+    blen = ctl.pack_nack(buf, CTRL_HDR_LEN, code, echo_ev_index, cum_psn, echo_timestamp_ns)
+    return _control(buf, ctx, Opcode.NACK, dqpn, psn, ev_index, timestamp_ns, blen, sport)
+
+
+def build_probe(
+    buf: WBuffer,
+    ctx: IcrcContext,
+    *,
+    dqpn: int,
+    ev_index: int,
+    request_id: int,
+    reply_qpn: int,
+    timestamp_ns: int,
+    sport: int | None = None,
+) -> int:
+    """PROBE sent on EV `ev_index` (the EV under test)."""
+    blen = ctl.pack_probe(buf, CTRL_HDR_LEN, request_id, reply_qpn)
+    return _control(buf, ctx, Opcode.PROBE, dqpn, 0, ev_index, timestamp_ns, blen, sport)
+
+
+def build_probe_reply(
+    buf: WBuffer,
+    ctx: IcrcContext,
+    *,
+    dqpn: int,
+    ev_index: int,
+    request_id: int,
+    echo_ev_index: int,
+    echo_timestamp_ns: int,
+    service_time_ns: int = 0,
+    flags: int = 0,
+    timestamp_ns: int = 0,
+    sport: int | None = None,
+) -> int:
+    blen = ctl.pack_probe_reply(
+        buf, CTRL_HDR_LEN, request_id, echo_ev_index, flags, echo_timestamp_ns, service_time_ns
+    )
+    return _control(buf, ctx, Opcode.PROBE_REPLY, dqpn, 0, ev_index, timestamp_ns, blen, sport)
+
+
+def build_port_status(
+    buf: WBuffer,
+    ctx: IcrcContext,
+    *,
+    dqpn: int,
+    ev_index: int,
+    request_id: int,
+    port: int,
+    state: int,
+    epoch: int,
+    timestamp_ns: int = 0,
+    sport: int | None = None,
+) -> int:
+    blen = ctl.pack_port_status(buf, CTRL_HDR_LEN, request_id, port, state, epoch)
+    return _control(buf, ctx, Opcode.PORT_STATUS, dqpn, 0, ev_index, timestamp_ns, blen, sport)
+
+
+def trim_in_place(buf: WBuffer, length: int) -> int:
+    """What a trimming switch does to a data packet: keep the headers up to the end of MXH, set
+    TRIMMED and PRIO. Returns the new length (the caller fixes the IP/UDP lengths around it)."""
+    if length < BTH_LEN:
+        raise WireError("truncated", "cannot trim: no BTH")
+    hl = header_len(buf[0])
+    if buf[0] not in DATA_OPCODES:
+        raise WireError("bad_opcode", "only data packets are trimmed")
+    if length < hl:
+        raise WireError("truncated", "cannot trim: headers incomplete")
+    buf[hl - MXH_LEN + MXH_FLAGS_OFFSET] |= _TRIM_FLAGS
+    return hl
+
+
+# --------------------------------------------------------------------------------------------- parse
+
+
+def parse(
+    data: Buffer,
+    ctx: IcrcContext | None = None,
+    sport: int | None = None,
+    *,
+    verify: bool = True,
+) -> MrcPacket:
+    """Parse one MRC packet (the UDP payload: BTH ... ICRC).
+
+    With `ctx`, the ICRC is checked using `sport` (default: the EV's fabric port); a mismatch raises
+    WireError("bad_icrc") when `verify`, else the result says icrc="bad". Without `ctx` the result
+    says "unchecked". Trimmed packets: "ignored"."""
+    mv = data if isinstance(data, memoryview) else memoryview(data)
+    if mv.ndim != 1 or mv.itemsize != 1:
+        mv = mv.cast("B")
+    n = len(mv)
+    if n < BTH_LEN:
+        raise WireError("truncated", f"{n} bytes, BTH needs {BTH_LEN}")
+    op = mv[0]
+    imm: int | None = None
+    if op == Opcode.RDMA_WRITE_ONLY:
+        hl = WRITE_HDR_LEN
+        if n < hl:
+            raise WireError("truncated", f"{n} bytes, WRITE headers need {hl}")
+        (_, b1, pkey, qw, pw, va, rkey, dma_len, ver, flags, ev, msn, mlen, moff, ts) = _WRITE.unpack_from(mv)
+    elif op == Opcode.RDMA_WRITE_ONLY_IMM:
+        hl = WRITE_IMM_HDR_LEN
+        if n < hl:
+            raise WireError("truncated", f"{n} bytes, WRITE_IMM headers need {hl}")
+        (_, b1, pkey, qw, pw, va, rkey, dma_len, imm, ver, flags, ev, msn, mlen, moff, ts) = (
+            _WRITE_IMM.unpack_from(mv)
+        )
+    elif op in _BODY_PARSERS:
+        hl = CTRL_HDR_LEN
+        if n < hl:
+            raise WireError("truncated", f"{n} bytes, control headers need {hl}")
+        (_, b1, pkey, qw, pw, ver, flags, ev, msn, mlen, moff, ts) = _CTRL.unpack_from(mv)
+        va = rkey = dma_len = 0
+    else:
+        raise WireError("bad_opcode", f"opcode {op:#04x} is not an MRC opcode")
+    if b1 & 0x0F:
+        raise WireError("bad_field", f"BTH TVer {b1 & 0x0F} != 0")
+    if ver != MXH_VERSION:
+        raise WireError("bad_version", f"MXH version {ver}, expected {MXH_VERSION}")
+    pad = (b1 >> 4) & 3
+    body: ControlBody | None = None
+    status: IcrcStatus
+    if flags & _TRIMMED:
+        if hl == CTRL_HDR_LEN:
+            raise WireError("bad_field", "TRIMMED set on a control packet")
+        payload = mv[hl:hl]
+        status = "ignored"
+    else:
+        if hl == CTRL_HDR_LEN:
+            end = n - ICRC_LEN
+            if end < hl:
+                raise WireError("truncated", "control packet without ICRC")
+            if pad:
+                raise WireError("bad_field", "PadCnt set on a control packet")
+        else:
+            if dma_len > MAX_PAYLOAD:
+                raise WireError("bad_length", f"DMA length {dma_len} > {MAX_PAYLOAD}")
+            if (dma_len + pad) & 3:
+                raise WireError("bad_length", f"DMA length {dma_len} + pad {pad} not a multiple of 4")
+            end = hl + dma_len + pad
+            if n != end + ICRC_LEN:
+                raise WireError(
+                    "truncated" if n < end + ICRC_LEN else "bad_length",
+                    f"{n} bytes, headers and DMA length say {end + ICRC_LEN}",
+                )
+            if moff + dma_len > mlen:
+                raise WireError("bad_length", f"offset {moff} + {dma_len} beyond message length {mlen}")
+        if ctx is None:
+            status = "unchecked"
+        elif ctx.check(mv, ev_sport(ev) if sport is None else sport):
+            status = "ok"
+        elif verify:
+            raise WireError("bad_icrc", "invariant CRC mismatch")
+        else:
+            status = "bad"
+        if hl == CTRL_HDR_LEN:
+            body = _BODY_PARSERS[op](mv, hl, end)  # type: ignore[index]
+            payload = mv[hl:hl]
+        else:
+            payload = mv[hl : hl + dma_len]
+    return MrcPacket(
+        op, pad, pkey, bool(qw & FECN_BIT), bool(qw & BECN_BIT), qw & QPN_MASK, bool(pw & ACKREQ_BIT),
+        pw & PSN_MASK, va, rkey, dma_len, imm, flags, ev, msn, mlen, moff, ts, payload, body, status, n,
+    )
