@@ -17,6 +17,7 @@ failure is a `WireError` with a reason from `errors.REASONS`; nothing else escap
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -57,7 +58,7 @@ _TRIM_FLAGS: Final = int(MxhFlag.TRIMMED | MxhFlag.PRIO)
 _TRIMMED: Final = int(MxhFlag.TRIMMED)
 _ZERO4: Final = b"\x00\x00\x00\x00"
 
-OPCODE_NAMES: Final = {
+OPCODE_NAMES: Final[dict[int, str]] = {
     Opcode.RDMA_WRITE_ONLY: "WRITE",
     Opcode.RDMA_WRITE_ONLY_IMM: "WRITE_IMM",
     Opcode.SACK: "SACK",
@@ -67,7 +68,7 @@ OPCODE_NAMES: Final = {
     Opcode.PORT_STATUS: "PORT_STATUS",
 }
 
-_BODY_PARSERS: Final = {
+_BODY_PARSERS: Final[dict[int, Callable[[Buffer, int, int], ControlBody]]] = {
     Opcode.SACK: ctl.unpack_sack,
     Opcode.NACK: ctl.unpack_nack,
     Opcode.PROBE: ctl.unpack_probe,
@@ -124,7 +125,7 @@ class MrcPacket:
 
     @property
     def opcode_name(self) -> str:
-        return OPCODE_NAMES.get(self.opcode, f"{self.opcode:#04x}")  # type: ignore[call-overload]
+        return OPCODE_NAMES.get(self.opcode) or f"{self.opcode:#04x}"
 
 
 # --------------------------------------------------------------------------------------------- build
@@ -393,7 +394,7 @@ def parse(
         else:
             status = "bad"
         if hl == CTRL_HDR_LEN:
-            body = _BODY_PARSERS[op](mv, hl, end)  # type: ignore[index]
+            body = _BODY_PARSERS[op](mv, hl, end)
             payload = mv[hl:hl]
         else:
             payload = mv[hl : hl + dma_len]
