@@ -4,10 +4,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup test lint typecheck unit bench clean
+.PHONY: setup demo test lint typecheck unit bench clean
 
 setup:
 	@bash deploy/setup.sh
+
+demo: setup
+	@bash deploy/demo.sh
 
 test: setup lint typecheck
 	$(PY) -m pytest tests

@@ -1,0 +1,62 @@
+"""The wheel carries the mrc.* namespace mapped from dataplane/, ctl/ and bpf/, and the eBPF sources are
+found at run time from an installed wheel, not only from the editable checkout."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    build = tmp_path_factory.mktemp("build")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
+         str(ROOT)],
+        capture_output=True, text=True, timeout=300, env={"TMPDIR": str(build), "PATH": "/usr/bin:/bin"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    wheels = list(out.glob("mrc-*.whl"))
+    assert len(wheels) == 1, wheels
+    return wheels[0]
+
+
+def test_wheel_maps_folders_into_one_namespace(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for expected in (
+        "mrc/__init__.py",
+        "mrc/wire/packet.py",
+        "mrc/dataplane/sources.py",
+        "mrc/ctl/cli.py",
+        "mrc/_bpf/include/mrc_abi.h",
+        "mrc/py.typed",
+    ):
+        assert expected in names, f"{expected} missing from {wheel.name}"
+    # no generic top-level packages leak out of the mapping
+    assert not any(n.startswith(("dataplane/", "ctl/", "bpf/")) for n in names)
+    entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+    text = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "mrcctl = mrc.ctl.cli:main" in text
+
+
+def test_bpf_sources_found_from_installed_wheel(wheel: Path, tmp_path: Path) -> None:
+    target = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(target)
+    # -S: no site-packages, so the editable finder of the checkout cannot answer instead of the wheel.
+    code = "from mrc.dataplane import bpf_source; print(bpf_source('include/mrc_abi.h'))"
+    proc = subprocess.run(
+        [sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path,
+        env={"PYTHONPATH": str(target)}, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    found = Path(proc.stdout.strip())
+    assert found == target / "mrc" / "_bpf" / "include" / "mrc_abi.h"
+    assert "MRC_UDP_PORT 4791" in found.read_text()
