@@ -2,7 +2,7 @@
 
     mrcctl [-j|--json] [-p|--pretty] OBJECT [VERB] [ARGS]
 
-Each OBJECT is a click group in its own module (`cmd_<object>.py`) registered below; `show` is the
+Each OBJECT is a click group named <object> in its own module `cmd_<object>.py`, found by `_register`; `show` is the
 default verb where an object has one. Errors print one clear line (or {"error": ...} with -j) and
 exit non-zero; no traceback reaches the user for bad input.
 """
@@ -44,9 +44,22 @@ def cli(ctx: click.Context, as_json: bool, pretty: bool) -> None:
 
 
 def _register() -> None:
-    from . import cmd_wire
+    """Add every OBJECT: the module `ctl/cmd_<object>.py` defines a click group named `<object>`.
+    Discovery keeps this file out of every feature's diff; an import error surfaces, never hides."""
+    import importlib
+    import pkgutil
 
-    cli.add_command(cmd_wire.wire)
+    from mrc import ctl
+
+    for info in sorted(pkgutil.iter_modules(ctl.__path__), key=lambda i: i.name):
+        if not info.name.startswith("cmd_"):
+            continue
+        module = importlib.import_module(f"{ctl.__name__}.{info.name}")
+        obj = info.name.removeprefix("cmd_")
+        group = getattr(module, obj, None)
+        if not isinstance(group, click.Command):
+            raise RuntimeError(f"{module.__name__} must define a click command or group named {obj!r}")
+        cli.add_command(group, obj)
 
 
 _register()
