@@ -3,8 +3,8 @@
     mrcctl [-j|--json] [-p|--pretty] OBJECT [VERB] [ARGS]
 
 Each OBJECT is a click group named <object> in its own module `cmd_<object>.py`, found by
-`_register`; `show` is the default verb where an object has one. Errors print one clear line (or {"error": ...} with -j) and
-exit non-zero; no traceback reaches the user for bad input.
+`_register`; `show` is the default verb where an object has one. Errors print one clear line (or
+{"error": ...} with -j) and exit non-zero; no traceback reaches the user for bad input.
 """
 
 from __future__ import annotations
