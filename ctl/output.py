@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 Column = tuple[str, str]  # (key in the row dict, header)
@@ -18,8 +18,9 @@ Column = tuple[str, str]  # (key in the row dict, header)
 class Output:
     json: bool = False
     pretty: bool = False
-    out: TextIO = sys.stdout
-    err: TextIO = sys.stderr
+    # resolved when the Output is made, so redirected streams (tests, pipes) are honoured
+    out: TextIO = field(default_factory=lambda: sys.stdout)
+    err: TextIO = field(default_factory=lambda: sys.stderr)
 
     def emit(self, doc: Any, render: Callable[[Any], str] | None = None) -> None:
         if self.json:
