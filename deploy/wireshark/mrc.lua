@@ -1,0 +1,342 @@
+-- mrc.lua: Wireshark/tshark dissector for the MRC transport (Multipath Reliable Connection).
+--
+-- Wire format: DESIGN.md §3 and mrc/wire/{bth,mxh,control}.py (the source of truth). MRC packets are
+-- RoCEv2 (UDP 4791) with standard InfiniBand BTH/RETH/ImmDt, followed by our extension header (MXH)
+-- and, on control opcodes 0xC0-0xC4, a control body. This script chains onto UDP port 4791: it first
+-- calls the dissector that was registered there (Wireshark's InfiniBand/RRoCE dissector, which keeps
+-- decoding BTH, RETH, ImmDt and the ICRC exactly as before) and then adds an "MRC" tree with MXH and
+-- the control body. Works on IPv6-in-IPv6 fabric frames (the outer header is decoded by IPv6 itself).
+--
+-- Use:     tshark -X lua_script:deploy/wireshark/mrc.lua -r capture.pcap -O mrc
+--          or copy to ~/.local/lib/wireshark/plugins/ (or ~/.config/wireshark/plugins/ on older builds)
+-- As root, Debian's init.lua has run_user_scripts_when_superuser = true, so -X lua_script works.
+--
+-- MXH offset from the start of BTH: 0x0A WRITE Only 12+16 = 28; 0x0B WRITE Only w/ Immediate
+-- 12+16+4 = 32; control 0xC0-0xC4: 12. The body of a control packet follows MXH (24 bytes) and ends
+-- 4 bytes (the ICRC) before the end of the UDP payload.
+--
+-- Fields (filter name, type, meaning):
+--   mrc.opcode                       uint8   BTH opcode, named (WRITE, WRITE_IMM, SACK, NACK, ...)
+--   mrc.mxh                          bytes   the whole 24-byte MXH
+--   mrc.mxh.version                  uint8   MXH version (1)
+--   mrc.mxh.flags                    uint8   flags byte; bits below
+--   mrc.mxh.flags.trimmed            bool    0x01 payload trimmed by a switch (ICRC not checked)
+--   mrc.mxh.flags.retx               bool    0x02 retransmission
+--   mrc.mxh.flags.first              bool    0x04 first packet of its message
+--   mrc.mxh.flags.last               bool    0x08 last packet of its message
+--   mrc.mxh.flags.ack_req_now        bool    0x10 acknowledge at once
+--   mrc.mxh.flags.prio               bool    0x20 sent at high priority (set with TRIMMED)
+--   mrc.mxh.ev_index                 uint16  entropy value index the packet was sprayed on
+--   mrc.mxh.msn                      uint32  message sequence number
+--   mrc.mxh.msg_len                  uint32  bytes in the whole message
+--   mrc.mxh.msg_offset               uint32  offset of this packet's payload in the message
+--   mrc.mxh.timestamp                uint64  sender clock at send time, ns
+--   mrc.payload_len                  uint32  payload bytes after MXH, pad excluded (data; 0 if trimmed)
+--   mrc.sack.cum_psn                 uint32  (24 bits) lowest PSN not yet received
+--   mrc.sack.echo_ev_index           uint16  EV index of the packet that triggered the SACK
+--   mrc.sack.echo_flags              uint8   bits: mrc.sack.echo_flags.ecn_ce (0x01), .retx (0x02),
+--                                            .duplicate (0x04)
+--   mrc.sack.words                   uint8   64-bit bitmap words that follow (1..16)
+--   mrc.sack.echo_timestamp          uint64  MXH timestamp of the triggering packet, ns
+--   mrc.sack.service_time            uint32  ns the receiver held the triggering packet
+--   mrc.sack.bitmap                  bytes   bit i (byte i//8, LSB first) <=> PSN cum_psn+1+i received
+--   mrc.sack.acked_psn               uint32  (generated, repeated) each PSN the bitmap reports received
+--   mrc.nack.code                    uint8   TRIMMED 1, OUT_OF_WINDOW 2, BAD_RKEY 3, BAD_VA 4,
+--                                            BAD_LENGTH 5, NO_RECV_BUFFER 6, BAD_QPN 7
+--   mrc.nack.echo_ev_index           uint16  EV index the refused packet arrived on
+--   mrc.nack.cum_psn                 uint32  (24 bits) as in SACK
+--   mrc.nack.echo_timestamp          uint64  MXH timestamp of the refused packet, ns
+--   mrc.probe.request_id             uint16  probe request ID
+--   mrc.probe.reply_qpn              uint32  (24 bits) QPN the reply is addressed to
+--   mrc.probe_reply.request_id       uint16  copied from the probe
+--   mrc.probe_reply.echo_ev_index    uint16  MXH EV index of the probe
+--   mrc.probe_reply.flags            uint8   bit mrc.probe_reply.flags.service_time_valid (0x01)
+--   mrc.probe_reply.echo_timestamp   uint64  MXH timestamp of the probe, ns
+--   mrc.probe_reply.service_time     uint32  ns between probe arrival and reply
+--   mrc.port_status.request_id       uint16
+--   mrc.port_status.port             uint8   the sender's plane port
+--   mrc.port_status.state            uint8   DOWN 0, UP 1
+--   mrc.port_status.epoch            uint32  increases with every change
+--   mrc.icrc                         uint32  the trailing ICRC of a control packet, as displayed by
+--                                            the InfiniBand dissector for data packets (not verified)
+-- Expert infos: mrc.expert.trimmed (note), mrc.expert.malformed (error: truncated, bad version, ...).
+
+local MXH_LEN = 24
+local ICRC_LEN = 4
+local ROCEV2_PORT = 4791
+
+local OPCODES = {
+    [0x0A] = "WRITE", [0x0B] = "WRITE_IMM",
+    [0xC0] = "SACK", [0xC1] = "NACK", [0xC2] = "PROBE", [0xC3] = "PROBE_REPLY", [0xC4] = "PORT_STATUS",
+}
+-- Bytes from BTH to MXH per opcode.
+local MXH_OFFSET = {
+    [0x0A] = 12 + 16, [0x0B] = 12 + 16 + 4,
+    [0xC0] = 12, [0xC1] = 12, [0xC2] = 12, [0xC3] = 12, [0xC4] = 12,
+}
+-- Fixed body sizes of the control packets (SACK adds 8 bytes per bitmap word to its 20).
+local BODY_LEN = { [0xC1] = 16, [0xC2] = 8, [0xC3] = 20, [0xC4] = 8 }
+local SACK_FIXED_LEN = 20
+local NACK_CODES = {
+    [1] = "TRIMMED", [2] = "OUT_OF_WINDOW", [3] = "BAD_RKEY", [4] = "BAD_VA", [5] = "BAD_LENGTH",
+    [6] = "NO_RECV_BUFFER", [7] = "BAD_QPN",
+}
+local PORT_STATES = { [0] = "DOWN", [1] = "UP" }
+local MXH_FLAG_NAMES = {
+    { 0x01, "TRIMMED" }, { 0x02, "RETX" }, { 0x04, "FIRST" }, { 0x08, "LAST" },
+    { 0x10, "ACK_REQ_NOW" }, { 0x20, "PRIO" },
+}
+
+local mrc = Proto("mrc", "MRC Transport (Multipath Reliable Connection)")
+
+local pf = {
+    opcode = ProtoField.uint8("mrc.opcode", "Opcode", base.HEX, OPCODES),
+    mxh = ProtoField.bytes("mrc.mxh", "MRC Extension Header"),
+    version = ProtoField.uint8("mrc.mxh.version", "Version", base.DEC),
+    flags = ProtoField.uint8("mrc.mxh.flags", "Flags", base.HEX),
+    f_trimmed = ProtoField.bool("mrc.mxh.flags.trimmed", "Trimmed", 8, nil, 0x01),
+    f_retx = ProtoField.bool("mrc.mxh.flags.retx", "Retransmission", 8, nil, 0x02),
+    f_first = ProtoField.bool("mrc.mxh.flags.first", "First", 8, nil, 0x04),
+    f_last = ProtoField.bool("mrc.mxh.flags.last", "Last", 8, nil, 0x08),
+    f_ack_req_now = ProtoField.bool("mrc.mxh.flags.ack_req_now", "Ack request now", 8, nil, 0x10),
+    f_prio = ProtoField.bool("mrc.mxh.flags.prio", "Priority", 8, nil, 0x20),
+    ev_index = ProtoField.uint16("mrc.mxh.ev_index", "EV index", base.DEC),
+    msn = ProtoField.uint32("mrc.mxh.msn", "Message sequence number", base.DEC),
+    msg_len = ProtoField.uint32("mrc.mxh.msg_len", "Message length", base.DEC),
+    msg_offset = ProtoField.uint32("mrc.mxh.msg_offset", "Message offset", base.DEC),
+    timestamp = ProtoField.uint64("mrc.mxh.timestamp", "Timestamp (ns)", base.DEC),
+    payload_len = ProtoField.uint32("mrc.payload_len", "Payload length", base.DEC),
+
+    sack_cum_psn = ProtoField.uint32("mrc.sack.cum_psn", "Cumulative PSN", base.DEC, nil, 0x00FFFFFF),
+    sack_echo_ev = ProtoField.uint16("mrc.sack.echo_ev_index", "Echo EV index", base.DEC),
+    sack_echo_flags = ProtoField.uint8("mrc.sack.echo_flags", "Echo flags", base.HEX),
+    sack_ecn_ce = ProtoField.bool("mrc.sack.echo_flags.ecn_ce", "ECN-CE", 8, nil, 0x01),
+    sack_retx = ProtoField.bool("mrc.sack.echo_flags.retx", "Retransmission", 8, nil, 0x02),
+    sack_dup = ProtoField.bool("mrc.sack.echo_flags.duplicate", "Duplicate", 8, nil, 0x04),
+    sack_words = ProtoField.uint8("mrc.sack.words", "Bitmap words", base.DEC),
+    sack_echo_ts = ProtoField.uint64("mrc.sack.echo_timestamp", "Echo timestamp (ns)", base.DEC),
+    sack_service = ProtoField.uint32("mrc.sack.service_time", "Service time (ns)", base.DEC),
+    sack_bitmap = ProtoField.bytes("mrc.sack.bitmap", "Bitmap"),
+    sack_acked = ProtoField.uint32("mrc.sack.acked_psn", "Acked PSN", base.DEC),
+
+    nack_code = ProtoField.uint8("mrc.nack.code", "Code", base.DEC, NACK_CODES),
+    nack_echo_ev = ProtoField.uint16("mrc.nack.echo_ev_index", "Echo EV index", base.DEC),
+    nack_cum_psn = ProtoField.uint32("mrc.nack.cum_psn", "Cumulative PSN", base.DEC, nil, 0x00FFFFFF),
+    nack_echo_ts = ProtoField.uint64("mrc.nack.echo_timestamp", "Echo timestamp (ns)", base.DEC),
+
+    probe_rid = ProtoField.uint16("mrc.probe.request_id", "Request ID", base.DEC),
+    probe_reply_qpn = ProtoField.uint32("mrc.probe.reply_qpn", "Reply QPN", base.HEX, nil, 0x00FFFFFF),
+
+    pr_rid = ProtoField.uint16("mrc.probe_reply.request_id", "Request ID", base.DEC),
+    pr_echo_ev = ProtoField.uint16("mrc.probe_reply.echo_ev_index", "Echo EV index", base.DEC),
+    pr_flags = ProtoField.uint8("mrc.probe_reply.flags", "Flags", base.HEX),
+    pr_stv = ProtoField.bool("mrc.probe_reply.flags.service_time_valid", "Service time valid", 8, nil, 0x01),
+    pr_echo_ts = ProtoField.uint64("mrc.probe_reply.echo_timestamp", "Echo timestamp (ns)", base.DEC),
+    pr_service = ProtoField.uint32("mrc.probe_reply.service_time", "Service time (ns)", base.DEC),
+
+    ps_rid = ProtoField.uint16("mrc.port_status.request_id", "Request ID", base.DEC),
+    ps_port = ProtoField.uint8("mrc.port_status.port", "Port", base.DEC),
+    ps_state = ProtoField.uint8("mrc.port_status.state", "State", base.DEC, PORT_STATES),
+    ps_epoch = ProtoField.uint32("mrc.port_status.epoch", "Epoch", base.DEC),
+
+    icrc = ProtoField.uint32("mrc.icrc", "Invariant CRC", base.HEX),
+}
+local field_list = {}
+for _, f in pairs(pf) do field_list[#field_list + 1] = f end
+mrc.fields = field_list
+
+local ex_trimmed = ProtoExpert.new("mrc.expert.trimmed", "Payload trimmed in the fabric",
+    expert.group.SEQUENCE, expert.severity.NOTE)
+local ex_malformed = ProtoExpert.new("mrc.expert.malformed", "Malformed MRC packet",
+    expert.group.MALFORMED, expert.severity.ERROR)
+mrc.experts = { ex_trimmed, ex_malformed }
+
+local function flag_names(value, names)
+    local out = {}
+    for _, pair in ipairs(names) do
+        if bit32.band(value, pair[1]) ~= 0 then out[#out + 1] = pair[2] end
+    end
+    return table.concat(out, "|")
+end
+
+-- Returns false (after an expert info) when fewer than `need` bytes are left from `off`.
+local function have(tvb, tree, off, need, what)
+    if tvb:len() - off < need then
+        tree:add_proto_expert_info(ex_malformed,
+            string.format("%s truncated: %d bytes, %d needed", what, tvb:len() - off, need))
+        return false
+    end
+    return true
+end
+
+local function dissect_sack(tvb, tree, off, body_len)
+    if not have(tvb, tree, off, SACK_FIXED_LEN, "SACK body") then return "" end
+    local cum = bit32.band(tvb(off, 4):uint(), 0x00FFFFFF)
+    local words = tvb(off + 7, 1):uint()
+    local st = tree:add(tvb(off, body_len), "SACK body")
+    st:add(pf.sack_cum_psn, tvb(off, 4))
+    st:add(pf.sack_echo_ev, tvb(off + 4, 2))
+    local ft = st:add(pf.sack_echo_flags, tvb(off + 6, 1))
+    ft:add(pf.sack_ecn_ce, tvb(off + 6, 1))
+    ft:add(pf.sack_retx, tvb(off + 6, 1))
+    ft:add(pf.sack_dup, tvb(off + 6, 1))
+    st:add(pf.sack_words, tvb(off + 7, 1))
+    st:add(pf.sack_echo_ts, tvb(off + 8, 8))
+    st:add(pf.sack_service, tvb(off + 16, 4))
+    local nbytes = 8 * words
+    if words < 1 or words > 16 or body_len ~= SACK_FIXED_LEN + nbytes then
+        st:add_proto_expert_info(ex_malformed,
+            string.format("SACK with %d bitmap words in a %d-byte body", words, body_len))
+        return string.format(" cum=%d", cum)
+    end
+    local bstart = off + SACK_FIXED_LEN
+    local bt = st:add(pf.sack_bitmap, tvb(bstart, nbytes))
+    local acked = 0
+    for i = 0, nbytes - 1 do
+        local byte = tvb(bstart + i, 1):uint()
+        for b = 0, 7 do
+            if bit32.band(byte, bit32.lshift(1, b)) ~= 0 then
+                local psn = (cum + 1 + 8 * i + b) % 0x1000000
+                bt:add(pf.sack_acked, tvb(bstart + i, 1), psn):set_generated()
+                acked = acked + 1
+            end
+        end
+    end
+    return string.format(" cum=%d acked=%d", cum, acked)
+end
+
+local function dissect_nack(tvb, tree, off)
+    local code = tvb(off, 1):uint()
+    local st = tree:add(tvb(off, 16), "NACK body")
+    st:add(pf.nack_code, tvb(off, 1))
+    st:add(pf.nack_echo_ev, tvb(off + 2, 2))
+    st:add(pf.nack_cum_psn, tvb(off + 4, 4))
+    st:add(pf.nack_echo_ts, tvb(off + 8, 8))
+    return " code=" .. (NACK_CODES[code] or tostring(code))
+end
+
+local function dissect_probe(tvb, tree, off)
+    local st = tree:add(tvb(off, 8), "PROBE body")
+    st:add(pf.probe_rid, tvb(off, 2))
+    st:add(pf.probe_reply_qpn, tvb(off + 4, 4))
+    return string.format(" id=%d", tvb(off, 2):uint())
+end
+
+local function dissect_probe_reply(tvb, tree, off)
+    local st = tree:add(tvb(off, 20), "PROBE_REPLY body")
+    st:add(pf.pr_rid, tvb(off, 2))
+    st:add(pf.pr_echo_ev, tvb(off + 2, 2))
+    local ft = st:add(pf.pr_flags, tvb(off + 4, 1))
+    ft:add(pf.pr_stv, tvb(off + 4, 1))
+    st:add(pf.pr_echo_ts, tvb(off + 8, 8))
+    st:add(pf.pr_service, tvb(off + 16, 4))
+    return string.format(" id=%d", tvb(off, 2):uint())
+end
+
+local function dissect_port_status(tvb, tree, off)
+    local st = tree:add(tvb(off, 8), "PORT_STATUS body")
+    st:add(pf.ps_rid, tvb(off, 2))
+    st:add(pf.ps_port, tvb(off + 2, 1))
+    st:add(pf.ps_state, tvb(off + 3, 1))
+    st:add(pf.ps_epoch, tvb(off + 4, 4))
+    local state = tvb(off + 3, 1):uint()
+    return string.format(" port=%d %s", tvb(off + 2, 1):uint(), PORT_STATES[state] or tostring(state))
+end
+
+-- Decodes MXH and the control body of the MRC packet in `tvb` (BTH at offset 0). Never throws on
+-- short or foreign packets: it adds an expert info and returns.
+local function dissect_mrc(tvb, pinfo, tree)
+    if tvb:len() < 12 then return end
+    local opcode = tvb(0, 1):uint()
+    local moff = MXH_OFFSET[opcode]
+    if moff == nil then return end -- not an MRC opcode: leave it to InfiniBand alone
+    local t = tree:add(mrc, tvb(0, tvb:len()))
+    t:add(pf.opcode, tvb(0, 1))
+    if not have(tvb, t, moff, MXH_LEN, "MXH") then return end
+    local version = tvb(moff, 1):uint()
+    local flags = tvb(moff + 1, 1):uint()
+    local ev = tvb(moff + 2, 2):uint()
+    local mt = t:add(pf.mxh, tvb(moff, MXH_LEN))
+    mt:set_text("MRC Extension Header")
+    mt:add(pf.version, tvb(moff, 1))
+    if version ~= 1 then
+        mt:add_proto_expert_info(ex_malformed, string.format("MXH version %d, expected 1", version))
+        return
+    end
+    local fnames = flag_names(flags, MXH_FLAG_NAMES)
+    local ft = mt:add(pf.flags, tvb(moff + 1, 1))
+    if fnames ~= "" then ft:append_text(" (" .. fnames .. ")") end
+    ft:add(pf.f_trimmed, tvb(moff + 1, 1))
+    ft:add(pf.f_retx, tvb(moff + 1, 1))
+    ft:add(pf.f_first, tvb(moff + 1, 1))
+    ft:add(pf.f_last, tvb(moff + 1, 1))
+    ft:add(pf.f_ack_req_now, tvb(moff + 1, 1))
+    ft:add(pf.f_prio, tvb(moff + 1, 1))
+    mt:add(pf.ev_index, tvb(moff + 2, 2))
+    mt:add(pf.msn, tvb(moff + 4, 4))
+    mt:add(pf.msg_len, tvb(moff + 8, 4))
+    mt:add(pf.msg_offset, tvb(moff + 12, 4))
+    mt:add(pf.timestamp, tvb(moff + 16, 8))
+
+    local name = OPCODES[opcode]
+    local info = string.format("MRC %s ev=%d", name, ev)
+    if fnames ~= "" then info = info .. " [" .. fnames .. "]" end
+    local body = moff + MXH_LEN
+    local trimmed = bit32.band(flags, 0x01) ~= 0
+    if opcode == 0x0A or opcode == 0x0B then
+        local plen = 0
+        if trimmed then
+            t:add_proto_expert_info(ex_trimmed,
+                string.format("Payload trimmed: %d bytes lost", tvb(12 + 12, 4):uint()))
+        else
+            local pad = bit32.band(bit32.rshift(tvb(1, 1):uint(), 4), 3)
+            plen = math.max(tvb:len() - body - pad - ICRC_LEN, 0)
+        end
+        t:add(pf.payload_len, plen):set_generated()
+    else
+        local body_len = tvb:len() - body - ICRC_LEN
+        if trimmed then
+            t:add_proto_expert_info(ex_malformed, "TRIMMED set on a control packet")
+        end
+        local need = BODY_LEN[opcode] or SACK_FIXED_LEN
+        if body_len < need then
+            t:add_proto_expert_info(ex_malformed,
+                string.format("%s body truncated: %d bytes, %d needed", name, math.max(body_len, 0), need))
+        else
+            if opcode == 0xC0 then
+                info = info .. dissect_sack(tvb, t, body, body_len)
+            elseif opcode == 0xC1 then
+                info = info .. dissect_nack(tvb, t, body)
+            elseif opcode == 0xC2 then
+                info = info .. dissect_probe(tvb, t, body)
+            elseif opcode == 0xC3 then
+                info = info .. dissect_probe_reply(tvb, t, body)
+            else
+                info = info .. dissect_port_status(tvb, t, body)
+            end
+            if opcode ~= 0xC0 and body_len ~= need then
+                t:add_proto_expert_info(ex_malformed,
+                    string.format("%s body is %d bytes, %d expected", name, body_len, need))
+            end
+            t:add(pf.icrc, tvb(tvb:len() - ICRC_LEN, ICRC_LEN))
+        end
+    end
+    t:append_text(", " .. info:sub(5))
+    pinfo.cols.protocol:set("MRC")
+    pinfo.cols.info:set(info)
+end
+
+-- Chain onto UDP 4791: keep whatever dissector was there (InfiniBand's RRoCE) and add our tree after.
+local udp_port = DissectorTable.get("udp.port")
+local previous = udp_port:get_dissector(ROCEV2_PORT)
+
+function mrc.dissector(tvb, pinfo, tree)
+    if previous ~= nil then
+        -- An exception in the InfiniBand dissector (e.g. on a trimmed packet) must not hide MXH.
+        pcall(function() previous:call(tvb, pinfo, tree) end)
+    end
+    dissect_mrc(tvb, pinfo, tree)
+    return tvb:len()
+end
+
+udp_port:add(ROCEV2_PORT, mrc)
