@@ -66,13 +66,13 @@ _register()
 
 
 def _json_requested(argv: Sequence[str]) -> bool:
+    """-j/--json anywhere before `--` (ip accepts it first; users also type it after the verb), so
+    that even errors found while parsing come out as JSON."""
     for a in argv:
         if a == "--":
             break
-        if a in ("-j", "--json") or (a.startswith("-") and not a.startswith("--") and "j" in a[1:]):
+        if a in ("-j", "--json", "-jp", "-pj"):
             return True
-        if not a.startswith("-"):
-            break  # options after the object belong to the subcommand
     return False
 
 
@@ -80,7 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     out = Output(json=_json_requested(args))
     try:
-        cli.main(args=args, prog_name="mrcctl", standalone_mode=False)
+        rv = cli.main(args=args, prog_name="mrcctl", standalone_mode=False)
+        # without standalone mode click *returns* the code of ctx.exit(n) instead of raising it
+        if isinstance(rv, int) and not isinstance(rv, bool):
+            return rv
     except click.exceptions.Exit as e:
         return int(e.exit_code)
     except click.exceptions.Abort:
