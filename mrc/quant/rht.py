@@ -142,17 +142,12 @@ def sign_bits(seed: int, index: int, n: int, stream: int = STREAM_ROTATION) -> n
     return np.unpackbits(words.view(np.uint8), bitorder="little")[:n]
 
 
-@lru_cache(maxsize=4)
-def _pm_table(dtype: np.dtype[np.floating]) -> npt.NDArray[np.floating]:
-    t = np.array([1.0, -1.0], dtype=dtype)
-    t.setflags(write=False)
-    return t
-
-
 def signs(seed: int, index: int, n: int, dtype: npt.DTypeLike = np.float32) -> FloatArray:
-    """The ±1 vector of rotation `index` (0-based) for `seed`."""
-    table = _pm_table(np.dtype(dtype))
-    return table.take(sign_bits(seed, index, n))
+    """The ±1 vector of rotation `index` (0-based) for `seed` (bit 1 -> -1)."""
+    s: FloatArray = sign_bits(seed, index, n).astype(dtype)
+    s *= -2
+    s += 1
+    return s
 
 
 def rotate(y: FloatArray, seed: int, rotations: int) -> FloatArray:
