@@ -1,0 +1,577 @@
+"""The testbed topology model (DESIGN.md §6): planes, leaves and spines per plane, hosts, links, addressing
+and the full set of micro-SID paths. Pure Python: the netns builder (`mrc.dataplane.testbed`), the
+simulator and the daemon all read the same model.
+
+Shape: ``planes`` independent two-tier Clos networks. In plane p there are ``leaves`` leaf switches
+``p<p>l<i>`` and ``spines`` spine switches ``p<p>s<j>``; every leaf links to every spine of its plane; every
+host has one port per plane, attached to the same leaf index in every plane. No link joins two planes.
+
+Addressing (all derived, nothing to configure per node):
+
+* micro-SID node ID (16 bits, F3216 format in a /32 locator block ``usid_block``):
+  ``plane << 12 | role << 8 | index`` with role 1 = leaf, 2 = spine, 3 = host port. Plane 0 leaf 1 is
+  0x0101, plane 2 spine 0 is 0x2200, host 3's port in plane 1 is 0x1303. Each node owns the /48
+  ``block:ID::/48``; a path's container is ``block:ID1:ID2:...::`` (at most six IDs).
+* link underlay: the link between a lower node A (host port or leaf) and an upper node B (leaf or spine)
+  is ``link_prefix:A:B::/64`` (link_prefix is a /32); A has ``::1``, B has ``::2``. A host's address on the
+  link of plane p is its *plane-port address* (the outer source of its MRC packets).
+* host MRC address (its "GID"): ``mrc_prefix:<host>::1`` in the host's /64 ``mrc_prefix:<host>::/64``
+  (mrc_prefix is a /48). The same /64 holds one *path address* per path the host sources:
+  ``mrc_prefix:<host>:a00<plane>:<dst>:<spine + 1, or 0 within a leaf>:1``. Traffic sourced from a path
+  address follows exactly that path, and replies to it come back along its reverse.
+* MAC addresses: ``02:AA:AA:BB:BB:0s`` from the link's two node IDs and the side s (1 = A, 2 = B).
+
+Paths: for every (source host, destination host, plane), one path per spine when the hosts sit on
+different leaves ([source leaf, spine, destination leaf, destination host port]) and one path within a
+leaf ([leaf, destination host port]).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import tomllib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path as FsPath
+from typing import Any, Final
+
+from .errors import ConfigError
+
+ROLE_LEAF: Final = 1
+ROLE_SPINE: Final = 2
+ROLE_HOST: Final = 3
+MAX_PLANES: Final = 16
+MAX_INDEX: Final = 256
+MAX_USIDS: Final = 6  # 96 bits after a 32-bit block, 16 bits each
+IFNAMSIZ: Final = 15
+DEFAULT_USID_BLOCK: Final = ipaddress.IPv6Network("fcbb:bbbb::/32")
+DEFAULT_LINK_PREFIX: Final = ipaddress.IPv6Network("fc00::/32")
+DEFAULT_MRC_PREFIX: Final = ipaddress.IPv6Network("fd00::/48")
+
+_NAME_RE: Final = re.compile(r"^[a-z][a-z0-9]{0,7}$")
+_SWITCH_NAME_RE: Final = re.compile(r"^p\d+[ls]\d+$")
+
+_RATE_UNITS: Final = {
+    "bit": 1, "bps": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12,
+    "k": 10**3, "m": 10**6, "g": 10**9,
+}
+_TIME_UNITS: Final = {"s": 10**6, "ms": 10**3, "us": 1}
+_SIZE_UNITS: Final = {
+    "b": 1, "kb": 1000, "mb": 1000**2, "kib": 1024, "mib": 1024**2, "k": 1024, "m": 1024**2,
+}
+
+
+# ------------------------------------------------------------------------------------------- values
+
+
+def parse_rate(value: Any) -> int:
+    """A rate in bit/s: an integer, or a string in tc's units (``"100mbit"``, ``"2.5gbit"``)."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a rate: {value!r}")
+    if isinstance(value, int):
+        bits = value
+    elif isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
+        if not m or m.group(2).lower() not in _RATE_UNITS | {"": 1}:
+            raise ValueError(f"not a rate: {value!r} (examples: 100mbit, 1gbit, 500000)")
+        bits = int(float(m.group(1)) * _RATE_UNITS.get(m.group(2).lower(), 1))
+    else:
+        raise ValueError(f"not a rate: {value!r}")
+    if bits <= 0:
+        raise ValueError(f"rate must be positive, got {value!r}")
+    return bits
+
+
+def parse_delay_us(value: Any) -> int:
+    """A delay in microseconds: an integer (µs) or a string (``"0"``, ``"50us"``, ``"2ms"``)."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a delay: {value!r}")
+    if isinstance(value, int):
+        us = value
+    elif isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
+        if not m or m.group(2).lower() not in _TIME_UNITS | {"": 1}:
+            raise ValueError(f"not a delay: {value!r} (examples: 0, 50us, 2ms)")
+        us = round(float(m.group(1)) * _TIME_UNITS.get(m.group(2).lower(), 1))
+    else:
+        raise ValueError(f"not a delay: {value!r}")
+    if us < 0:
+        raise ValueError(f"delay must not be negative, got {value!r}")
+    return us
+
+
+def parse_size(value: Any) -> int:
+    """A size in bytes: an integer or a string (``"128KiB"``, ``"64kb"`` = 64000, ``"1MiB"``)."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a size: {value!r}")
+    if isinstance(value, int):
+        n = value
+    elif isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
+        if not m or m.group(2).lower() not in _SIZE_UNITS | {"": 1}:
+            raise ValueError(f"not a size: {value!r} (examples: 131072, 128KiB, 1MiB)")
+        n = int(float(m.group(1)) * _SIZE_UNITS.get(m.group(2).lower(), 1))
+    else:
+        raise ValueError(f"not a size: {value!r}")
+    if n <= 0:
+        raise ValueError(f"size must be positive, got {value!r}")
+    return n
+
+
+def format_rate(bits: int) -> str:
+    for unit, scale in (("gbit", 10**9), ("mbit", 10**6), ("kbit", 10**3)):
+        if bits >= scale and bits % scale == 0:
+            return f"{bits // scale}{unit}"
+    for unit, scale in (("gbit", 10**9), ("mbit", 10**6), ("kbit", 10**3)):
+        if bits >= scale:
+            return f"{bits / scale:g}{unit}"
+    return f"{bits}bit"
+
+
+# ------------------------------------------------------------------------------------------- model
+
+
+@dataclass(frozen=True)
+class LinkParams:
+    """What every fabric link gets unless the operator changes one at run time."""
+
+    rate_bps: int = 100_000_000
+    delay_us: int = 0
+    mtu: int = 9000
+    buffer_bytes: int = 131072
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    kind: str  # "host", "leaf", "spine"
+    plane: int | None  # None for hosts (they have a port in every plane)
+    index: int
+
+    @property
+    def is_host(self) -> bool:
+        return self.kind == "host"
+
+
+End = tuple[str, str, ipaddress.IPv6Address, str]  # (node, ifname, address, mac)
+
+
+@dataclass(frozen=True)
+class Link:
+    """One veth pair. ``a`` is the lower node (host or leaf), ``b`` the upper one (leaf or spine)."""
+
+    a: str
+    b: str
+    plane: int
+    kind: str  # "host-leaf" or "leaf-spine"
+    prefix: ipaddress.IPv6Network
+    a_addr: ipaddress.IPv6Address
+    b_addr: ipaddress.IPv6Address
+    a_mac: str
+    b_mac: str
+
+    @property
+    def a_ifname(self) -> str:
+        """Interface in node a's namespace (named after the node it faces)."""
+        return self.b
+
+    @property
+    def b_ifname(self) -> str:
+        return self.a
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.a, self.b)
+
+    def ends(self) -> tuple[End, End]:
+        """((node, ifname, address, mac) of side a, the same of side b)."""
+        return ((self.a, self.a_ifname, self.a_addr, self.a_mac),
+                (self.b, self.b_ifname, self.b_addr, self.b_mac))
+
+
+@dataclass(frozen=True)
+class Path:
+    """One micro-SID path from ``src`` to ``dst`` in ``plane``, through ``spine`` (None within a leaf)."""
+
+    src: str
+    dst: str
+    plane: int
+    spine: int | None
+    hops: tuple[str, ...]  # node names, src first, dst last
+    usids: tuple[int, ...]  # the node IDs the container carries, in travel order
+    container: ipaddress.IPv6Address
+    path_address: ipaddress.IPv6Address  # the source host's address that selects this path
+
+    @property
+    def links(self) -> tuple[tuple[str, str], ...]:
+        """Consecutive node pairs the path crosses, in travel order."""
+        return tuple(zip(self.hops[:-1], self.hops[1:], strict=True))
+
+    @property
+    def key(self) -> tuple[str, str, int, int | None]:
+        return (self.src, self.dst, self.plane, self.spine)
+
+    def crosses(self, a: str, b: str) -> bool:
+        return any({x, y} == {a, b} for x, y in self.links)
+
+    def reverse_hops(self) -> tuple[str, ...]:
+        return tuple(reversed(self.hops))
+
+
+@dataclass(frozen=True)
+class Topology:
+    planes: int
+    leaves: int
+    spines: int
+    hosts: tuple[tuple[str, int], ...]  # (name, leaf index), in host-index order
+    link: LinkParams = field(default_factory=LinkParams)
+    usid_block: ipaddress.IPv6Network = DEFAULT_USID_BLOCK
+    link_prefix: ipaddress.IPv6Network = DEFAULT_LINK_PREFIX
+    mrc_prefix: ipaddress.IPv6Network = DEFAULT_MRC_PREFIX
+    source: str = "<model>"
+
+    def __post_init__(self) -> None:
+        problems = list(self._problems())
+        if problems:
+            key, problem = problems[0]
+            raise ConfigError(f"{self.source}: {key}: {problem}")
+
+    # -- validation
+    def _problems(self) -> Iterator[tuple[str, str]]:
+        if not 1 <= self.planes <= MAX_PLANES:
+            yield "topology.planes", (f"must be 1..{MAX_PLANES} (the plane is one hex digit of a node ID), "
+                                      f"got {self.planes}")
+        if not 1 <= self.leaves <= MAX_INDEX:
+            yield "topology.leaves", f"must be 1..{MAX_INDEX}, got {self.leaves}"
+        if not 0 <= self.spines <= MAX_INDEX:
+            yield "topology.spines", f"must be 0..{MAX_INDEX}, got {self.spines}"
+        if self.spines == 0 and self.leaves > 1:
+            yield "topology.spines", "at least one spine is needed to join more than one leaf"
+        if not 2 <= len(self.hosts) <= MAX_INDEX:
+            yield "hosts", f"need 2..{MAX_INDEX} hosts, got {len(self.hosts)}"
+        seen: set[str] = set()
+        for i, (name, leaf) in enumerate(self.hosts):
+            key = f"hosts[{i}]"
+            if not _NAME_RE.match(name):
+                yield f"{key}.name", f"{name!r} must be a lowercase letter then up to 7 letters/digits"
+            elif _SWITCH_NAME_RE.match(name):
+                yield f"{key}.name", f"{name!r} looks like a switch name (p<plane>l<i> / p<plane>s<j>)"
+            if name in seen:
+                yield f"{key}.name", f"duplicate host name {name!r}"
+            seen.add(name)
+            if not 0 <= leaf < self.leaves:
+                yield f"{key}.leaf", f"leaf {leaf} does not exist (leaves are 0..{self.leaves - 1})"
+        lp = self.link
+        if not 1280 <= lp.mtu <= 65535:
+            yield "link.mtu", f"must be 1280..65535 (IPv6 minimum 1280), got {lp.mtu}"
+        if lp.rate_bps <= 0:
+            yield "link.rate", "must be positive"
+        if lp.buffer_bytes < lp.mtu + 64:
+            yield "link.buffer", f"{lp.buffer_bytes} bytes cannot hold one {lp.mtu}-byte packet"
+        if lp.delay_us < 0:
+            yield "link.delay", "must not be negative"
+        for key, net, plen in (
+            ("addressing.usid_block", self.usid_block, 32),
+            ("addressing.link_prefix", self.link_prefix, 32),
+            ("addressing.mrc_prefix", self.mrc_prefix, 48),
+        ):
+            if net.prefixlen != plen:
+                yield key, f"{net} must be a /{plen}"
+        nets = {
+            "addressing.usid_block": self.usid_block,
+            "addressing.link_prefix": self.link_prefix,
+            "addressing.mrc_prefix": self.mrc_prefix,
+        }
+        names = list(nets)
+        for i, k1 in enumerate(names):
+            for k2 in names[i + 1:]:
+                if nets[k1].overlaps(nets[k2]):
+                    yield k2, f"{nets[k2]} overlaps {k1} {nets[k1]} (address clash)"
+
+    # -- nodes
+    def host_names(self) -> list[str]:
+        return [n for n, _ in self.hosts]
+
+    def host_index(self, name: str) -> int:
+        for i, (n, _) in enumerate(self.hosts):
+            if n == name:
+                return i
+        raise KeyError(name)
+
+    def host_leaf(self, name: str) -> int:
+        return self.hosts[self.host_index(name)][1]
+
+    @staticmethod
+    def leaf_name(plane: int, index: int) -> str:
+        return f"p{plane}l{index}"
+
+    @staticmethod
+    def spine_name(plane: int, index: int) -> str:
+        return f"p{plane}s{index}"
+
+    def nodes(self) -> list[Node]:
+        out = [Node(name, "host", None, i) for i, (name, _) in enumerate(self.hosts)]
+        for p in range(self.planes):
+            out += [Node(self.leaf_name(p, i), "leaf", p, i) for i in range(self.leaves)]
+            out += [Node(self.spine_name(p, j), "spine", p, j) for j in range(self.spines)]
+        return out
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes():
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def switches(self) -> list[Node]:
+        return [n for n in self.nodes() if not n.is_host]
+
+    # -- micro-SIDs
+    @staticmethod
+    def usid(plane: int, role: int, index: int) -> int:
+        return (plane << 12) | (role << 8) | index
+
+    def node_usid(self, name: str, plane: int | None = None) -> int:
+        """A switch's node ID, or a host's node ID in ``plane`` (its port there)."""
+        n = self.node(name)
+        if n.is_host:
+            if plane is None:
+                raise ValueError(f"host {name} has one micro-SID per plane: name the plane")
+            return self.usid(plane, ROLE_HOST, n.index)
+        assert n.plane is not None
+        return self.usid(n.plane, ROLE_LEAF if n.kind == "leaf" else ROLE_SPINE, n.index)
+
+    def container(self, usids: tuple[int, ...] | list[int]) -> ipaddress.IPv6Address:
+        if not 1 <= len(usids) <= MAX_USIDS:
+            raise ValueError(f"a container holds 1..{MAX_USIDS} micro-SIDs, got {len(usids)}")
+        value = int(self.usid_block.network_address)
+        for i, u in enumerate(usids):
+            value |= (u & 0xFFFF) << (80 - 16 * i)
+        return ipaddress.IPv6Address(value)
+
+    def usid_prefix(self, name: str, plane: int | None = None) -> ipaddress.IPv6Network:
+        """The /48 a node owns (its ``End`` or ``End.DT6`` SID)."""
+        return ipaddress.IPv6Network((int(self.container([self.node_usid(name, plane)])), 48))
+
+    # -- addresses
+    def mrc_address(self, host: str) -> ipaddress.IPv6Address:
+        return ipaddress.IPv6Address(int(self.mrc_prefix.network_address) | (self.host_index(host) << 64) | 1)
+
+    def host_prefix(self, host: str) -> ipaddress.IPv6Network:
+        base = int(self.mrc_prefix.network_address)
+        return ipaddress.IPv6Network((base | (self.host_index(host) << 64), 64))
+
+    def path_address(self, src: str, dst: str, plane: int, spine: int | None) -> ipaddress.IPv6Address:
+        via = 0 if spine is None else spine + 1
+        iid = (0xA00 + plane) << 48 | self.host_index(dst) << 32 | via << 16 | 1
+        return ipaddress.IPv6Address(int(self.host_prefix(src).network_address) | iid)
+
+    def port_address(self, host: str, plane: int) -> ipaddress.IPv6Address:
+        """The host's address on its plane-``plane`` port (outer source of its MRC packets)."""
+        return self.link_between(host, self.leaf_name(plane, self.host_leaf(host))).a_addr
+
+    # -- links
+    def _make_link(self, a: str, b: str, plane: int, kind: str, ua: int, ub: int) -> Link:
+        base = int(self.link_prefix.network_address) | (ua << 80) | (ub << 64)
+        prefix = ipaddress.IPv6Network((base, 64))
+
+        def mac(side: int) -> str:
+            return f"02:{ua >> 8:02x}:{ua & 0xFF:02x}:{ub >> 8:02x}:{ub & 0xFF:02x}:{side:02x}"
+
+        return Link(a, b, plane, kind, prefix, ipaddress.IPv6Address(base | 1),
+                    ipaddress.IPv6Address(base | 2), mac(1), mac(2))
+
+    def links(self) -> list[Link]:
+        out: list[Link] = []
+        for p in range(self.planes):
+            for i, (host, leaf) in enumerate(self.hosts):
+                out.append(self._make_link(host, self.leaf_name(p, leaf), p, "host-leaf",
+                                           self.usid(p, ROLE_HOST, i), self.usid(p, ROLE_LEAF, leaf)))
+            for li in range(self.leaves):
+                for sj in range(self.spines):
+                    out.append(self._make_link(self.leaf_name(p, li), self.spine_name(p, sj), p, "leaf-spine",
+                                               self.usid(p, ROLE_LEAF, li), self.usid(p, ROLE_SPINE, sj)))
+        return out
+
+    def link_between(self, x: str, y: str) -> Link:
+        for link in self.links():
+            if {link.a, link.b} == {x, y}:
+                return link
+        raise KeyError(f"no link between {x} and {y}")
+
+    def links_of(self, node: str) -> list[Link]:
+        return [lk for lk in self.links() if node in (lk.a, lk.b)]
+
+    # -- paths
+    def paths(self, src: str | None = None, dst: str | None = None, plane: int | None = None) -> list[Path]:
+        out: list[Path] = []
+        for s in self.host_names():
+            if src is not None and s != src:
+                continue
+            for d in self.host_names():
+                if d == s or (dst is not None and d != dst):
+                    continue
+                for p in range(self.planes):
+                    if plane is not None and p != plane:
+                        continue
+                    out += self._paths(s, d, p)
+        return out
+
+    def _paths(self, src: str, dst: str, plane: int) -> list[Path]:
+        ls, ld = self.host_leaf(src), self.host_leaf(dst)
+        lsn, ldn = self.leaf_name(plane, ls), self.leaf_name(plane, ld)
+        dport = self.usid(plane, ROLE_HOST, self.host_index(dst))
+        if ls == ld:
+            usids: tuple[int, ...] = (self.usid(plane, ROLE_LEAF, ls), dport)
+            return [Path(src, dst, plane, None, (src, lsn, dst), usids, self.container(usids),
+                         self.path_address(src, dst, plane, None))]
+        out = []
+        for sj in range(self.spines):
+            usids = (self.usid(plane, ROLE_LEAF, ls), self.usid(plane, ROLE_SPINE, sj),
+                     self.usid(plane, ROLE_LEAF, ld), dport)
+            out.append(Path(src, dst, plane, sj, (src, lsn, self.spine_name(plane, sj), ldn, dst), usids,
+                            self.container(usids), self.path_address(src, dst, plane, sj)))
+        return out
+
+    def path(self, src: str, dst: str, plane: int, spine: int | None) -> Path:
+        for p in self.paths(src, dst, plane):
+            if p.spine == spine:
+                return p
+        raise KeyError(f"no path {src}->{dst} plane {plane} spine {spine}")
+
+    def reverse(self, path: Path) -> Path:
+        return self.path(path.dst, path.src, path.plane, path.spine)
+
+    def expected_reachable(self, path: Path, down: set[frozenset[str]] | frozenset[frozenset[str]]) -> bool:
+        """Whether ``path`` and its reverse (a probe's reply) avoid every link in ``down``."""
+        return not any(frozenset(pair) in down for pair in path.links)
+
+    # -- serialisation (the testbed state file)
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "topology": {"planes": self.planes, "leaves": self.leaves, "spines": self.spines},
+            "link": {"rate": self.link.rate_bps, "delay": self.link.delay_us, "mtu": self.link.mtu,
+                     "buffer": self.link.buffer_bytes},
+            "addressing": {"usid_block": str(self.usid_block), "link_prefix": str(self.link_prefix),
+                           "mrc_prefix": str(self.mrc_prefix)},
+            "hosts": [{"name": n, "leaf": leaf} for n, leaf in self.hosts],
+        }
+
+    def with_link(self, **changes: Any) -> Topology:
+        return replace(self, link=replace(self.link, **changes))
+
+
+# ------------------------------------------------------------------------------------------- loading
+
+_SCHEMA: Final[dict[str, set[str]]] = {
+    "topology": {"planes", "leaves", "spines"},
+    "link": {"rate", "delay", "mtu", "buffer"},
+    "addressing": {"usid_block", "link_prefix", "mrc_prefix"},
+}
+_REQUIRED: Final = {"topology": {"planes", "leaves", "spines"}}
+
+
+def from_dict(doc: Mapping[str, Any], source: str = "<dict>") -> Topology:
+    """Build a topology from the TOML document's structure; every problem names ``source`` and the key."""
+
+    def fail(key: str, problem: str) -> ConfigError:
+        return ConfigError(f"{source}: {key}: {problem}")
+
+    for key in doc:
+        if key not in _SCHEMA and key != "hosts":
+            raise fail(key, f"unknown key (expected one of: {', '.join([*_SCHEMA, 'hosts'])})")
+    for table, keys in _SCHEMA.items():
+        section = doc.get(table, {})
+        if not isinstance(section, Mapping):
+            raise fail(table, "must be a table")
+        for key in section:
+            if key not in keys:
+                raise fail(f"{table}.{key}", f"unknown key (expected one of: {', '.join(sorted(keys))})")
+        for key in _REQUIRED.get(table, set()):
+            if key not in section:
+                raise fail(f"{table}.{key}", "missing field")
+
+    topo = doc["topology"] if isinstance(doc.get("topology"), Mapping) else {}
+    if "topology" not in doc:
+        raise fail("topology", "missing table")
+    ints: dict[str, int] = {}
+    for key in ("planes", "leaves", "spines"):
+        v = topo[key]
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise fail(f"topology.{key}", f"must be an integer, got {v!r}")
+        ints[key] = v
+
+    link_doc = doc.get("link", {})
+    defaults = LinkParams()
+    try:
+        rate = parse_rate(link_doc.get("rate", defaults.rate_bps))
+    except ValueError as e:
+        raise fail("link.rate", str(e)) from None
+    try:
+        delay = parse_delay_us(link_doc.get("delay", defaults.delay_us))
+    except ValueError as e:
+        raise fail("link.delay", str(e)) from None
+    try:
+        buffer = parse_size(link_doc.get("buffer", defaults.buffer_bytes))
+    except ValueError as e:
+        raise fail("link.buffer", str(e)) from None
+    mtu = link_doc.get("mtu", defaults.mtu)
+    if isinstance(mtu, bool) or not isinstance(mtu, int):
+        raise fail("link.mtu", f"must be an integer, got {mtu!r}")
+
+    addr_doc = doc.get("addressing", {})
+    nets: dict[str, ipaddress.IPv6Network] = {}
+    for key, default in (("usid_block", "fcbb:bbbb::/32"), ("link_prefix", "fc00::/32"),
+                         ("mrc_prefix", "fd00::/48")):
+        raw = addr_doc.get(key, default)
+        try:
+            nets[key] = ipaddress.IPv6Network(raw)
+        except (ValueError, TypeError) as e:
+            raise fail(f"addressing.{key}", f"not an IPv6 prefix: {e}") from None
+
+    hosts_doc = doc.get("hosts")
+    if hosts_doc is None:
+        raise fail("hosts", "missing: list the hosts as [[hosts]] tables with name and leaf")
+    if not isinstance(hosts_doc, list):
+        raise fail("hosts", "must be an array of tables ([[hosts]])")
+    hosts: list[tuple[str, int]] = []
+    for i, h in enumerate(hosts_doc):
+        if not isinstance(h, Mapping):
+            raise fail(f"hosts[{i}]", "must be a table with name and leaf")
+        for key in h:
+            if key not in ("name", "leaf"):
+                raise fail(f"hosts[{i}].{key}", "unknown key (expected name, leaf)")
+        for key in ("name", "leaf"):
+            if key not in h:
+                raise fail(f"hosts[{i}].{key}", "missing field")
+        if not isinstance(h["name"], str):
+            raise fail(f"hosts[{i}].name", f"must be a string, got {h['name']!r}")
+        if isinstance(h["leaf"], bool) or not isinstance(h["leaf"], int):
+            raise fail(f"hosts[{i}].leaf", f"must be an integer, got {h['leaf']!r}")
+        hosts.append((h["name"], h["leaf"]))
+
+    return Topology(
+        planes=ints["planes"], leaves=ints["leaves"], spines=ints["spines"], hosts=tuple(hosts),
+        link=LinkParams(rate_bps=rate, delay_us=delay, mtu=mtu, buffer_bytes=buffer),
+        usid_block=nets["usid_block"], link_prefix=nets["link_prefix"], mrc_prefix=nets["mrc_prefix"],
+        source=source,
+    )
+
+
+def load(path: str | FsPath) -> Topology:
+    """Load a topology TOML file. Errors are ConfigError naming the file, the key and the problem."""
+    p = FsPath(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read: {e.strerror or e}") from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{p}: not valid TOML: {e}") from None
+    return from_dict(doc, source=str(p))
+
+
+def default_topology_dir() -> FsPath:
+    """``deploy/topologies`` of the checkout (the example files)."""
+    return FsPath(__file__).resolve().parents[1] / "deploy" / "topologies"
