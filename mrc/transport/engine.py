@@ -1,0 +1,245 @@
+"""The sans-I/O engine: one `Context` per host (the `mrc_context`), holding memory regions, CQs, EV and
+CC profiles and QPs, driven from outside (aioquic style)::
+
+    ctx.receive(datagram, now, ecn=False, port=0)   # a UDP payload that arrived on plane `port`
+    ctx.handle_timer(now)                           # when now >= ctx.next_deadline()
+    for dg in ctx.datagrams_to_send(now): ...       # Datagram(data, port, ev_index, dst)
+    ctx.next_deadline()                             # ns, or None when no timer is armed
+    ctx.poll_ev_events(); ctx.poll_async_events()   # controller / application events
+
+Time is an integer number of nanoseconds on the driver's clock, always passed in, never read. Nothing
+here opens sockets, starts threads or sleeps; the socket driver and the simulator are two drivers.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, Final
+
+from mrc.wire.consts import Opcode
+from mrc.wire.errors import WireError
+from mrc.wire.icrc import IcrcContext
+from mrc.wire.packet import parse
+
+from .cc import NsccConfig
+from .paths import EvEvent, EvProfile, ProbeResult
+from .qp import NEVER, Datagram, QueuePair
+from .verbs import Access, CompletionQueue, MemoryRegion, QpAttr, QpState
+
+_WRITE: Final = int(Opcode.RDMA_WRITE_ONLY)
+_WRITE_IMM: Final = int(Opcode.RDMA_WRITE_ONLY_IMM)
+_SACK: Final = int(Opcode.SACK)
+_NACK: Final = int(Opcode.NACK)
+_PROBE: Final = int(Opcode.PROBE)
+_PROBE_REPLY: Final = int(Opcode.PROBE_REPLY)
+_PORT_STATUS: Final = int(Opcode.PORT_STATUS)
+_RTS: Final = QpState.RTS
+
+
+@dataclass(slots=True, frozen=True)
+class AsyncEvent:
+    time_ns: int
+    qpn: int
+    kind: str
+    detail: str
+
+
+class Context:
+    """One host's MRC engine (see the module docstring for the driver interface)."""
+
+    def __init__(self, gid: bytes, *, ports: int = 1, seed: int = 0, name: str = "") -> None:
+        if len(gid) != 16:
+            raise ValueError("gid must be a 16-byte IPv6 address")
+        self.gid = bytes(gid)
+        self.ports = ports
+        self.name = name
+        self.rng = random.Random(seed)
+        self.mrs: dict[int, MemoryRegion] = {}
+        self.qps: dict[int, QueuePair] = {}
+        self.cqs: list[CompletionQueue] = []
+        self.ev_profiles: dict[int, EvProfile] = {}
+        self.cc_profiles: dict[int, NsccConfig | None] = {}
+        self.drops: dict[str, int] = {}
+        self.port_enabled = [True] * ports
+        self._icrc: dict[tuple[bytes, bytes], IcrcContext] = {}
+        self._out: list[Datagram] = []
+        self._async: list[AsyncEvent] = []
+        self._next_qpn = 0x100
+        self._active: list[QueuePair] = []
+
+    # ------------------------------------------------------------------ objects (mrc.h / mrc_ctl.h)
+
+    def reg_mr(self, buf: Any, access: Access = Access.LOCAL_WRITE | Access.REMOTE_WRITE) -> MemoryRegion:
+        """Register a writable buffer (bytearray, mmap, numpy array ...) and give it an R_Key."""
+        while True:
+            rkey = self.rng.getrandbits(32)
+            if rkey and rkey not in self.mrs:
+                break
+        mr = MemoryRegion(buf, rkey, access)
+        self.mrs[rkey] = mr
+        return mr
+
+    def dereg_mr(self, mr: MemoryRegion) -> None:
+        self.mrs.pop(mr.rkey, None)
+        mr.deregister()
+
+    def create_cq(self, depth: int = 1 << 16) -> CompletionQueue:
+        cq = CompletionQueue(len(self.cqs), depth)
+        self.cqs.append(cq)
+        return cq
+
+    def create_ev_profile(self, profile: EvProfile | None = None, *, count: int = 128) -> EvProfile:
+        """Add an EV profile (default: `count` EVs split evenly over this context's ports)."""
+        pid = len(self.ev_profiles) + 1
+        if profile is None:
+            profile = EvProfile.even(pid, count, self.ports)
+        if profile.ports > self.ports:
+            raise ValueError(f"profile uses port {profile.ports - 1}, the context has {self.ports}")
+        self.ev_profiles[profile.profile_id] = profile
+        return profile
+
+    def create_cc_profile(self, cfg: NsccConfig | None) -> int:
+        """A CC profile: an NSCC configuration, or None for the null algorithm. Returns its id."""
+        pid = len(self.cc_profiles) + 1
+        self.cc_profiles[pid] = cfg
+        return pid
+
+    def create_qp(
+        self,
+        send_cq: CompletionQueue,
+        recv_cq: CompletionQueue | None = None,
+        *,
+        ev_profile: EvProfile,
+        cc_profile: int | None = None,
+        attr: QpAttr | None = None,
+    ) -> QueuePair:
+        cc = self.cc_profiles[cc_profile] if cc_profile is not None else None
+        qpn = self._next_qpn
+        self._next_qpn += 1
+        qp = QueuePair(self, qpn, send_cq, recv_cq or send_cq, ev_profile, cc, attr or QpAttr())
+        self.qps[qpn] = qp
+        self._active.append(qp)
+        return qp
+
+    def icrc(self, src: bytes, dst: bytes) -> IcrcContext:
+        key = (src, dst)
+        c = self._icrc.get(key)
+        if c is None:
+            c = self._icrc[key] = IcrcContext(src, dst)
+        return c
+
+    # ------------------------------------------------------------------ controller operations
+
+    def modify_port(self, port: int, enabled: bool, now: int = 0) -> None:
+        """Administratively enable/disable a plane port: its EVs are DENIED for every QP while down."""
+        self.port_enabled[port] = enabled
+        for prof in self.ev_profiles.values():
+            idx = [i for i, e in enumerate(prof.entries) if e.port == port]
+            if enabled:
+                prof.allow(idx, now)
+            else:
+                prof.deny(idx, now)
+
+    def poll_ev_events(self) -> list[EvEvent]:
+        """EV state changes (GOOD <-> ASSUMED_BAD) of every QP, oldest first, with drop counts."""
+        out: list[EvEvent] = []
+        for qp in self.qps.values():
+            if qp.paths.events:
+                out.extend(qp.paths.events)
+                qp.paths.events.clear()
+        out.sort(key=lambda e: e.time_ns)
+        return out
+
+    def poll_probe_results(self) -> list[ProbeResult]:
+        out: list[ProbeResult] = []
+        for qp in self.qps.values():
+            out.extend(qp.paths.probe_results)
+            qp.paths.probe_results.clear()
+        return out
+
+    def poll_async_events(self) -> list[AsyncEvent]:
+        out, self._async = self._async, []
+        return out
+
+    def async_event(self, now: int, qpn: int, kind: str, detail: str) -> None:
+        self._async.append(AsyncEvent(now, qpn, kind, detail))
+
+    def drop(self, reason: str) -> None:
+        d = self.drops
+        d[reason] = d.get(reason, 0) + 1
+
+    # ------------------------------------------------------------------ sans-I/O driver interface
+
+    def receive(
+        self, data: bytes | bytearray | memoryview, now: int, ecn: bool = False, port: int = 0,
+        src: bytes | None = None,
+    ) -> None:
+        """Process one UDP payload that arrived on plane `port` (with ECN-CE when `ecn`). `src`, when the
+        driver knows it, is checked against the QP's peer. Malformed or foreign packets are counted in
+        `drops` by reason and never raise."""
+        if len(data) < 12:
+            self.drop("truncated")
+            return
+        qp = self.qps.get((data[5] << 16) | (data[6] << 8) | data[7])
+        if qp is None:
+            self.drop("unknown_qpn")
+            return
+        if qp.state < _RTS or (src is not None and src != qp.peer_gid):
+            self.drop("foreign_src" if qp.state >= _RTS else "qp_state")
+            return
+        try:
+            pkt = parse(data, qp.rx_icrc)
+        except WireError as e:
+            self.drop(e.reason)
+            return
+        op = pkt.opcode
+        if qp.state != _RTS:
+            self.drop("qp_state")
+            return
+        if op in (_WRITE, _WRITE_IMM):
+            qp.on_data(pkt, now, ecn, port, self._out)
+        elif op == _SACK:
+            qp.on_sack(pkt, now)
+        elif op == _NACK:
+            qp.on_nack(pkt, now)
+        elif op == _PROBE:
+            qp.on_probe(pkt, now, port, self._out)
+        elif op == _PROBE_REPLY:
+            qp.on_probe_reply(pkt, now)
+        else:  # PORT_STATUS: the peer's plane port changed state; counted, acted on by the controller
+            self.drop("port_status_unhandled")
+
+    def handle_timer(self, now: int) -> None:
+        """Run every expired timer (ACK, loss, retransmission, probe). Safe to call early."""
+        out = self._out
+        for qp in self._active:
+            if qp.deadline <= now:
+                qp.on_timer(now, out)
+
+    def datagrams_to_send(self, now: int) -> list[Datagram]:
+        """Everything to transmit now: control packets produced by `receive`/`handle_timer`, then as
+        many data packets as the windows allow. Each Datagram owns its buffer."""
+        out = self._out
+        for qp in self._active:
+            if qp.state == _RTS and (qp.retx_q or qp.cur is not None or qp.send_q):
+                qp.send(now, out)
+        self._out = []
+        return out
+
+    def next_deadline(self) -> int | None:
+        """The earliest armed timer (ns on the driver's clock), or None."""
+        d = NEVER
+        for qp in self._active:
+            t = qp.deadline
+            if t < d:
+                d = t
+        return None if d >= NEVER else d
+
+    # ------------------------------------------------------------------ introspection
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "drops": dict(sorted(self.drops.items())),
+            "qps": {qp.qpn: qp.stats() for qp in self.qps.values()},
+        }

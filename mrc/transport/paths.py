@@ -1,0 +1,378 @@
+"""EV profiles and per-QP path state (`mrc_ctl.h`): which entropy value (EV) every packet is sprayed
+on, the EV states GOOD / ASSUMED_BAD / DENIED / UNKNOWN, steering preferences, probes and events.
+
+A `PathSet` is one QP's view of its EV profile. Spraying picks a port from a weighted pattern (a port's
+weight is the sum of its GOOD EVs' preferences, so bytes balance across ports when every EV is clean and
+shift away from a port whose EVs report ECN or trims), then the next EV of that port round robin,
+skipping penalised EVs in proportion to their penalty. Penalties rise on ECN-echo and trims and decay on
+clean acknowledgements; they never shrink the window. A loss that is not a trim retires the EV at once
+(ASSUMED_BAD, never below `ev_min_active` GOOD EVs); probes with exponential backoff bring it back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Final
+
+
+class EvState(IntEnum):
+    GOOD = 0
+    ASSUMED_BAD = 1
+    DENIED = 2
+    UNKNOWN = 3
+
+
+class EvMode(IntEnum):
+    AUTO = 0  # the fabric's own entropy: the engine uses indices only
+    EXP = 1  # explicit (EV, port) array from the controller
+    GEN = 2  # generated from field descriptions
+
+
+#: Steering penalty limits: ECN-echo/trim add PEN_STEP, a clean acknowledgement removes 1.
+PEN_MAX: Final = 8
+PEN_STEP: Final = 2
+_PATTERN_SLOTS_PER_PORT: Final = 16
+_REBUILD_EVERY: Final = 32
+
+GOOD: Final = int(EvState.GOOD)
+ASSUMED_BAD: Final = int(EvState.ASSUMED_BAD)
+DENIED: Final = int(EvState.DENIED)
+
+
+@dataclass(slots=True, frozen=True)
+class EvEntry:
+    ev: int  # the entropy value (flow label / uSID path id ...); opaque to the engine
+    port: int  # plane port, 0-based in this prototype (mrc_ctl.h numbers ports from 1)
+
+
+@dataclass(slots=True, frozen=True)
+class EvEvent:
+    """An EV state change reported on the EV event queue (`mrc_ctl_poll_ev_event`)."""
+
+    time_ns: int
+    profile_id: int
+    qpn: int
+    ev_index: int
+    ev: int
+    port: int
+    state: EvState
+    drop_count: int  # packets lost on this EV since its previous event
+
+
+@dataclass(slots=True, frozen=True)
+class ProbeResult:
+    time_ns: int
+    qpn: int
+    ev_index: int
+    port: int
+    ok: bool
+    rtt_ns: int  # service-time adjusted; -1 on timeout
+
+
+class EvProfile:
+    """An EV profile: an array of (EV, port) entries shared by the QPs attached to it.
+
+    `ev_min_active` (default count/4) is the floor of GOOD EVs below which the engine stops marking
+    EVs ASSUMED_BAD. DENIED is the controller's: `deny` / `allow` apply to every attached QP."""
+
+    def __init__(
+        self,
+        profile_id: int,
+        entries: list[EvEntry],
+        *,
+        mode: EvMode = EvMode.EXP,
+        ev_min_active: int | None = None,
+    ) -> None:
+        if not entries:
+            raise ValueError("an EV profile needs at least one entry")
+        if len(entries) > 1 << 14:
+            raise ValueError("an EV profile holds at most 16384 entries (14-bit EV index)")
+        self.profile_id = profile_id
+        self.entries = list(entries)
+        self.mode = mode
+        self.ev_min_active = max(1, len(entries) // 4) if ev_min_active is None else ev_min_active
+        self.denied: set[int] = set()
+        self.paths: list[PathSet] = []
+
+    @classmethod
+    def even(
+        cls, profile_id: int, count: int, ports: int, *, ev_base: int = 0, ev_min_active: int | None = None
+    ) -> EvProfile:
+        """`count` EVs split evenly over `ports` planes, interleaved (index i -> port i % ports)."""
+        if ports < 1 or count < ports:
+            raise ValueError("need at least one EV per port")
+        entries = [EvEntry(ev_base + i, i % ports) for i in range(count)]
+        return cls(profile_id, entries, mode=EvMode.GEN, ev_min_active=ev_min_active)
+
+    @property
+    def ports(self) -> int:
+        return max(e.port for e in self.entries) + 1
+
+    def deny(self, indices: list[int], now: int = 0) -> None:
+        for i in indices:
+            self.entries[i]  # IndexError for a bad index
+            self.denied.add(i)
+        for p in self.paths:
+            p.set_denied(indices, True, now)
+
+    def allow(self, indices: list[int], now: int = 0) -> None:
+        for i in indices:
+            self.denied.discard(i)
+        for p in self.paths:
+            p.set_denied(indices, False, now)
+
+
+class PathSet:
+    """One QP's EV states, steering penalties and probe schedule (hot path: `next_ev`)."""
+
+    def __init__(self, profile: EvProfile, qpn: int, attr_probe: tuple[int, int, int, int]) -> None:
+        self.profile = profile
+        self.qpn = qpn
+        n = len(profile.entries)
+        self.n = n
+        self.nports = profile.ports
+        self.ev_port = [e.port for e in profile.entries]
+        self.state = [DENIED if i in profile.denied else GOOD for i in range(n)]
+        self.pen = [0] * n
+        self.skip = [0] * n
+        self.drops = [0] * n  # losses since the EV's last event
+        self.good_count = sum(1 for s in self.state if s == GOOD)
+        self.min_active = profile.ev_min_active
+        self.port_evs: list[list[int]] = [[] for _ in range(self.nports)]
+        self.port_rr = [0] * self.nports
+        self.pattern: list[int] = []
+        self.pat_pos = 0
+        self.dirty = False
+        self.since_rebuild = 0
+        self.tx_packets = [0] * n
+        self.port_bytes = [0] * self.nports
+        # probes: per ASSUMED_BAD EV: next probe time, current interval, consecutive successes
+        self.probe_interval, self.probe_max, self.probe_timeout, self.probe_good = attr_probe
+        self.probe_at: dict[int, int] = {}
+        self.probe_ivl: dict[int, int] = {}
+        self.probe_ok: dict[int, int] = {}
+        self.probe_wait: dict[int, tuple[int, int]] = {}  # request id -> (ev index, deadline)
+        self.next_probe_deadline = 1 << 62
+        self.events: list[EvEvent] = []
+        self.probe_results: list[ProbeResult] = []
+        self.losses = 0
+        self.marked_bad = 0
+        self._rebuild()
+        profile.paths.append(self)
+
+    # ------------------------------------------------------------------ spraying
+
+    def _rebuild(self) -> None:
+        """Recompute the GOOD EV lists per port and the weighted port pattern."""
+        state = self.state
+        lists: list[list[int]] = [[] for _ in range(self.nports)]
+        for i in range(self.n):
+            if state[i] == GOOD:
+                lists[self.ev_port[i]].append(i)
+        for p in range(self.nports):
+            self.port_evs[p] = lists[p]
+            if self.port_rr[p] >= len(lists[p]):
+                self.port_rr[p] = 0
+        self._rebuild_pattern()
+
+    def _rebuild_pattern(self) -> None:
+        """Recompute the weighted port pattern from the steering penalties."""
+        pen = self.pen
+        weights = [sum(1.0 / (1 + pen[i]) for i in evs) for evs in self.port_evs]
+        total = sum(weights)
+        pattern: list[int] = []
+        if total > 0:
+            slots = _PATTERN_SLOTS_PER_PORT * self.nports
+            # smooth weighted round robin: interleaves ports in proportion to their weight
+            cur = [0.0] * self.nports
+            for _ in range(slots):
+                best = -1
+                for p in range(self.nports):
+                    if weights[p] > 0:
+                        cur[p] += weights[p]
+                        if best < 0 or cur[p] > cur[best]:
+                            best = p
+                cur[best] -= total
+                pattern.append(best)
+        self.pattern = pattern
+        self.pat_pos %= max(1, len(pattern))
+        self.dirty = False
+        self.since_rebuild = 0
+
+    def next_ev(self) -> int:
+        """The EV index for the next packet (-1 when no EV is usable)."""
+        if self.dirty and self.since_rebuild >= _REBUILD_EVERY:
+            self._rebuild_pattern()
+        pattern = self.pattern
+        if not pattern:
+            return -1
+        self.since_rebuild += 1
+        pos = self.pat_pos
+        p = pattern[pos]
+        pos += 1
+        self.pat_pos = 0 if pos == len(pattern) else pos
+        evs = self.port_evs[p]
+        k = len(evs)
+        rr = self.port_rr[p]
+        pen, skip = self.pen, self.skip
+        for _ in range(k * (PEN_MAX + 1)):
+            i = evs[rr]
+            rr += 1
+            if rr >= k:
+                rr = 0
+            if pen[i]:
+                s = skip[i] - 1
+                if s > 0:
+                    skip[i] = s
+                    continue
+                skip[i] = pen[i] + 1
+            break
+        self.port_rr[p] = rr
+        return i
+
+    def other_ev(self, avoid: int) -> int:
+        """An EV for a retransmission: the next one, but not `avoid` where another exists."""
+        i = self.next_ev()
+        if i == avoid and self.good_count > 1:
+            i = self.next_ev()
+            if i == avoid:
+                i = self.next_ev()
+        return i
+
+    def ctl_ev(self, port: int) -> int:
+        """EV index for a control packet (SACK/NACK/probe reply) leaving on `port`."""
+        evs = self.port_evs[port] if port < self.nports else ()
+        if evs:
+            return evs[0]
+        for i in range(self.n):
+            if self.ev_port[i] == port and self.state[i] != DENIED:
+                return i
+        return 0
+
+    def penalise(self, i: int) -> None:
+        """ECN-echo or trim on EV i: lower its preference (steer away); the window is untouched."""
+        p = self.pen[i] + PEN_STEP
+        self.pen[i] = PEN_MAX if p > PEN_MAX else p
+        self.skip[i] = self.pen[i] + 1
+        self.dirty = True
+
+    # ------------------------------------------------------------------ state machine
+
+    def loss(self, i: int, now: int) -> None:
+        """A packet sent on EV i was lost (not trimmed): retire the EV unless at the floor."""
+        self.losses += 1
+        self.drops[i] += 1
+        if self.state[i] == GOOD:
+            if self.good_count > self.min_active:
+                self._set(i, ASSUMED_BAD, now)
+                self.marked_bad += 1
+                self.probe_at[i] = now + self.probe_interval
+                self.probe_ivl[i] = self.probe_interval
+                self.probe_ok[i] = 0
+                if now + self.probe_interval < self.next_probe_deadline:
+                    self.next_probe_deadline = now + self.probe_interval
+            else:
+                self.penalise(i)
+
+    def _set(self, i: int, state: int, now: int) -> None:
+        old = self.state[i]
+        if old == state:
+            return
+        self.state[i] = state
+        if old == GOOD:
+            self.good_count -= 1
+        if state == GOOD:
+            self.good_count += 1
+            self.pen[i] = 0
+        if (old, state) in ((GOOD, ASSUMED_BAD), (ASSUMED_BAD, GOOD)):
+            e = self.profile.entries[i]
+            pid = self.profile.profile_id
+            self.events.append(EvEvent(now, pid, self.qpn, i, e.ev, e.port, EvState(state), self.drops[i]))
+            self.drops[i] = 0
+        self._rebuild()
+
+    def set_denied(self, indices: list[int], denied: bool, now: int) -> None:
+        for i in indices:
+            if denied:
+                self._forget_probe(i)
+                self._set(i, DENIED, now)
+            elif self.state[i] == DENIED:
+                self._set(i, GOOD, now)
+        self._recompute_probe_deadline()
+
+    def set_state(self, i: int, state: EvState, now: int) -> None:
+        """Controller override (MODIFY_EV_STATE)."""
+        if state == EvState.DENIED:
+            self.set_denied([i], True, now)
+            return
+        self._forget_probe(i)
+        self._set(i, int(state), now)
+        if state == EvState.ASSUMED_BAD:
+            self.probe_at[i] = now + self.probe_interval
+            self.probe_ivl[i] = self.probe_interval
+            self.probe_ok[i] = 0
+        self._recompute_probe_deadline()
+
+    def _forget_probe(self, i: int) -> None:
+        self.probe_at.pop(i, None)
+        self.probe_ivl.pop(i, None)
+        self.probe_ok.pop(i, None)
+        for rid in [r for r, (ev, _) in self.probe_wait.items() if ev == i]:
+            del self.probe_wait[rid]
+
+    def _recompute_probe_deadline(self) -> None:
+        d = 1 << 62
+        for t in self.probe_at.values():
+            d = min(d, t)
+        for _, t in self.probe_wait.values():
+            d = min(d, t)
+        self.next_probe_deadline = d
+
+    # ------------------------------------------------------------------ probes
+
+    def due_probes(self, now: int, next_request_id: int) -> list[tuple[int, int]]:
+        """Handle probe timeouts and return [(request_id, ev index)] to send now."""
+        out: list[tuple[int, int]] = []
+        for rid, (i, deadline) in list(self.probe_wait.items()):
+            if deadline <= now:
+                del self.probe_wait[rid]
+                self.probe_ok[i] = 0
+                ivl = min(self.probe_ivl.get(i, self.probe_interval) * 2, self.probe_max)
+                self.probe_ivl[i] = ivl
+                self.probe_at[i] = now + ivl
+                self.probe_results.append(ProbeResult(now, self.qpn, i, self.ev_port[i], False, -1))
+        rid = next_request_id
+        for i, t in list(self.probe_at.items()):
+            if t <= now and self.state[i] == ASSUMED_BAD:
+                del self.probe_at[i]
+                self.probe_wait[rid] = (i, now + self.probe_timeout)
+                out.append((rid, i))
+                rid = (rid + 1) & 0xFFFF
+        self._recompute_probe_deadline()
+        return out
+
+    def probe_reply(self, request_id: int, rtt_ns: int, now: int) -> None:
+        w = self.probe_wait.pop(request_id, None)
+        if w is None:
+            return  # late or unknown reply
+        i = w[0]
+        self.probe_results.append(ProbeResult(now, self.qpn, i, self.ev_port[i], True, rtt_ns))
+        if self.state[i] != ASSUMED_BAD:
+            self._recompute_probe_deadline()
+            return
+        ok = self.probe_ok.get(i, 0) + 1
+        if ok >= self.probe_good:
+            self._forget_probe(i)
+            self._set(i, GOOD, now)
+        else:
+            self.probe_ok[i] = ok
+            self.probe_at[i] = now + self.probe_interval // 4
+        self._recompute_probe_deadline()
+
+    def counts(self) -> dict[str, list[int]]:
+        """EV state counts per port: {state name: [count on port 0, port 1, ...]}."""
+        out = {s.name: [0] * self.nports for s in EvState}
+        for i in range(self.n):
+            out[EvState(self.state[i]).name][self.ev_port[i]] += 1
+        return out

@@ -1,0 +1,769 @@
+"""The MRC queue pair: requester (spraying, SACK/NACK processing, loss detection, timers) and responder
+(self-placing writes, SACK generation, immediates, probe replies) in one object, as in RC.
+
+PSNs are kept as unbounded integers inside the engine (so wrap-around never reaches the arithmetic)
+and masked to 24 bits on the wire; the receiver maps wire PSNs back relative to its cumulative point.
+Per-PSN requester state lives in preallocated lists indexed by PSN modulo the MPR window; received and
+acknowledged PSN sets are Python integers used as bitmaps (bit i <=> PSN base + i).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
+
+from mrc.wire.consts import (
+    FATAL_NACK_CODES,
+    PSN_MASK,
+    PSN_MOD,
+    MxhFlag,
+    NackCode,
+    ProbeReplyFlag,
+    SackFlag,
+)
+from mrc.wire.packet import (
+    CTRL_HDR_LEN,
+    WRITE_HDR_LEN,
+    WRITE_IMM_HDR_LEN,
+    MrcPacket,
+    build_nack,
+    build_probe,
+    build_probe_reply,
+    build_sack,
+    build_write,
+)
+
+from .cc import NsccConfig, make_cc
+from .paths import EvProfile, PathSet
+from .verbs import (
+    Access,
+    CompletionQueue,
+    MemoryRegion,
+    QpAttr,
+    QpState,
+    SendWr,
+    WcOpcode,
+    WcStatus,
+    WorkCompletion,
+)
+
+if TYPE_CHECKING:
+    from .engine import Context
+
+NEVER: Final = 1 << 62
+_HALF: Final = PSN_MOD >> 1
+
+# per-PSN requester states
+_FREE: Final = 0
+_INFLIGHT: Final = 1
+_LOST: Final = 2
+_ACKED: Final = 3
+
+_FIRST: Final = int(MxhFlag.FIRST)
+_LAST: Final = int(MxhFlag.LAST)
+_RETX: Final = int(MxhFlag.RETX)
+_ACK_NOW: Final = int(MxhFlag.ACK_REQ_NOW)
+_TRIMMED: Final = int(MxhFlag.TRIMMED)
+_CE: Final = int(SackFlag.ECN_CE)
+_S_RETX: Final = int(SackFlag.RETX)
+_S_DUP: Final = int(SackFlag.DUPLICATE)
+_ICRC: Final = 4
+_SACK_BASE: Final = CTRL_HDR_LEN + 20 + _ICRC
+_NACK_SIZE: Final = CTRL_HDR_LEN + 16 + _ICRC
+_PROBE_SIZE: Final = CTRL_HDR_LEN + 8 + _ICRC
+_PROBE_REPLY_SIZE: Final = CTRL_HDR_LEN + 20 + _ICRC
+_NACK_TRIMMED: Final = int(NackCode.TRIMMED)
+_SVC_VALID: Final = int(ProbeReplyFlag.SERVICE_TIME_VALID)
+_REMOTE_WRITE: Final = int(Access.REMOTE_WRITE)
+
+
+class Datagram(NamedTuple):
+    """One packet for the driver to send: the UDP payload, the plane port and EV index to send it on
+    (the host egress program maps the EV index to the path), and the destination host's address."""
+
+    data: bytearray
+    port: int
+    ev_index: int
+    dst: bytes
+
+
+class QueuePair:
+    """A reliable, multipath queue pair. Create with `Context.create_qp`, then `connect`."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        qpn: int,
+        send_cq: CompletionQueue,
+        recv_cq: CompletionQueue,
+        profile: EvProfile,
+        cc: NsccConfig | str | None,
+        attr: QpAttr,
+    ) -> None:
+        attr.check()
+        self.ctx = ctx
+        self.qpn = qpn
+        self.send_cq = send_cq
+        self.recv_cq = recv_cq
+        self.attr = attr
+        self.state = QpState.INIT
+        self.paths = PathSet(
+            profile,
+            qpn,
+            (attr.probe_interval_ns, attr.probe_max_interval_ns, attr.probe_timeout_ns, attr.probe_good),
+        )
+        self.cc = make_cc(cc, attr.mtu)
+        self.mtu = attr.mtu
+        self.W = W = attr.window
+        self.peer_gid = b""
+        self.peer_qpn = 0
+        self.error_status: WcStatus | None = None
+        # ---------------- requester
+        self.snd_una = self.snd_nxt = attr.initial_psn
+        self.sacked = 0  # bit i <=> PSN snd_una + i acknowledged
+        self.inflight = 0
+        self.tx_state = [_FREE] * W
+        self.tx_len = [0] * W
+        self.tx_ev = [0] * W
+        self.tx_time = [0] * W
+        self.tx_serial = [0] * W
+        self.tx_wr: list[SendWr | None] = [None] * W
+        self.tx_off = [0] * W
+        self.serial = 0
+        self.latest_acked_serial = 0
+        self.txq: deque[tuple[int, int]] = deque()  # (psn, serial) in transmission order
+        self.retx_q: deque[int] = deque()
+        self.send_q: deque[SendWr] = deque()
+        self.cur: SendWr | None = None
+        self.wrs_out: deque[SendWr] = deque()  # posted, not yet completed, in PSN order
+        self.msn = 0
+        self.trim_pending: dict[int, int] = {}
+        self.srtt = 0
+        self.rttvar = 0
+        self.min_rtt = NEVER
+        self.reo_thr = attr.ack_timeout_ns  # before the first RTT sample
+        self.retries = 0
+        self.rto_deadline = NEVER
+        self.loss_deadline = NEVER
+        self.next_rid = 1
+        # ---------------- responder
+        self.rcv_cum = 0  # 24-bit: lowest PSN not yet received
+        self.rbits = 0  # bit i <=> PSN rcv_cum + i received (bit 0 is always clear)
+        self.msgs: dict[int, list[Any]] = {}  # msn -> [bytes placed, imm or None, msg_len]
+        self.recv_q: deque[int] = deque()
+        self.imm_reserved = 0
+        self.unacked = 0
+        self.ack_deadline = NEVER
+        self.last_rx: tuple[int, int, int, int, int, int] = (0, 0, 0, 0, 0, 0)  # psn, ev, ts, flags, t, port
+        # ---------------- counters
+        self.c: dict[str, int] = dict.fromkeys(
+            (
+                "data_tx", "data_tx_bytes", "retx_sack", "retx_trim", "retx_timeout", "retx_nack",
+                "retx_spurious", "sack_rx", "nack_rx", "nack_trim_rx", "ecn_echo_rx", "probe_tx",
+                "probe_reply_rx", "rto", "window_limited", "cwnd_limited",
+                "data_rx", "data_rx_bytes", "dup_rx", "stale_rx", "oow_rx", "trim_rx", "ecn_rx",
+                "sack_tx", "nack_tx", "probe_rx", "bad_rkey_rx", "bad_va_rx", "bad_length_rx",
+                "no_recv_buffer_rx", "imm_rx",
+            ),
+            0,
+        )
+        self.max_outstanding = 0
+        self.max_trim_recovery_ns = 0
+        self.trim_recoveries: list[int] = []
+
+    # ================================================================== verbs
+
+    def connect(self, remote_gid: bytes, remote_qpn: int, rq_psn: int | None = None) -> None:
+        """RESET/INIT -> RTR -> RTS: bind the QP to its peer (GID, QPN) and the PSN the peer starts at
+        (default: our own initial PSN, as the loopback harness configures both ends alike)."""
+        if self.state not in (QpState.RESET, QpState.INIT):
+            raise ValueError(f"connect in state {self.state.name}")
+        self.peer_gid = bytes(remote_gid)
+        self.peer_qpn = remote_qpn
+        self.tx_icrc = self.ctx.icrc(self.ctx.gid, self.peer_gid)
+        self.rx_icrc = self.ctx.icrc(self.peer_gid, self.ctx.gid)
+        self.rcv_cum = (self.attr.initial_psn if rq_psn is None else rq_psn) & PSN_MASK
+        self.state = QpState.RTS
+
+    def post_send(
+        self,
+        wr_id: int,
+        mr: MemoryRegion,
+        offset: int,
+        length: int,
+        remote_addr: int,
+        rkey: int,
+        imm: int | None = None,
+    ) -> None:
+        """RDMA WRITE (or WRITE-with-immediate with `imm`) of mr[offset:offset+length] to
+        (remote_addr, rkey). Completes on `send_cq` once every PSN is acknowledged."""
+        if self.state == QpState.ERROR:
+            self.send_cq.push(
+                WorkCompletion(wr_id, WcStatus.WR_FLUSH_ERR, self._wc_op(imm), self.qpn, 0, None)
+            )
+            return
+        if self.state != QpState.RTS:
+            raise ValueError(f"post_send in state {self.state.name}")
+        if offset < 0 or length < 0 or offset + length > mr.length:
+            raise ValueError("local range outside the memory region")
+        if length >= 1 << 32:
+            raise ValueError("message length must be < 2^32")
+        wr = SendWr(wr_id, self.msn & 0xFFFFFFFF, mr, offset, length, remote_addr, rkey, imm)
+        self.msn += 1
+        self.send_q.append(wr)
+        self.wrs_out.append(wr)
+
+    def post_recv(self, wr_id: int) -> None:
+        """Pre-post a receive that one incoming WRITE-with-immediate will consume."""
+        if self.state == QpState.ERROR:
+            self.recv_cq.push(
+                WorkCompletion(wr_id, WcStatus.WR_FLUSH_ERR, WcOpcode.RECV_RDMA_WITH_IMM, self.qpn)
+            )
+            return
+        self.recv_q.append(wr_id)
+
+    @staticmethod
+    def _wc_op(imm: int | None) -> WcOpcode:
+        return WcOpcode.RDMA_WRITE if imm is None else WcOpcode.RDMA_WRITE_WITH_IMM
+
+    @property
+    def deadline(self) -> int:
+        d = self.rto_deadline
+        if self.loss_deadline < d:
+            d = self.loss_deadline
+        if self.ack_deadline < d:
+            d = self.ack_deadline
+        p = self.paths.next_probe_deadline
+        return p if p < d else d
+
+    @property
+    def busy(self) -> bool:
+        """True while sends are queued, in flight, or awaiting acknowledgement."""
+        return bool(self.wrs_out) or self.snd_nxt != self.snd_una
+
+    # ================================================================== requester: transmit
+
+    def send(self, now: int, out: list[Datagram]) -> None:
+        """Emit as many data packets as the congestion and MPR windows allow."""
+        if self.state != QpState.RTS:
+            return
+        W = self.W
+        cc = self.cc
+        tx_state = self.tx_state
+        retx_q = self.retx_q
+        mtu = self.mtu
+        while True:
+            if retx_q:
+                psn = retx_q[0]
+                slot = psn % W
+                if psn < self.snd_una or tx_state[slot] != _LOST:
+                    retx_q.popleft()
+                    continue
+                if self.inflight and self.inflight + self.tx_len[slot] > cc.cwnd:
+                    self.c["cwnd_limited"] += 1
+                    return
+                retx_q.popleft()
+                if not self._tx(psn, slot, now, out, True, True):
+                    retx_q.appendleft(psn)
+                    return
+                continue
+            wr = self.cur
+            if wr is None:
+                if not self.send_q:
+                    return
+                wr = self.cur = self.send_q.popleft()
+            psn = self.snd_nxt
+            if psn - self.snd_una >= W:
+                self.c["window_limited"] += 1
+                return
+            n = wr.length - wr.sent
+            if n > mtu:
+                n = mtu
+            if self.inflight and self.inflight + n > cc.cwnd:
+                self.c["cwnd_limited"] += 1
+                return
+            slot = psn % W
+            off = wr.sent
+            self.tx_wr[slot] = wr
+            self.tx_off[slot] = off
+            self.tx_len[slot] = n
+            sent = off + n
+            last = sent == wr.length
+            more = (not last or bool(self.send_q)) and (
+                psn + 1 - self.snd_una < W and self.inflight + n + mtu <= cc.cwnd
+            )
+            if not self._tx(psn, slot, now, out, False, last or not more):
+                return
+            self.snd_nxt = psn + 1
+            wr.sent = sent
+            if off == 0:
+                wr.first_psn = psn
+            if last:
+                wr.last_psn = psn
+                self.cur = None
+            o = psn + 1 - self.snd_una
+            if o > self.max_outstanding:
+                self.max_outstanding = o
+
+    def _tx(self, psn: int, slot: int, now: int, out: list[Datagram], retx: bool, ackreq: bool) -> bool:
+        paths = self.paths
+        ev = paths.other_ev(self.tx_ev[slot]) if retx else paths.next_ev()
+        if ev < 0:
+            return False
+        wr = self.tx_wr[slot]
+        assert wr is not None
+        off = self.tx_off[slot]
+        n = self.tx_len[slot]
+        last = off + n == wr.length
+        flags = (_FIRST if off == 0 else 0) | (_LAST if last else 0) | (_RETX if retx else 0)
+        imm = wr.imm if last else None
+        size = (WRITE_HDR_LEN if imm is None else WRITE_IMM_HDR_LEN) + n + (-n & 3) + _ICRC
+        buf = bytearray(size)
+        lo = wr.offset + off
+        build_write(
+            buf, self.tx_icrc, dqpn=self.peer_qpn, psn=psn & PSN_MASK, ev_index=ev,
+            va=wr.remote_addr + off, rkey=wr.rkey, payload=wr.mr.view[lo : lo + n], msn=wr.msn,
+            msg_len=wr.length, msg_offset=off, timestamp_ns=now, flags=flags, ackreq=ackreq, imm=imm,
+        )
+        if retx:
+            t0 = self.trim_pending.pop(psn, -1)
+            if t0 >= 0:
+                d = now - t0
+                self.trim_recoveries.append(d)
+                if d > self.max_trim_recovery_ns:
+                    self.max_trim_recovery_ns = d
+        self.tx_state[slot] = _INFLIGHT
+        self.tx_ev[slot] = ev
+        self.tx_time[slot] = now
+        self.serial = s = self.serial + 1
+        self.tx_serial[slot] = s
+        self.txq.append((psn, s))
+        self.inflight += n
+        port = paths.ev_port[ev]
+        paths.port_bytes[port] += n
+        c = self.c
+        c["data_tx"] += 1
+        c["data_tx_bytes"] += n
+        if self.rto_deadline == NEVER:
+            self.rto_deadline = now + self._rto_interval()
+        out.append(Datagram(buf, port, ev, self.peer_gid))
+        return True
+
+    def _rto_interval(self) -> int:
+        base = self.attr.ack_timeout_ns
+        k = self.retries - self.attr.linear_cnt
+        return base if k <= 0 else base << min(k, 24)
+
+    # ================================================================== requester: feedback
+
+    def on_sack(self, pkt: MrcPacket, now: int) -> None:
+        s = pkt.body
+        assert s is not None
+        c = self.c
+        c["sack_rx"] += 1
+        una = self.snd_una
+        outstanding = self.snd_nxt - una
+        rel = (s.cum_psn - una) & PSN_MASK  # type: ignore[union-attr]
+        if rel >= _HALF:
+            rel -= PSN_MOD
+        if rel > outstanding:
+            self.ctx.drop("sack_ahead")
+            return
+        acked = 0
+        if outstanding:
+            bm = s.bitmap  # type: ignore[union-attr]
+            S = (((1 << rel) - 1) | (bm << (rel + 1))) if rel >= 0 else bm >> (-rel - 1)
+            S &= (1 << outstanding) - 1
+            newly = S & ~self.sacked
+            if newly:
+                W = self.W
+                tx_state, tx_len, tx_serial = self.tx_state, self.tx_len, self.tx_serial
+                las = self.latest_acked_serial
+                self.sacked |= newly
+                inflight = self.inflight
+                spurious = 0
+                while newly:
+                    low = newly & -newly
+                    slot = (una + low.bit_length() - 1) % W
+                    newly ^= low
+                    st = tx_state[slot]
+                    n = tx_len[slot]
+                    if st == _INFLIGHT:
+                        inflight -= n
+                    elif st == _LOST:
+                        spurious += 1
+                    tx_state[slot] = _ACKED
+                    acked += n
+                    ser = tx_serial[slot]
+                    if ser > las:
+                        las = ser
+                self.inflight = inflight
+                self.latest_acked_serial = las
+                if spurious:
+                    c["retx_spurious"] += spurious
+                sk = self.sacked
+                if sk & 1:
+                    t = (sk ^ (sk + 1)).bit_length() - 1
+                    self.sacked = sk >> t
+                    self.snd_una = una = una + t
+                    wrs = self.wrs_out
+                    while wrs and wrs[0].last_psn < una:
+                        wr = wrs.popleft()
+                        self.send_cq.push(
+                            WorkCompletion(
+                                wr.wr_id, WcStatus.SUCCESS, self._wc_op(wr.imm), self.qpn, wr.length, None
+                            )
+                        )
+                self.retries = 0
+                self.rto_deadline = now + self.attr.ack_timeout_ns if self.snd_nxt != una else NEVER
+        # per-EV steering from the echo of the triggering packet
+        e = s.echo_ev_index  # type: ignore[union-attr]
+        ecn = bool(s.echo_flags & _CE)  # type: ignore[union-attr]
+        paths = self.paths
+        if e < paths.n:
+            if ecn:
+                c["ecn_echo_rx"] += 1
+                paths.penalise(e)
+            elif paths.pen[e]:
+                paths.pen[e] -= 1
+                paths.dirty = True
+        # RTT sample (per transmission timestamps: no retransmission ambiguity)
+        rtt = -1
+        ts = s.echo_timestamp_ns  # type: ignore[union-attr]
+        if 0 < ts <= now:
+            rtt = now - ts - s.service_time_ns  # type: ignore[union-attr]
+            if rtt < 0:
+                rtt = 0
+            self._rtt_sample(rtt)
+        self.cc.on_ack(now, acked, rtt, ecn)
+        if self.txq:
+            self._detect_losses(now)
+
+    def _rtt_sample(self, rtt: int) -> None:
+        if rtt < self.min_rtt:
+            self.min_rtt = rtt
+        if self.srtt == 0:
+            self.srtt = rtt
+            self.rttvar = rtt >> 1
+        else:
+            err = rtt - self.srtt
+            self.srtt += err >> 3
+            self.rttvar += ((err if err >= 0 else -err) - self.rttvar) >> 2
+        self.reo_thr = self.srtt + 4 * self.rttvar + self.attr.reorder_ns
+
+    def _detect_losses(self, now: int) -> None:
+        """RACK-style: a packet is lost when one sent after it was acknowledged and it has been out
+        longer than srtt + 4 rttvar + reorder_ns. Each transmission is examined once."""
+        txq = self.txq
+        W = self.W
+        una = self.snd_una
+        las = self.latest_acked_serial
+        thr = self.reo_thr
+        tx_serial, tx_state, tx_time = self.tx_serial, self.tx_state, self.tx_time
+        self.loss_deadline = NEVER
+        while txq:
+            psn, ser = txq[0]
+            if psn < una:
+                txq.popleft()
+                continue
+            slot = psn % W
+            if tx_serial[slot] != ser or tx_state[slot] != _INFLIGHT:
+                txq.popleft()
+                continue
+            if ser > las:
+                break
+            t = tx_time[slot] + thr
+            if t > now:
+                self.loss_deadline = t
+                break
+            txq.popleft()
+            self.c["retx_sack"] += 1
+            self._lost(psn, slot, now, True)
+
+    def _lost(self, psn: int, slot: int, now: int, blame_ev: bool) -> None:
+        self.tx_state[slot] = _LOST
+        self.inflight -= self.tx_len[slot]
+        self.retx_q.append(psn)
+        if blame_ev:
+            self.paths.loss(self.tx_ev[slot], now)
+        self.cc.on_loss(now)
+
+    def on_nack(self, pkt: MrcPacket, now: int) -> None:
+        b = pkt.body
+        assert b is not None
+        c = self.c
+        c["nack_rx"] += 1
+        code = b.code  # type: ignore[union-attr]
+        if code in FATAL_NACK_CODES or code == NackCode.NO_RECV_BUFFER:
+            status = (
+                WcStatus.REM_OP_ERR
+                if code in (NackCode.BAD_QPN, NackCode.NO_RECV_BUFFER)
+                else WcStatus.REM_ACCESS_ERR
+            )
+            self.set_error(status, now)
+            return
+        una = self.snd_una
+        rel = (pkt.psn - una) & PSN_MASK
+        if rel >= self.snd_nxt - una:
+            return  # stale
+        psn = una + rel
+        slot = psn % self.W
+        if self.tx_state[slot] != _INFLIGHT or self.tx_time[slot] != b.echo_timestamp_ns:  # type: ignore[union-attr]
+            return  # already handled, or a NACK of an older transmission
+        if code == NackCode.TRIMMED:
+            c["nack_trim_rx"] += 1
+            c["retx_trim"] += 1
+            self.trim_pending[psn] = self.tx_time[slot]
+            self.tx_state[slot] = _LOST
+            self.inflight -= self.tx_len[slot]
+            self.retx_q.appendleft(psn)  # selective retransmit now, on another EV; the EV stays GOOD
+            e = b.echo_ev_index  # type: ignore[union-attr]
+            if e < self.paths.n:
+                self.paths.penalise(e)
+            self.cc.on_trim(now)
+        else:  # OUT_OF_WINDOW: resend later, no path blame
+            c["retx_nack"] += 1
+            self._lost(psn, slot, now, False)
+
+    def on_probe_reply(self, pkt: MrcPacket, now: int) -> None:
+        b = pkt.body
+        assert b is not None
+        self.c["probe_reply_rx"] += 1
+        svc = b.service_time_ns if b.flags & _SVC_VALID else 0  # type: ignore[union-attr]
+        rtt = now - b.echo_timestamp_ns - svc  # type: ignore[union-attr]
+        self.paths.probe_reply(b.request_id, rtt, now)  # type: ignore[union-attr]
+
+    # ================================================================== timers
+
+    def on_timer(self, now: int, out: list[Datagram]) -> None:
+        if self.ack_deadline <= now:
+            self.ack_deadline = NEVER
+            if self.unacked:
+                psn, ev, ts, flags, t, port = self.last_rx
+                self._sack(now, out, psn, ev, ts, flags, now - t, port)
+        if self.state != QpState.RTS:
+            return
+        if self.loss_deadline <= now:
+            self._detect_losses(now)
+        if self.rto_deadline <= now:
+            self._on_rto(now)
+            if self.state != QpState.RTS:
+                return
+        if self.paths.next_probe_deadline <= now:
+            paths = self.paths
+            for rid, i in paths.due_probes(now, self.next_rid):
+                buf = bytearray(_PROBE_SIZE)
+                build_probe(
+                    buf, self.tx_icrc, dqpn=self.peer_qpn, ev_index=i, request_id=rid, reply_qpn=self.qpn,
+                    timestamp_ns=now,
+                )
+                self.next_rid = (rid + 1) & 0xFFFF or 1
+                self.c["probe_tx"] += 1
+                out.append(Datagram(buf, paths.ev_port[i], i, self.peer_gid))
+
+    def _on_rto(self, now: int) -> None:
+        """ACK timeout: linear stage (timeout x 1, linear_cnt times), then exponential backoff (x2 per
+        retry, exp_cnt times; 25 = forever), then ERROR."""
+        self.c["rto"] += 1
+        if self.snd_nxt == self.snd_una:
+            self.rto_deadline = NEVER
+            return
+        self.retries += 1
+        a = self.attr
+        if a.exp_cnt < 25 and self.retries > a.linear_cnt + a.exp_cnt:
+            self.set_error(WcStatus.RETRY_EXC_ERR, now)
+            return
+        base = a.ack_timeout_ns
+        W = self.W
+        tx_state, tx_time = self.tx_state, self.tx_time
+        for psn in range(self.snd_una, self.snd_nxt):
+            slot = psn % W
+            if tx_state[slot] == _INFLIGHT and tx_time[slot] + base <= now:
+                self.c["retx_timeout"] += 1
+                self._lost(psn, slot, now, True)
+        self.rto_deadline = now + self._rto_interval()
+
+    def set_error(self, status: WcStatus, now: int) -> None:
+        """Move to ERROR: the oldest outstanding WRITE completes with `status`, everything else posted is
+        flushed (WR_FLUSH_ERR), timers stop, and the context reports an async event."""
+        if self.state == QpState.ERROR:
+            return
+        self.state = QpState.ERROR
+        self.error_status = status
+        first = True
+        for wr in self.wrs_out:
+            st = status if first else WcStatus.WR_FLUSH_ERR
+            first = False
+            self.send_cq.push(WorkCompletion(wr.wr_id, st, self._wc_op(wr.imm), self.qpn, 0, None))
+        self.wrs_out.clear()
+        self.send_q.clear()
+        self.cur = None
+        for wr_id in self.recv_q:
+            self.recv_cq.push(
+                WorkCompletion(wr_id, WcStatus.WR_FLUSH_ERR, WcOpcode.RECV_RDMA_WITH_IMM, self.qpn)
+            )
+        self.recv_q.clear()
+        self.retx_q.clear()
+        self.txq.clear()
+        self.rto_deadline = self.loss_deadline = self.ack_deadline = NEVER
+        self.paths.probe_at.clear()
+        self.paths.probe_wait.clear()
+        self.paths.next_probe_deadline = NEVER
+        self.ctx.async_event(now, self.qpn, "QP_FATAL", status.name)
+
+    # ================================================================== responder
+
+    def on_data(self, pkt: MrcPacket, now: int, ecn: bool, port: int, out: list[Datagram]) -> None:
+        c = self.c
+        psn = pkt.psn
+        d = (psn - self.rcv_cum) & PSN_MASK
+        flags = pkt.flags
+        if d >= _HALF:  # below the cumulative point: an old duplicate
+            c["stale_rx"] += 1
+            self.ctx.drop("duplicate")
+            self._sack(now, out, psn, pkt.ev_index, pkt.timestamp_ns, _S_DUP, 0, port)
+            return
+        if d >= self.W:
+            c["oow_rx"] += 1
+            self.ctx.drop("out_of_window")
+            self._nack(out, psn, pkt, NackCode.OUT_OF_WINDOW, port)
+            return
+        bit = 1 << d
+        rbits = self.rbits
+        if rbits & bit:
+            c["dup_rx"] += 1
+            self.ctx.drop("duplicate")
+            self._sack(now, out, psn, pkt.ev_index, pkt.timestamp_ns, _S_DUP, 0, port)
+            return
+        if flags & _TRIMMED:
+            c["trim_rx"] += 1
+            if self.attr.trim_nack:
+                self._nack(out, psn, pkt, NackCode.TRIMMED, port)
+            return
+        n = pkt.dma_len
+        mr = self.ctx.mrs.get(pkt.rkey)
+        if mr is None or not mr.access & _REMOTE_WRITE:
+            c["bad_rkey_rx"] += 1
+            self.ctx.drop("bad_rkey")
+            self._nack(out, psn, pkt, NackCode.BAD_RKEY, port)
+            return
+        off = pkt.va - mr.addr
+        if off < 0 or off + n > mr.length:
+            c["bad_va_rx"] += 1
+            self.ctx.drop("bad_va")
+            self._nack(out, psn, pkt, NackCode.BAD_VA, port)
+            return
+        msn = pkt.msn
+        m = self.msgs.get(msn)
+        imm = pkt.imm
+        if imm is not None and (m is None or m[1] is None):  # this message's immediate, first time
+            if len(self.recv_q) <= self.imm_reserved:
+                c["no_recv_buffer_rx"] += 1
+                self.ctx.drop("no_recv_buffer")
+                self._nack(out, psn, pkt, NackCode.NO_RECV_BUFFER, port)
+                return
+            self.imm_reserved += 1
+            c["imm_rx"] += 1
+        mr.view[off : off + n] = pkt.payload
+        # PSN accounting
+        rbits |= bit
+        if d == 0:
+            t = (rbits ^ (rbits + 1)).bit_length() - 1
+            rbits >>= t
+            self.rcv_cum = (self.rcv_cum + t) & PSN_MASK
+        self.rbits = rbits
+        c["data_rx"] += 1
+        c["data_rx_bytes"] += n
+        # message accounting (completion of WRITE-with-immediate when every byte is placed)
+        mlen = pkt.msg_len
+        if m is None:
+            if n >= mlen and imm is None:
+                pass  # single-packet plain WRITE: nothing to track
+            else:
+                m = self.msgs[msn] = [n, imm, mlen]
+        else:
+            m[0] += n
+            if imm is not None:
+                m[1] = imm
+        if m is not None and m[0] >= m[2]:
+            del self.msgs[msn]
+            if m[1] is not None:
+                self.imm_reserved -= 1
+                wr_id = self.recv_q.popleft()
+                self.recv_cq.push(
+                    WorkCompletion(wr_id, WcStatus.SUCCESS, WcOpcode.RECV_RDMA_WITH_IMM, self.qpn, m[2], m[1])
+                )
+        # acknowledgement policy
+        if ecn:
+            c["ecn_rx"] += 1
+        u = self.unacked + 1
+        if ecn or pkt.ackreq or u >= self.attr.ack_coalesce or flags & (_ACK_NOW | _RETX):
+            ef = (_CE if ecn else 0) | (_S_RETX if flags & _RETX else 0)
+            self._sack(now, out, psn, pkt.ev_index, pkt.timestamp_ns, ef, 0, port)
+        else:
+            self.unacked = u
+            self.last_rx = (psn, pkt.ev_index, pkt.timestamp_ns, 0, now, port)
+            if self.ack_deadline == NEVER:
+                self.ack_deadline = now + self.attr.ack_delay_ns
+
+    def _sack(
+        self, now: int, out: list[Datagram], psn: int, ev: int, ts: int, eflags: int, svc: int, port: int
+    ) -> None:
+        bm = self.rbits >> 1
+        words = (bm.bit_length() + 63) >> 6 or 1
+        buf = bytearray(_SACK_BASE + 8 * words)
+        cev = self.paths.ctl_ev(port)
+        build_sack(
+            buf, self.tx_icrc, dqpn=self.peer_qpn, psn=psn, ev_index=cev, cum_psn=self.rcv_cum,
+            echo_ev_index=ev, echo_timestamp_ns=ts, bitmap=bm, words=words, echo_flags=eflags,
+            service_time_ns=svc, timestamp_ns=now,
+        )
+        self.unacked = 0
+        self.ack_deadline = NEVER
+        self.c["sack_tx"] += 1
+        out.append(Datagram(buf, port, cev, self.peer_gid))
+
+    def _nack(self, out: list[Datagram], psn: int, pkt: MrcPacket, code: int, port: int) -> None:
+        buf = bytearray(_NACK_SIZE)
+        cev = self.paths.ctl_ev(port)
+        build_nack(
+            buf, self.tx_icrc, dqpn=self.peer_qpn, psn=psn, ev_index=cev, code=code,
+            echo_ev_index=pkt.ev_index, cum_psn=self.rcv_cum, echo_timestamp_ns=pkt.timestamp_ns,
+        )
+        self.c["nack_tx"] += 1
+        out.append(Datagram(buf, port, cev, self.peer_gid))
+
+    def on_probe(self, pkt: MrcPacket, now: int, port: int, out: list[Datagram]) -> None:
+        b = pkt.body
+        assert b is not None
+        self.c["probe_rx"] += 1
+        buf = bytearray(_PROBE_REPLY_SIZE)
+        cev = self.paths.ctl_ev(port)
+        build_probe_reply(
+            buf, self.tx_icrc, dqpn=b.reply_qpn, ev_index=cev, request_id=b.request_id,  # type: ignore[union-attr]
+            echo_ev_index=pkt.ev_index, echo_timestamp_ns=pkt.timestamp_ns, service_time_ns=0,
+            flags=_SVC_VALID, timestamp_ns=now,
+        )
+        out.append(Datagram(buf, port, cev, self.peer_gid))
+
+    # ================================================================== introspection
+
+    def stats(self) -> dict[str, Any]:
+        d: dict[str, Any] = dict(self.c)
+        d.update(
+            qpn=self.qpn,
+            state=self.state.name,
+            snd_una=self.snd_una & PSN_MASK,
+            snd_nxt=self.snd_nxt & PSN_MASK,
+            rcv_cum=self.rcv_cum,
+            inflight=self.inflight,
+            cwnd=self.cc.cwnd,
+            srtt_ns=self.srtt,
+            min_rtt_ns=self.min_rtt if self.min_rtt != NEVER else None,
+            max_outstanding=self.max_outstanding,
+            max_trim_recovery_ns=self.max_trim_recovery_ns,
+            ev_marked_bad=self.paths.marked_bad,
+            ev_losses=self.paths.losses,
+            port_bytes=list(self.paths.port_bytes),
+        )
+        return d
