@@ -48,6 +48,7 @@ _MODE_NAMES: Final = {v: k for k, v in SEG6_ENCAP_MODES.items()}
 RTPROT_STATIC: Final = 4
 RT_TABLE_MAIN: Final = 254
 RTN_UNICAST: Final = 1
+RTN_LOCAL: Final = 2
 RT_SCOPE_UNIVERSE: Final = 0
 
 
@@ -169,7 +170,7 @@ def use_srv6_messages(ipr: Any) -> None:
 
 # ------------------------------------------------------------------------------------ building
 
-def _base(dst: str, dst_len: int, table: int) -> SRv6RouteMsg:
+def _base(dst: str, dst_len: int, table: int, rtype: int = RTN_UNICAST) -> SRv6RouteMsg:
     msg = SRv6RouteMsg()
     msg["family"] = socket.AF_INET6
     msg["dst_len"] = dst_len
@@ -178,7 +179,7 @@ def _base(dst: str, dst_len: int, table: int) -> SRv6RouteMsg:
     msg["table"] = table if table < 256 else 252
     msg["proto"] = RTPROT_STATIC
     msg["scope"] = RT_SCOPE_UNIVERSE
-    msg["type"] = RTN_UNICAST
+    msg["type"] = rtype
     msg["flags"] = 0
     msg["attrs"] = [["RTA_DST", dst], ["RTA_TABLE", table]]
     return msg
@@ -186,9 +187,12 @@ def _base(dst: str, dst_len: int, table: int) -> SRv6RouteMsg:
 
 def seg6local_msg(
     dst: str, dst_len: int, oif: int, action: str, *, table: int | None = None,
-    flavors: Mapping[str, Any] | None = None, route_table: int = RT_TABLE_MAIN,
+    flavors: Mapping[str, Any] | None = None, route_table: int = RT_TABLE_MAIN, local: bool = False,
 ) -> SRv6RouteMsg:
-    """``ip -6 route add DST encap seg6local action ACTION [table T] [flavors ...] dev OIF``."""
+    """``ip -6 route add [local] DST encap seg6local action ACTION [table T] [flavors ...] dev OIF``.
+
+    ``local=True`` with the loopback as OIF gives a SID that no port failure removes (a *unicast* route
+    via lo is turned into a reject route by the kernel, fib6_is_reject)."""
     if action not in Seg6LocalEncap.action.actions:
         raise ValueError(f"unknown seg6local action {action!r}")
     encap: list[list[Any]] = [["SEG6_LOCAL_ACTION", {"value": action}]]
@@ -196,7 +200,7 @@ def seg6local_msg(
         encap.append(["SEG6_LOCAL_TABLE", {"value": table}])
     if flavors is not None:
         encap.append(["SEG6_LOCAL_FLAVORS", {"attrs": flavors_to_attrs(flavors)}])
-    msg = _base(dst, dst_len, route_table)
+    msg = _base(dst, dst_len, route_table, RTN_LOCAL if local else RTN_UNICAST)
     msg["attrs"] += [
         ["RTA_OIF", oif], ["RTA_ENCAP_TYPE", LWTUNNEL_ENCAP_SEG6_LOCAL], ["RTA_ENCAP", {"attrs": encap}],
     ]

@@ -301,12 +301,12 @@ def _configure_node(tb: Testbed, s: _Sockets, node: str) -> None:
         _configure_host(tb, s, node)
         return
     # switch: End with NEXT-C-SID on its own /48, static routes to each neighbour's /48
+    # the End SID is a local route on the loopback, so it survives any one port going down
     ports = topo.links_of(node)
-    first = s.ifindex(node, ports[0].a_ifname if ports[0].a == node else ports[0].b_ifname)
     own = topo.usid_prefix(node)
     seg6.route_request(ipr, seg6.seg6local_msg(
-        str(own.network_address), 48, first, "End",
-        flavors={"operations": ["next-csid"], "lblen": 32, "nflen": 16},
+        str(own.network_address), 48, s.ifindex(node, "lo"), "End",
+        flavors={"operations": ["next-csid"], "lblen": 32, "nflen": 16}, local=True,
     ), replace=True)
     for lk in ports:
         peer, ifname, gw = (lk.b, lk.a_ifname, lk.b_addr) if lk.a == node else (lk.a, lk.b_ifname, lk.a_addr)
@@ -332,8 +332,8 @@ def _configure_host(tb: Testbed, s: _Sockets, host: str) -> None:
         # the plane's leaf /48 is reached through this port; the host's own /48 decapsulates
         _route(s, host, dst=str(topo.usid_prefix(leaf)), gateway=str(lk.b_addr), oif=idx)
         mine = topo.usid_prefix(host, p)
-        seg6.route_request(ipr, seg6.seg6local_msg(str(mine.network_address), 48, idx, "End.DT6", table=255),
-                           replace=True)
+        seg6.route_request(ipr, seg6.seg6local_msg(str(mine.network_address), 48, lo, "End.DT6", table=255,
+                                                   local=True), replace=True)
 
     def encap(dst: str, path_plane: int, container: str, src: str | None = None) -> None:
         idx, gw = port[path_plane]
@@ -515,6 +515,7 @@ class ProbeResult:
 _ICMP6_ECHO_REQUEST: Final = 128
 _ICMP6_ECHO_REPLY: Final = 129
 _ICMP6_FILTER: Final = 1
+_SO_TIMESTAMPNS: Final = 35
 
 
 def probe(
@@ -531,7 +532,7 @@ def probe(
     down = tb.down_links()
     ident = os.getpid() & 0xFFFF
     socks: dict[str, socket.socket] = {}
-    sent: dict[int, float] = {}
+    sent: dict[int, int] = {}  # CLOCK_REALTIME ns just before the send
     rtts: dict[int, float] = {}
     try:
         for h in {p.src for p in paths}:
@@ -540,12 +541,14 @@ def probe(
             blocked = [0xFFFFFFFF] * 8
             blocked[_ICMP6_ECHO_REPLY >> 5] &= ~(1 << (_ICMP6_ECHO_REPLY & 31))
             sk.setsockopt(socket.IPPROTO_ICMPV6, _ICMP6_FILTER, struct.pack("8I", *blocked))
+            # the kernel stamps each reply on arrival: the RTT does not include our own polling delay
+            sk.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
             sk.setblocking(False)
             socks[h] = sk
         for seq, p in enumerate(paths):
             msg = struct.pack("!BBHHH", _ICMP6_ECHO_REQUEST, 0, 0, ident, seq) + b"mrc-probe"
             pktinfo = socket.inet_pton(socket.AF_INET6, str(p.path_address)) + struct.pack("@I", 0)
-            sent[seq] = time.monotonic()
+            sent[seq] = time.time_ns()
             try:
                 socks[p.src].sendmsg([msg], [(socket.IPPROTO_IPV6, socket.IPV6_PKTINFO, pktinfo)], 0,
                                      (str(topo.mrc_address(p.dst)), 0))
@@ -559,18 +562,22 @@ def probe(
             if left <= 0:
                 break
             ready, _, _ = select.select(list(by_fd), [], [], left)
-            now = time.monotonic()
             for fd in ready:
                 while True:
                     try:
-                        data = by_fd[fd].recv(2048)
+                        data, anc, _flags, _addr = by_fd[fd].recvmsg(2048, 64)
                     except BlockingIOError:
                         break
                     if len(data) < 8:
                         continue
                     typ, _code, _ck, rid, seq = struct.unpack("!BBHHH", data[:8])
                     if typ == _ICMP6_ECHO_REPLY and rid == ident and seq in sent and seq not in rtts:
-                        rtts[seq] = (now - sent[seq]) * 1000.0
+                        arrived = time.time_ns()
+                        for level, kind, value in anc:
+                            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(value) >= 16:
+                                sec, nsec = struct.unpack("@qq", value[:16])
+                                arrived = sec * 10**9 + nsec
+                        rtts[seq] = max(0, arrived - sent[seq]) / 1e6
     finally:
         for sk in socks.values():
             sk.close()

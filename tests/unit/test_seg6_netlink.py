@@ -48,7 +48,8 @@ def test_flavors_encode_to_uapi_layout_and_decode_back() -> None:
 
 def test_several_flavors_and_dt6_table() -> None:
     msg = seg6.seg6local_msg("fcbb:bbbb:300::", 48, 3, "End", flavors={"operations": ["psp", "usd"]})
-    assert seg6.describe_encap(seg6.decode(seg6.encode(msg)))["flavors"] == {"operations": ["psp", "usd"]}
+    described = seg6.describe_encap(seg6.decode(seg6.encode(msg)))
+    assert described is not None and described["flavors"] == {"operations": ["psp", "usd"]}
     dt6 = seg6.seg6local_msg("fcbb:bbbb:300::", 48, 3, "End.DT6", table=255)
     assert seg6.describe_encap(seg6.decode(seg6.encode(dt6))) == {"type": "seg6local", "action": "End.DT6",
                                                                   "table": 255}
