@@ -92,51 +92,52 @@ class LoopbackFabric:
         self.loss = [cfg.plane_loss.get(p, cfg.loss) for p in range(planes)]
         self.ecn = [cfg.ecn.get(p, 0.0) for p in range(planes)]
         self.ns_per_byte = 8.0 / cfg.rate_gbps if cfg.rate_gbps else 0.0
+        self.jitter = cfg.jitter_ns
+        self.impaired = bool(cfg.blackholes or any(self.loss) or cfg.trim or any(self.ecn))
         # counters
         self.c: dict[str, int] = dict.fromkeys(
-            ("sent", "delivered", "lost", "blackholed", "trimmed", "ecn_marked"), 0
+            ("lost", "blackholed", "trimmed", "ecn_marked"), 0
         )
         self.plane_data_bytes = [[0] * planes, [0] * planes]
 
     def transmit(self, src: int, dg: Datagram, now: int) -> None:
-        cfg = self.cfg
-        p = dg.port
-        data: Any = dg.data
+        data: Any
+        data, p, ev, _ = dg
         n = len(data)
-        rng = self.rng
-        c = self.c
-        c["sent"] += 1
-        is_data = not (data[0] & 0xF0)
+        is_data = data[0] < 0x10  # WRITE opcodes 0x0A/0x0B; control packets are 0xC0-0xC4
         if is_data:
             self.plane_data_bytes[src][p] += n
-        if cfg.blackholes:
+        ecn = False
+        if self.impaired:
+            cfg = self.cfg
+            rng = self.rng
+            c = self.c
             for bh in cfg.blackholes:
-                if bh.plane == p and bh.active(now):
+                if bh.plane == p and bh.start_ns <= now < bh.end_ns:
                     c["blackholed"] += 1
                     return
-        lp = self.loss[p]
-        if lp and rng.random() < lp:
-            c["lost"] += 1
-            return
-        ecn = False
-        if is_data:
-            if cfg.trim and rng.random() < cfg.trim:
-                n = trim_in_place(data, n)
-                data = memoryview(data)[:n]
-                c["trimmed"] += 1
-            ep = self.ecn[p]
-            if ep and rng.random() < ep:
-                ecn = True
-                c["ecn_marked"] += 1
+            lp = self.loss[p]
+            if lp and rng.random() < lp:
+                c["lost"] += 1
+                return
+            if is_data:
+                if cfg.trim and rng.random() < cfg.trim:
+                    n = trim_in_place(data, n)
+                    data = memoryview(data)[:n]
+                    c["trimmed"] += 1
+                ep = self.ecn[p]
+                if ep and rng.random() < ep:
+                    ecn = True
+                    c["ecn_marked"] += 1
         free = self.port_free[src]
         t = free[p]
         if t < now:
             t = now
         t += int(n * self.ns_per_byte)
         free[p] = t
-        t += self.plane_delay[p] + self.ev_extra[dg.ev_index]
-        if cfg.jitter_ns:
-            t += rng.randint(0, cfg.jitter_ns)
+        t += self.plane_delay[p] + self.ev_extra[ev]
+        if self.jitter:
+            t += self.rng.randint(0, self.jitter)
         self.seq += 1
         heapq.heappush(self.heap, (t, self.seq, 1 - src, data, p, ecn))
 
@@ -180,10 +181,11 @@ class LoopbackFabric:
                 timer_at[j] = NEVER
                 eng.handle_timer(t)
             else:
-                self.c["delivered"] += 1
                 eng.receive(data, t, ecn, port)
-            for dg in eng.datagrams_to_send(t):
-                transmit(j, dg, t)
+            out = eng.datagrams_to_send(t)
+            if out:
+                for dg in out:
+                    transmit(j, dg, t)
             dl = eng.next_deadline()
             if dl is not None and dl < timer_at[j]:
                 timer_at[j] = dl

@@ -185,8 +185,8 @@ class Context:
         if qp is None:
             self.drop("unknown_qpn")
             return
-        if qp.state < _RTS or (src is not None and src != qp.peer_gid):
-            self.drop("foreign_src" if qp.state >= _RTS else "qp_state")
+        if qp.state != _RTS or (src is not None and src != qp.peer_gid):
+            self.drop("qp_state" if qp.state != _RTS else "foreign_src")
             return
         try:
             pkt = parse(data, qp.rx_icrc)
@@ -194,9 +194,6 @@ class Context:
             self.drop(e.reason)
             return
         op = pkt.opcode
-        if qp.state != _RTS:
-            self.drop("qp_state")
-            return
         if op in (_WRITE, _WRITE_IMM):
             qp.on_data(pkt, now, ecn, port, self._out)
         elif op == _SACK:

@@ -143,6 +143,8 @@ class PathSet:
         self.port_rr = [0] * self.nports
         self.pattern: list[int] = []
         self.pat_pos = 0
+        self.seq: list[int] = []
+        self.seq_pos = 0
         self.dirty = False
         self.since_rebuild = 0
         self.tx_packets = [0] * n
@@ -199,9 +201,30 @@ class PathSet:
         self.pat_pos %= max(1, len(pattern))
         self.dirty = False
         self.since_rebuild = 0
+        # Fast path: with no penalties, one cycle uses every GOOD EV once, ports interleaved in
+        # proportion to their GOOD EV counts (EV j of k on a port sits at virtual time (j + 0.5) / k).
+        if total > 0 and not any(pen[i] for evs in self.port_evs for i in evs):
+            keyed = []
+            for p, evs in enumerate(self.port_evs):
+                k = len(evs)
+                rr = self.port_rr[p]
+                for j in range(k):
+                    keyed.append(((j + 0.5) / k, p, evs[(rr + j) % k]))
+            keyed.sort()
+            self.seq = [i for _, _, i in keyed]
+        else:
+            self.seq = []
+        self.seq_pos = 0
 
     def next_ev(self) -> int:
         """The EV index for the next packet (-1 when no EV is usable)."""
+        seq = self.seq
+        if seq:
+            pos = self.seq_pos
+            i = seq[pos]
+            pos += 1
+            self.seq_pos = 0 if pos == len(seq) else pos
+            return i
         if self.dirty and self.since_rebuild >= _REBUILD_EVERY:
             self._rebuild_pattern()
         pattern = self.pattern
@@ -256,6 +279,9 @@ class PathSet:
         self.pen[i] = PEN_MAX if p > PEN_MAX else p
         self.skip[i] = self.pen[i] + 1
         self.dirty = True
+        if self.seq:
+            self.seq = []  # leave the fast path until penalties decay
+            self.since_rebuild = 0
 
     # ------------------------------------------------------------------ state machine
 

@@ -36,7 +36,6 @@ from mrc.wire.packet import (
 from .cc import NsccConfig, make_cc
 from .paths import EvProfile, PathSet
 from .verbs import (
-    Access,
     CompletionQueue,
     MemoryRegion,
     QpAttr,
@@ -74,7 +73,6 @@ _PROBE_SIZE: Final = CTRL_HDR_LEN + 8 + _ICRC
 _PROBE_REPLY_SIZE: Final = CTRL_HDR_LEN + 20 + _ICRC
 _NACK_TRIMMED: Final = int(NackCode.TRIMMED)
 _SVC_VALID: Final = int(ProbeReplyFlag.SERVICE_TIME_VALID)
-_REMOTE_WRITE: Final = int(Access.REMOTE_WRITE)
 
 
 class Datagram(NamedTuple):
@@ -114,6 +112,9 @@ class QueuePair:
         )
         self.cc = make_cc(cc, attr.mtu)
         self.mtu = attr.mtu
+        self.ack_floor = attr.ack_coalesce * attr.mtu
+        self.ack_coalesce = attr.ack_coalesce
+        self.mrs = ctx.mrs
         self.W = W = attr.window
         self.peer_gid = b""
         self.peer_qpn = 0
@@ -129,7 +130,8 @@ class QueuePair:
         self.tx_serial = [0] * W
         self.tx_wr: list[SendWr | None] = [None] * W
         self.tx_off = [0] * W
-        self.serial = 0
+        self.serial = 0  # transmissions so far (first sends and retransmissions)
+        self.tx_bytes = 0
         self.latest_acked_serial = 0
         self.txq: deque[tuple[int, int]] = deque()  # (psn, serial) in transmission order
         self.retx_q: deque[int] = deque()
@@ -154,14 +156,16 @@ class QueuePair:
         self.imm_reserved = 0
         self.unacked = 0
         self.ack_deadline = NEVER
+        self.rx_packets = 0
+        self.rx_bytes = 0
         self.last_rx: tuple[int, int, int, int, int, int] = (0, 0, 0, 0, 0, 0)  # psn, ev, ts, flags, t, port
         # ---------------- counters
         self.c: dict[str, int] = dict.fromkeys(
             (
-                "data_tx", "data_tx_bytes", "retx_sack", "retx_trim", "retx_timeout", "retx_nack",
+                "retx_sack", "retx_trim", "retx_timeout", "retx_nack",
                 "retx_spurious", "sack_rx", "nack_rx", "nack_trim_rx", "ecn_echo_rx", "probe_tx",
                 "probe_reply_rx", "rto", "window_limited", "cwnd_limited",
-                "data_rx", "data_rx_bytes", "dup_rx", "stale_rx", "oow_rx", "trim_rx", "ecn_rx",
+                "dup_rx", "stale_rx", "oow_rx", "trim_rx", "ecn_rx",
                 "sack_tx", "nack_tx", "probe_rx", "bad_rkey_rx", "bad_va_rx", "bad_length_rx",
                 "no_recv_buffer_rx", "imm_rx",
             ),
@@ -251,7 +255,6 @@ class QueuePair:
         cc = self.cc
         tx_state = self.tx_state
         retx_q = self.retx_q
-        mtu = self.mtu
         while True:
             if retx_q:
                 psn = retx_q[0]
@@ -272,38 +275,104 @@ class QueuePair:
                 if not self.send_q:
                     return
                 wr = self.cur = self.send_q.popleft()
-            psn = self.snd_nxt
-            if psn - self.snd_una >= W:
-                self.c["window_limited"] += 1
+            if not self._send_new(wr, now, out):
                 return
-            n = wr.length - wr.sent
+
+    def _send_new(self, wr: SendWr, now: int, out: list[Datagram]) -> bool:
+        """First transmissions of `wr` (the hot path, one tight loop). False when a window is full."""
+        W = self.W
+        mtu = self.mtu
+        psn = self.snd_nxt
+        una = self.snd_una
+        limit = una + W
+        cwnd = self.cc.cwnd
+        inflight = self.inflight
+        ack_floor = self.ack_floor
+        paths = self.paths
+        ev_port = paths.ev_port
+        port_bytes = paths.port_bytes
+        tx_state, tx_len, tx_ev, tx_time = self.tx_state, self.tx_len, self.tx_ev, self.tx_time
+        tx_serial, tx_wr, tx_off = self.tx_serial, self.tx_wr, self.tx_off
+        txq_append = self.txq.append
+        out_append = out.append
+        icrc = self.tx_icrc
+        dqpn = self.peer_qpn
+        gid = self.peer_gid
+        serial = self.serial
+        length = wr.length
+        sent = wr.sent
+        base = wr.offset
+        view = wr.mr.view
+        va0 = wr.remote_addr
+        rkey, msn, imm = wr.rkey, wr.msn, wr.imm
+        ok = True
+        while True:
+            if psn >= limit:
+                self.c["window_limited"] += 1
+                ok = False
+                break
+            n = length - sent
             if n > mtu:
                 n = mtu
-            if self.inflight and self.inflight + n > cc.cwnd:
+            if inflight and inflight + n > cwnd:
                 self.c["cwnd_limited"] += 1
-                return
-            slot = psn % W
-            off = wr.sent
-            self.tx_wr[slot] = wr
-            self.tx_off[slot] = off
-            self.tx_len[slot] = n
+                ok = False
+                break
+            ev = paths.next_ev()
+            if ev < 0:
+                ok = False
+                break
+            off = sent
             sent = off + n
-            last = sent == wr.length
-            more = (not last or bool(self.send_q)) and (
-                psn + 1 - self.snd_una < W and self.inflight + n + mtu <= cc.cwnd
+            last = sent == length
+            flags = _FIRST if off == 0 else 0
+            if last:
+                flags |= _LAST
+                m_imm = imm
+                size = (WRITE_HDR_LEN if imm is None else WRITE_IMM_HDR_LEN) + n + (-n & 3) + _ICRC
+            else:
+                m_imm = None
+                size = WRITE_HDR_LEN + n + (-n & 3) + _ICRC
+            buf = bytearray(size)
+            lo = base + off
+            # AckReq on a message's last packet and when so little is in flight that coalesced SACKs
+            # might not come (the responder's delayed-ACK timer covers the rest)
+            build_write(
+                buf, icrc, dqpn=dqpn, psn=psn & PSN_MASK, ev_index=ev, va=va0 + off, rkey=rkey,
+                payload=view[lo : lo + n], msn=msn, msg_len=length, msg_offset=off, timestamp_ns=now,
+                flags=flags, ackreq=last or inflight + n < ack_floor, imm=m_imm,
             )
-            if not self._tx(psn, slot, now, out, False, last or not more):
-                return
-            self.snd_nxt = psn + 1
-            wr.sent = sent
+            slot = psn % W
+            tx_wr[slot] = wr
+            tx_off[slot] = off
+            tx_len[slot] = n
+            tx_state[slot] = _INFLIGHT
+            tx_ev[slot] = ev
+            tx_time[slot] = now
+            serial += 1
+            tx_serial[slot] = serial
+            txq_append((psn, serial))
+            inflight += n
+            port = ev_port[ev]
+            port_bytes[port] += n
+            out_append(Datagram(buf, port, ev, gid))
             if off == 0:
                 wr.first_psn = psn
+            psn += 1
             if last:
-                wr.last_psn = psn
+                wr.last_psn = psn - 1
                 self.cur = None
-            o = psn + 1 - self.snd_una
-            if o > self.max_outstanding:
-                self.max_outstanding = o
+                break
+        wr.sent = sent
+        self.snd_nxt = psn
+        self.serial = serial
+        self.tx_bytes += inflight - self.inflight
+        self.inflight = inflight
+        if psn - una > self.max_outstanding:
+            self.max_outstanding = psn - una
+        if self.rto_deadline == NEVER and psn != una:
+            self.rto_deadline = now + self._rto_interval()
+        return ok
 
     def _tx(self, psn: int, slot: int, now: int, out: list[Datagram], retx: bool, ackreq: bool) -> bool:
         paths = self.paths
@@ -341,9 +410,7 @@ class QueuePair:
         self.inflight += n
         port = paths.ev_port[ev]
         paths.port_bytes[port] += n
-        c = self.c
-        c["data_tx"] += 1
-        c["data_tx_bytes"] += n
+        self.tx_bytes += n
         if self.rto_deadline == NEVER:
             self.rto_deadline = now + self._rto_interval()
         out.append(Datagram(buf, port, ev, self.peer_gid))
@@ -641,8 +708,8 @@ class QueuePair:
                 self._nack(out, psn, pkt, NackCode.TRIMMED, port)
             return
         n = pkt.dma_len
-        mr = self.ctx.mrs.get(pkt.rkey)
-        if mr is None or not mr.access & _REMOTE_WRITE:
+        mr = self.mrs.get(pkt.rkey)
+        if mr is None or not mr.remote_write:
             c["bad_rkey_rx"] += 1
             self.ctx.drop("bad_rkey")
             self._nack(out, psn, pkt, NackCode.BAD_RKEY, port)
@@ -672,8 +739,8 @@ class QueuePair:
             rbits >>= t
             self.rcv_cum = (self.rcv_cum + t) & PSN_MASK
         self.rbits = rbits
-        c["data_rx"] += 1
-        c["data_rx_bytes"] += n
+        self.rx_packets += 1
+        self.rx_bytes += n
         # message accounting (completion of WRITE-with-immediate when every byte is placed)
         mlen = pkt.msg_len
         if m is None:
@@ -697,7 +764,7 @@ class QueuePair:
         if ecn:
             c["ecn_rx"] += 1
         u = self.unacked + 1
-        if ecn or pkt.ackreq or u >= self.attr.ack_coalesce or flags & (_ACK_NOW | _RETX):
+        if ecn or pkt.ackreq or u >= self.ack_coalesce or flags & (_ACK_NOW | _RETX):
             ef = (_CE if ecn else 0) | (_S_RETX if flags & _RETX else 0)
             self._sack(now, out, psn, pkt.ev_index, pkt.timestamp_ns, ef, 0, port)
         else:
@@ -751,6 +818,10 @@ class QueuePair:
     def stats(self) -> dict[str, Any]:
         d: dict[str, Any] = dict(self.c)
         d.update(
+            data_tx=self.serial,
+            data_tx_bytes=self.tx_bytes,
+            data_rx=self.rx_packets,
+            data_rx_bytes=self.rx_bytes,
             qpn=self.qpn,
             state=self.state.name,
             snd_una=self.snd_una & PSN_MASK,

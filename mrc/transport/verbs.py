@@ -90,7 +90,7 @@ class MemoryRegion:
     Remote writes are placed through `view`, a flat byte memoryview: never outside [addr, addr+length).
     The buffer stays exported (its size cannot change) until `deregister`."""
 
-    __slots__ = ("_cbuf", "access", "addr", "length", "lkey", "obj", "rkey", "view")
+    __slots__ = ("_cbuf", "access", "addr", "length", "lkey", "obj", "remote_write", "rkey", "view")
 
     def __init__(self, obj: Any, rkey: int, access: Access) -> None:
         mv = memoryview(obj)
@@ -110,6 +110,7 @@ class MemoryRegion:
         self.rkey = rkey
         self.lkey = rkey
         self.access = access
+        self.remote_write = bool(access & Access.REMOTE_WRITE)  # plain bool for the receive path
 
     def deregister(self) -> None:
         self._cbuf = None
@@ -131,7 +132,7 @@ class QpAttr:
     mpr: int = 8
     mtu: int = DEFAULT_PAYLOAD
     max_wimm: int = 128
-    ack_coalesce: int = 4  # responder SACKs at least every this many data packets
+    ack_coalesce: int = 8  # responder SACKs at least every this many data packets
     ack_delay_ns: int = 4_000  # ... or this long after an unacknowledged arrival
     reorder_ns: int = 2_000  # minimum reordering tolerance before a SACK hole is a loss
     probe_interval_ns: int = 20_000  # first probe of an ASSUMED_BAD EV after this long
