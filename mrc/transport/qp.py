@@ -114,6 +114,8 @@ class QueuePair:
         self.mtu = attr.mtu
         self.ack_floor = attr.ack_coalesce * attr.mtu
         self.ack_coalesce = attr.ack_coalesce
+        # a SACK may be held by the peer's delayed-ACK timer (same QpAttr defaults at both ends)
+        self.reo_extra = attr.reorder_ns + attr.ack_delay_ns
         self.mrs = ctx.mrs
         self.W = W = attr.window
         self.peer_gid = b""
@@ -516,11 +518,11 @@ class QueuePair:
             err = rtt - self.srtt
             self.srtt += err >> 3
             self.rttvar += ((err if err >= 0 else -err) - self.rttvar) >> 2
-        self.reo_thr = self.srtt + 4 * self.rttvar + self.attr.reorder_ns
+        self.reo_thr = self.srtt + 4 * self.rttvar + self.reo_extra
 
     def _detect_losses(self, now: int) -> None:
         """RACK-style: a packet is lost when one sent after it was acknowledged and it has been out
-        longer than srtt + 4 rttvar + reorder_ns. Each transmission is examined once."""
+        longer than srtt + 4 rttvar + reorder_ns + ack_delay_ns. Each transmission is examined once."""
         txq = self.txq
         W = self.W
         una = self.snd_una
