@@ -43,7 +43,7 @@ import numpy.typing as npt
 from mrc.errors import MrcError
 
 from . import bitpack, eden, turboquant
-from .adaptive import choose_rotations
+from .adaptive import choose_rotations, fits_theory
 from .rht import MAX_ROTATIONS, FloatArray, next_pow2, rotate, unrotate
 
 MAGIC = b"MRCQ"
@@ -127,7 +127,7 @@ def encode(
     flat = a.reshape(-1)
     auto = rotations == "auto"
     if auto:
-        rot, _ = choose_rotations(flat, float(bits), scheme, padded)
+        rot, _ = choose_rotations(flat, float(bits), scheme, padded)  # rule (a), before rotating
     elif isinstance(rotations, int) and 1 <= rotations <= MAX_ROTATIONS:
         rot = rotations
     else:
@@ -139,7 +139,11 @@ def encode(
         y[:d] = flat
     y = rotate(y, seed, rot)
     try:
-        scales, sections = _encode_rotated(y, scheme, float(bits), seed)
+        scales, sections, fit, fit_bits = _encode_rotated(y, scheme, float(bits), seed, check=auto)
+        if auto and rot == 1 and not fits_theory(fit, fit_bits, padded):  # rule (b), after one rotation
+            rot = 2
+            y = rotate(y, seed, 1, start=1)
+            scales, sections, _, _ = _encode_rotated(y, scheme, float(bits), seed, check=False)
     except ValueError as e:
         raise CodecError(str(e)) from e
     payload = b"".join(bitpack.pack(idx, b).tobytes() for b, idx in sections)
@@ -158,17 +162,18 @@ def encode(
 
 
 def _encode_rotated(
-    y: FloatArray, scheme: str, bits: float, seed: int,
-) -> tuple[list[float], list[tuple[int, npt.NDArray[np.uint8]]]]:
+    y: FloatArray, scheme: str, bits: float, seed: int, check: bool,
+) -> tuple[list[float], list[tuple[int, npt.NDArray[np.uint8]]], float, float]:
+    """(scales, sections, fit, bits the fit refers to) for the rotated vector y."""
     if scheme in ("eden-unbiased", "drive"):
         enc = eden.quantize(y, bits, seed, "unbiased")
-        return [enc.scale], enc.sections
+        return [enc.scale], enc.sections, enc.fit, bits
     if scheme == "eden-biased":
         enc = eden.quantize(y, bits, seed, "biased")
-        return [enc.scale], enc.sections
+        return [enc.scale], enc.sections, enc.fit, bits
     if scheme == "turboquant-mse":
         enc = eden.quantize(y, bits, seed, "fixed")
-        return [enc.scale], enc.sections
+        return [enc.scale], enc.sections, enc.fit, bits
     # turboquant-prod
     mse_bits = int(bits) - 1
     sections: list[tuple[int, npt.NDArray[np.uint8]]] = []
@@ -178,15 +183,18 @@ def _encode_rotated(
         layout = eden.section_sizes(mse_bits, seed, y.size)
         residual = y - eden.reconstruct(layout, [i for _, i in enc.sections], enc.scale, y.size, y.dtype)
         scale = enc.scale
+        fit, fit_bits = enc.fit, float(mse_bits)
         sections.extend(enc.sections)
     else:
         residual = y
         scale = 0.0
         if not math.isfinite(float(np.dot(y, y))):
             raise ValueError("input has non-finite values (or overflows the compute precision)")
+        # the QJL has no codebook; the adaptive check looks at the 1-bit quantizer of y instead
+        fit, fit_bits = (eden.quantize(y, 1, seed, "biased").fit if check else 0.0), 1.0
     signs, norms = turboquant.qjl_encode(residual, seed)
     sections.append((1, signs))
-    return [scale, *norms.tolist()], sections
+    return [scale, *norms.tolist()], sections, fit, fit_bits
 
 
 def parse(buf: bytes | bytearray | memoryview) -> Header:

@@ -117,10 +117,13 @@ def nearest(y: FloatArray, bits: int, sigma: float) -> U8:
 
 @dataclass
 class Encoded:
-    """Indices per coordinate group (wire order) and the scale S (per unit of centroid)."""
+    """Indices per coordinate group (wire order), the scale S (per unit of centroid), and `fit`: the
+    realized error of the best multiple of c, 1 - <y,c>^2 / (||y||^2 ||c||^2) — the biased vNMSE of these
+    indices, which for Gaussian coordinates concentrates around the theory (adaptive.py uses it)."""
 
     sections: list[tuple[int, U8]]
     scale: float
+    fit: float
 
 
 def quantize(y: FloatArray, bits: float, seed: int, mode: str) -> Encoded:
@@ -152,7 +155,8 @@ def quantize(y: FloatArray, bits: float, seed: int, mode: str) -> Encoded:
         scale = yc / cc
     else:
         raise ValueError(f"unknown scale mode {mode!r}")
-    return Encoded(sections, scale)
+    fit = 1.0 - yc * yc / (ny2 * cc) if ny2 > 0.0 and cc > 0.0 else 0.0
+    return Encoded(sections, scale, fit)
 
 
 def section_sizes(bits: float, seed: int, n: int) -> list[tuple[int, int, BoolArray | None]]:

@@ -150,12 +150,13 @@ def signs(seed: int, index: int, n: int, dtype: npt.DTypeLike = np.float32) -> F
     return s
 
 
-def rotate(y: FloatArray, seed: int, rotations: int) -> FloatArray:
-    """Apply `rotations` RHTs to the padded vector y (length D = 2**n, float32/64), in place where
-    possible; returns the rotated vector (y or a buffer of the same size)."""
-    _check_rotations(rotations)
+def rotate(y: FloatArray, seed: int, rotations: int, start: int = 0) -> FloatArray:
+    """Apply RHTs number start .. start+rotations-1 to the padded vector y (length D = 2**n,
+    float32/64), in place where possible; returns the rotated vector (y or a buffer of the same size).
+    rotate(rotate(y, s, 1), s, 1, start=1) == rotate(y, s, 2)."""
+    _check_rotations(start + rotations)
     scratch = np.empty_like(y)
-    for k in range(rotations):
+    for k in range(start, start + rotations):
         y *= signs(seed, k, y.size, y.dtype)
         res = fwht(y, scratch)
         if res is not y:
