@@ -27,18 +27,21 @@ from .consts import (
     BTH_LEN,
     DATA_OPCODES,
     DEFAULT_PKEY,
+    EV_INDEX_MAX,
+    EV_SPORT_BASE,
     ICRC_LEN,
     MAX_PAYLOAD,
     MXH_LEN,
     MXH_VERSION,
     PSN_MASK,
     QPN_MASK,
+    SACK_MAX_WORDS,
     MxhFlag,
     Opcode,
 )
 from .control import ControlBody
 from .errors import WireError
-from .icrc import IcrcContext, ev_sport
+from .icrc import _ICRC, IcrcContext, ev_sport
 from .mxh import MXH_FLAGS_OFFSET
 
 Buffer = bytes | bytearray | memoryview
@@ -57,6 +60,12 @@ assert CTRL_HDR_LEN == BTH_LEN + MXH_LEN
 _TRIM_FLAGS: Final = int(MxhFlag.TRIMMED | MxhFlag.PRIO)
 _TRIMMED: Final = int(MxhFlag.TRIMMED)
 _ZERO4: Final = b"\x00\x00\x00\x00"
+#: Plain ints for the hot paths: comparing with an IntEnum member costs a class attribute lookup.
+_OP_WRITE: Final = int(Opcode.RDMA_WRITE_ONLY)
+_OP_WRITE_IMM: Final = int(Opcode.RDMA_WRITE_ONLY_IMM)
+#: Largest control body (a SACK with the most bitmap words). Checked before the ICRC so that a huge
+#: buffer is rejected by length, not by the CRC (whose UDP length field could not even hold it).
+_MAX_CTRL_BODY: Final = ctl.sack_len(SACK_MAX_WORDS)
 
 OPCODE_NAMES: Final[dict[int, str]] = {
     Opcode.RDMA_WRITE_ONLY: "WRITE",
@@ -164,13 +173,13 @@ def build_write(
     if imm is None:
         hl = WRITE_HDR_LEN
         _WRITE.pack_into(
-            buf, 0, Opcode.RDMA_WRITE_ONLY, pad << 4, DEFAULT_PKEY, dqpn & QPN_MASK, w0, va, rkey, n,
+            buf, 0, _OP_WRITE, pad << 4, DEFAULT_PKEY, dqpn & QPN_MASK, w0, va, rkey, n,
             MXH_VERSION, flags, ev_index, msn, msg_len, msg_offset, timestamp_ns,
         )
     else:
         hl = WRITE_IMM_HDR_LEN
         _WRITE_IMM.pack_into(
-            buf, 0, Opcode.RDMA_WRITE_ONLY_IMM, pad << 4, DEFAULT_PKEY, dqpn & QPN_MASK, w0, va, rkey, n,
+            buf, 0, _OP_WRITE_IMM, pad << 4, DEFAULT_PKEY, dqpn & QPN_MASK, w0, va, rkey, n,
             imm & 0xFFFFFFFF, MXH_VERSION, flags, ev_index, msn, msg_len, msg_offset, timestamp_ns,
         )
     end = hl + n
@@ -178,7 +187,11 @@ def build_write(
     if pad:
         buf[end : end + pad] = _ZERO4[:pad]
         end += pad
-    return ctx.write(buf, end, ev_sport(ev_index) if sport is None else sport)
+    # ctx.write(), inlined: one call less per packet
+    _ICRC.pack_into(
+        buf, end, ctx.compute(buf, end, EV_SPORT_BASE | (ev_index & EV_INDEX_MAX) if sport is None else sport)
+    )
+    return end + ICRC_LEN
 
 
 def _control(
@@ -324,7 +337,8 @@ def parse(
 
     With `ctx`, the ICRC is checked using `sport` (default: the EV's fabric port); a mismatch raises
     WireError("bad_icrc") when `verify`, else the result says icrc="bad". Without `ctx` the result
-    says "unchecked". Trimmed packets: "ignored"."""
+    says "unchecked". Trimmed packets: "ignored" (they must end right after MXH: their ICRC cannot
+    vouch for them, so their length does)."""
     mv = data if isinstance(data, memoryview) else memoryview(data)
     if mv.ndim != 1 or mv.itemsize != 1:
         mv = mv.cast("B")
@@ -333,12 +347,12 @@ def parse(
         raise WireError("truncated", f"{n} bytes, BTH needs {BTH_LEN}")
     op = mv[0]
     imm: int | None = None
-    if op == Opcode.RDMA_WRITE_ONLY:
+    if op == _OP_WRITE:
         hl = WRITE_HDR_LEN
         if n < hl:
             raise WireError("truncated", f"{n} bytes, WRITE headers need {hl}")
         (_, b1, pkey, qw, pw, va, rkey, dma_len, ver, flags, ev, msn, mlen, moff, ts) = _WRITE.unpack_from(mv)
-    elif op == Opcode.RDMA_WRITE_ONLY_IMM:
+    elif op == _OP_WRITE_IMM:
         hl = WRITE_IMM_HDR_LEN
         if n < hl:
             raise WireError("truncated", f"{n} bytes, WRITE_IMM headers need {hl}")
@@ -363,6 +377,10 @@ def parse(
     if flags & _TRIMMED:
         if hl == CTRL_HDR_LEN:
             raise WireError("bad_field", "TRIMMED set on a control packet")
+        if n != hl:
+            # A trimmed packet ends right after MXH. Anything else is a corrupted packet: its ICRC is
+            # not checked, so without this a flipped TRIMMED bit would pass a damaged full packet.
+            raise WireError("bad_length", f"trimmed packet of {n} bytes, headers end at {hl}")
         payload = mv[hl:hl]
         status = "ignored"
     else:
@@ -370,6 +388,8 @@ def parse(
             end = n - ICRC_LEN
             if end < hl:
                 raise WireError("truncated", "control packet without ICRC")
+            if end - hl > _MAX_CTRL_BODY:
+                raise WireError("bad_length", f"control body of {end - hl} bytes > {_MAX_CTRL_BODY}")
             if pad:
                 raise WireError("bad_field", "PadCnt set on a control packet")
         else:
@@ -387,7 +407,9 @@ def parse(
                 raise WireError("bad_length", f"offset {moff} + {dma_len} beyond message length {mlen}")
         if ctx is None:
             status = "unchecked"
-        elif ctx.check(mv, ev_sport(ev) if sport is None else sport):
+        elif _ICRC.unpack_from(mv, end)[0] == ctx.compute(
+            mv, end, EV_SPORT_BASE | (ev & EV_INDEX_MAX) if sport is None else sport
+        ):
             status = "ok"
         elif verify:
             raise WireError("bad_icrc", "invariant CRC mismatch")
@@ -399,6 +421,6 @@ def parse(
         else:
             payload = mv[hl : hl + dma_len]
     return MrcPacket(
-        op, pad, pkey, bool(qw & FECN_BIT), bool(qw & BECN_BIT), qw & QPN_MASK, bool(pw & ACKREQ_BIT),
+        op, pad, pkey, (qw & FECN_BIT) != 0, (qw & BECN_BIT) != 0, qw & QPN_MASK, (pw & ACKREQ_BIT) != 0,
         pw & PSN_MASK, va, rkey, dma_len, imm, flags, ev, msn, mlen, moff, ts, payload, body, status, n,
     )
