@@ -50,7 +50,7 @@ def test_every_object_has_help(capsys: pytest.CaptureFixture[str]) -> None:
         assert name in capsys.readouterr().out
 
 
-def test_json_flag_after_the_verb_gives_json_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_json_after_verb_gives_json_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     rc = main(["wire", "decode", str(tmp_path / "missing.pcap"), "-j"])
     out, _ = capsys.readouterr()
     assert rc != 0
