@@ -145,7 +145,10 @@ class QueuePair:
         self.srtt = 0
         self.rttvar = 0
         self.min_rtt = NEVER
-        self.reo_thr = attr.ack_timeout_ns  # before the first RTT sample
+        nports = self.paths.nports
+        self.port_srtt = [0] * nports
+        self.port_rttvar = [0] * nports
+        self.port_thr = [attr.ack_timeout_ns] * nports  # reordering threshold; before any sample: RTO
         self.retries = 0
         self.rto_deadline = NEVER
         self.loss_deadline = NEVER
@@ -245,7 +248,7 @@ class QueuePair:
     @property
     def busy(self) -> bool:
         """True while sends are queued, in flight, or awaiting acknowledgement."""
-        return bool(self.wrs_out) or self.snd_nxt != self.snd_una
+        return self.state == QpState.RTS and (bool(self.wrs_out) or self.snd_nxt != self.snd_una)
 
     # ================================================================== requester: transmit
 
@@ -503,12 +506,14 @@ class QueuePair:
             rtt = now - ts - s.service_time_ns  # type: ignore[union-attr]
             if rtt < 0:
                 rtt = 0
-            self._rtt_sample(rtt)
+            self._rtt_sample(rtt, paths.ev_port[e] if e < paths.n else -1)
         self.cc.on_ack(now, acked, rtt, ecn)
         if self.txq:
             self._detect_losses(now)
 
-    def _rtt_sample(self, rtt: int) -> None:
+    def _rtt_sample(self, rtt: int, port: int) -> None:
+        """QP-wide smoothed RTT (statistics, CC) and one estimator per plane port: planes differ in
+        delay and queueing, so the reordering threshold of a packet is that of its port."""
         if rtt < self.min_rtt:
             self.min_rtt = rtt
         if self.srtt == 0:
@@ -518,17 +523,32 @@ class QueuePair:
             err = rtt - self.srtt
             self.srtt += err >> 3
             self.rttvar += ((err if err >= 0 else -err) - self.rttvar) >> 2
-        self.reo_thr = self.srtt + 4 * self.rttvar + self.reo_extra
+        if port < 0:
+            return
+        srtt = self.port_srtt[port]
+        if srtt == 0:
+            srtt = rtt
+            var = rtt >> 1
+        else:
+            err = rtt - srtt
+            srtt += err >> 3
+            var = self.port_rttvar[port]
+            var += ((err if err >= 0 else -err) - var) >> 2
+        self.port_srtt[port] = srtt
+        self.port_rttvar[port] = var
+        self.port_thr[port] = srtt + 4 * var + self.reo_extra
 
     def _detect_losses(self, now: int) -> None:
         """RACK-style: a packet is lost when one sent after it was acknowledged and it has been out
-        longer than srtt + 4 rttvar + reorder_ns + ack_delay_ns. Each transmission is examined once."""
+        longer than srtt + 4 rttvar + reorder_ns + ack_delay_ns of its port. Each transmission is
+        examined once."""
         txq = self.txq
         W = self.W
         una = self.snd_una
         las = self.latest_acked_serial
-        thr = self.reo_thr
-        tx_serial, tx_state, tx_time = self.tx_serial, self.tx_state, self.tx_time
+        port_thr = self.port_thr
+        ev_port = self.paths.ev_port
+        tx_serial, tx_state, tx_time, tx_ev = self.tx_serial, self.tx_state, self.tx_time, self.tx_ev
         self.loss_deadline = NEVER
         while txq:
             psn, ser = txq[0]
@@ -541,7 +561,7 @@ class QueuePair:
                 continue
             if ser > las:
                 break
-            t = tx_time[slot] + thr
+            t = tx_time[slot] + port_thr[ev_port[tx_ev[slot]]]
             if t > now:
                 self.loss_deadline = t
                 break
