@@ -31,7 +31,8 @@ from mrc.transport import (
     WcStatus,
     WorkCompletion,
 )
-from mrc.transport.qp import NEVER, Datagram
+from mrc.transport.qp import NEVER as NEVER
+from mrc.transport.qp import Datagram
 from mrc.wire.consts import DEFAULT_PAYLOAD
 from mrc.wire.packet import trim_in_place
 
