@@ -223,6 +223,7 @@ def up(topo: Topology, name: str = DEFAULT_NAME, source: str = "<model>",
     if topo.link.delay_us:
         raise MrcError(f"{topo.source}: link.delay: {topo.link.delay_us} us requested, but link delay needs "
                        "netem or fq (EDT) and this kernel has neither; use delay = 0")
+    check_rate(topo.link.rate_bps)
     if os.geteuid() != 0:
         raise MrcError("building a testbed needs root (network namespaces)")
     tb = Testbed(name=name, topo=topo, source=source,
@@ -273,6 +274,15 @@ def _add_link(tb: Testbed, s: _Sockets, lk: Link) -> None:
         s[node].addr("add", index=idx, address=str(addr), prefixlen=64, flags=IFA_F_NODAD)
         _set_tbf(s, node, idx, tb.link_state(lk).rate_bps, tb.topo.link.mtu, tb.topo.link.buffer_bytes)
         s[node].link("set", index=idx, state="up")
+
+
+MAX_TBF_RATE_BPS: Final = (2**32 - 1) * 8  # TCA_TBF_PARMS carries bytes/s in 32 bits (no RATE64 here)
+
+
+def check_rate(rate_bps: int) -> None:
+    if not 0 < rate_bps <= MAX_TBF_RATE_BPS:
+        raise MrcError(f"link rate {format_rate(rate_bps)}: the TBF limit must be 1 bit/s .. "
+                       f"{MAX_TBF_RATE_BPS / 1e9:.1f} Gbit/s (32-bit bytes/s without TCA_TBF_RATE64)")
 
 
 def _set_tbf(s: _Sockets, node: str, idx: int, rate_bps: int, mtu: int, buffer_bytes: int) -> None:
@@ -393,6 +403,8 @@ def set_link(name: str, x: str, y: str, *, up: bool | None = None, rate_bps: int
     if delay_us:
         raise MrcError("link delay needs netem or fq (EDT), which this kernel lacks; only rate can change")
     st = tb.link_state(lk)
+    if rate_bps is not None:
+        check_rate(rate_bps)
     with _sockets(tb) as s:
         if rate_bps is not None:
             for node, ifname, _addr, _mac in lk.ends():
