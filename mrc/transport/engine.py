@@ -227,8 +227,17 @@ class Context:
     def next_deadline(self) -> int | None:
         """The earliest armed timer (ns on the driver's clock), or None."""
         d = NEVER
-        for qp in self._active:
-            t = qp.deadline
+        for qp in self._active:  # QueuePair.deadline, inlined: this runs after every event
+            t = qp.rto_deadline
+            if t < d:
+                d = t
+            t = qp.loss_deadline
+            if t < d:
+                d = t
+            t = qp.ack_deadline
+            if t < d:
+                d = t
+            t = qp.paths.next_probe_deadline
             if t < d:
                 d = t
         return None if d >= NEVER else d

@@ -57,6 +57,7 @@ _FREE: Final = 0
 _INFLIGHT: Final = 1
 _LOST: Final = 2
 _ACKED: Final = 3
+_ACKED_RUNS: Final = [[_ACKED] * k for k in range(8 * 128 + 1)]
 
 _FIRST: Final = int(MxhFlag.FIRST)
 _LAST: Final = int(MxhFlag.LAST)
@@ -114,6 +115,7 @@ class QueuePair:
         self.mtu = attr.mtu
         self.ack_floor = attr.ack_coalesce * attr.mtu
         self.ack_coalesce = attr.ack_coalesce
+        self.ack_timeout = attr.ack_timeout_ns
         # a SACK may be held by the peer's delayed-ACK timer (same QpAttr defaults at both ends)
         self.reo_extra = attr.reorder_ns + attr.ack_delay_ns
         self.mrs = ctx.mrs
@@ -310,6 +312,11 @@ class QueuePair:
         view = wr.mr.view
         va0 = wr.remote_addr
         rkey, msn, imm = wr.rkey, wr.msn, wr.imm
+        seq = paths.seq
+        seq_len = len(seq)
+        seq_pos = paths.seq_pos
+        if sent == 0:
+            wr.first_psn = psn
         ok = True
         while True:
             if psn >= limit:
@@ -323,10 +330,16 @@ class QueuePair:
                 self.c["cwnd_limited"] += 1
                 ok = False
                 break
-            ev = paths.next_ev()
-            if ev < 0:
-                ok = False
-                break
+            if seq_len:
+                ev = seq[seq_pos]
+                seq_pos += 1
+                if seq_pos == seq_len:
+                    seq_pos = 0
+            else:
+                ev = paths.next_ev()
+                if ev < 0:
+                    ok = False
+                    break
             off = sent
             sent = off + n
             last = sent == length
@@ -361,13 +374,13 @@ class QueuePair:
             port = ev_port[ev]
             port_bytes[port] += n
             out_append(Datagram(buf, port, ev, gid))
-            if off == 0:
-                wr.first_psn = psn
             psn += 1
             if last:
                 wr.last_psn = psn - 1
                 self.cur = None
                 break
+        if seq_len:
+            paths.seq_pos = seq_pos
         wr.sent = sent
         self.snd_nxt = psn
         self.serial = serial
@@ -454,6 +467,20 @@ class QueuePair:
                 self.sacked |= newly
                 inflight = self.inflight
                 spurious = 0
+                low = newly & -newly
+                if not (newly + low) & newly:  # one contiguous run: slices instead of a bit loop
+                    i0 = low.bit_length() - 1
+                    s0 = (una + i0) % W
+                    s1 = s0 + newly.bit_length() - i0
+                    if s1 <= W and _LOST not in tx_state[s0:s1]:
+                        n = sum(tx_len[s0:s1])
+                        inflight -= n
+                        acked = n
+                        tx_state[s0:s1] = _ACKED_RUNS[s1 - s0]
+                        ser = max(tx_serial[s0:s1])
+                        if ser > las:
+                            las = ser
+                        newly = 0
                 while newly:
                     low = newly & -newly
                     slot = (una + low.bit_length() - 1) % W
@@ -487,7 +514,7 @@ class QueuePair:
                             )
                         )
                 self.retries = 0
-                self.rto_deadline = now + self.attr.ack_timeout_ns if self.snd_nxt != una else NEVER
+                self.rto_deadline = now + self.ack_timeout if self.snd_nxt != una else NEVER
         # per-EV steering from the echo of the triggering packet
         e = s.echo_ev_index  # type: ignore[union-attr]
         ecn = bool(s.echo_flags & _CE)  # type: ignore[union-attr]
