@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import struct
 import zlib
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from mrc.errors import MrcError
 from mrc.quant import bitpack, codec
 from mrc.quant.bench import theory
 
-BUDGETS = {
+BUDGETS: dict[str, list[float]] = {
     "eden-unbiased": [0.25, 0.5, 1, 1.5, 2, 2.5, 3, 4, 5, 6.75, 7, 8],
     "eden-biased": [0.3, 1, 2, 3.25, 4, 8],
     "drive": [1],
@@ -88,7 +89,7 @@ def test_rotations_recorded_and_auto_flag() -> None:
         ({"scheme": "eden-biased", "bits": 2, "seed": -1}, "seed"),
     ],
 )
-def test_encode_rejects_bad_arguments(kwargs: dict, reason: str) -> None:
+def test_encode_rejects_bad_arguments(kwargs: dict[str, Any], reason: str) -> None:
     with pytest.raises(codec.CodecError) as e:
         codec.encode(np.ones(8), **kwargs)
     assert reason in e.value.reason
@@ -116,11 +117,11 @@ def test_zero_vector() -> None:
 _FIXED = struct.Struct("<4sBBBBBBHdQQQ")
 
 
-def _fields(buf: bytes) -> list:
+def _fields(buf: bytes) -> list[Any]:
     return list(_FIXED.unpack_from(buf, 0))
 
 
-def _rebuild(fields: list, rest: bytes) -> bytes:
+def _rebuild(fields: list[Any], rest: bytes) -> bytes:
     """A buffer with edited fixed fields and a *valid* CRC, so the field checks themselves are tested."""
     body = _FIXED.pack(*fields) + rest
     return body + struct.pack("<I", zlib.crc32(body))
@@ -227,7 +228,7 @@ def test_bitpack_round_trip(bits: int, n: int, seed: int) -> None:
 def test_bitpack_layout_is_one_little_endian_stream() -> None:
     idx = np.random.default_rng(3).integers(0, 256, 1001).astype(np.uint8)
     for bits in range(1, 9):
-        v = idx & ((1 << bits) - 1)
+        v = (idx & np.uint8((1 << bits) - 1)).astype(np.uint8)
         stream = np.unpackbits(v[:, None], axis=1, bitorder="little")[:, :bits].ravel()
         expect = np.packbits(stream, bitorder="little")
         assert np.array_equal(bitpack.pack(v, bits), expect), bits

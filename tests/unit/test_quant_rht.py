@@ -3,6 +3,8 @@ own inverse; rotations are seeded, version-stable and inverted exactly; the mome
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -10,19 +12,22 @@ from mrc.quant import rht
 
 # Relative round-off bounds: the FWHT sums D terms through log2(D) levels, so the error grows like
 # eps * log2(D); 64 eps covers D up to 2^20 with a wide margin (float32 eps 1.2e-7, float64 2.2e-16).
-TOL = {np.float32: 64 * np.finfo(np.float32).eps, np.float64: 64 * np.finfo(np.float64).eps}
+TOL: dict[Any, float] = {
+    np.float32: 64 * float(np.finfo(np.float32).eps), np.float64: 64 * float(np.finfo(np.float64).eps),
+}
 
 
 def sylvester(n: int) -> np.ndarray:
     h = np.ones((1, 1))
     while h.shape[0] < n:
         h = np.block([[h, h], [h, -h]])
-    return h / np.sqrt(n)
+    out: np.ndarray = h / np.sqrt(n)
+    return out
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("n", [1, 2, 4, 8, 16, 32, 64, 512, 2048])
-def test_fwht_is_the_orthonormal_hadamard_matrix(n: int, dtype: type) -> None:
+def test_fwht_is_the_orthonormal_hadamard_matrix(n: int, dtype: Any) -> None:
     eye = np.eye(n, dtype=dtype)
     cols = np.stack([rht.fwht(eye[:, j].copy()) for j in range(n)], axis=1)
     h = sylvester(n)
@@ -33,7 +38,7 @@ def test_fwht_is_the_orthonormal_hadamard_matrix(n: int, dtype: type) -> None:
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("n", [2**10, 2**16, 2**19])  # 2^19 takes the cache-blocked path
-def test_fwht_self_inverse_and_matches_textbook(n: int, dtype: type) -> None:
+def test_fwht_self_inverse_and_matches_textbook(n: int, dtype: Any) -> None:
     x = np.random.default_rng(n).standard_normal(n).astype(dtype)
     y = rht.fwht(x.copy())
     ref = rht.fwht_textbook(x)
@@ -49,12 +54,12 @@ def test_fwht_rejects_bad_input() -> None:
     with pytest.raises(ValueError):
         rht.fwht(np.zeros(12, np.float32))
     with pytest.raises(TypeError):
-        rht.fwht(np.zeros(8, np.int32))  # type: ignore[arg-type]
+        rht.fwht(np.zeros(8, np.int32))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("rotations", [1, 2, 3])
-def test_rotate_unrotate_exact(rotations: int, dtype: type) -> None:
+def test_rotate_unrotate_exact(rotations: int, dtype: Any) -> None:
     x = np.random.default_rng(7).standard_normal(4096).astype(dtype)
     y = rht.rotate(x.copy(), seed=99, rotations=rotations)
     assert abs(np.linalg.norm(y) / np.linalg.norm(x) - 1) <= TOL[dtype]

@@ -1,0 +1,89 @@
+"""`mrcctl quant`: JSON document shape, table output, progress only in text mode, clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mrc.ctl.cli import main
+
+ROW_KEYS = {
+    "scheme", "bits", "dim", "dist", "rotations", "vnmse", "vnmse_stderr", "wire_bytes", "bits_per_coord",
+    "encode_mbps", "decode_mbps",
+}
+
+
+def test_bench_json(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["quant", "bench", "--dim", "256", "--trials", "3", "--bits", "1,2.5,3", "-j"])
+    out, err = capsys.readouterr()
+    assert rc == 0
+    assert err == ""  # no progress in JSON mode
+    doc = json.loads(out)
+    assert doc["config"]["dim"] == 256 and doc["config"]["bits"] == [1, 2.5, 3]
+    rows = doc["rows"]
+    got = {(r["scheme"], r["bits"]) for r in rows}
+    # drive only at b = 1, TurboQuant only at integer b
+    assert got == {
+        ("eden-unbiased", 1), ("eden-unbiased", 2.5), ("eden-unbiased", 3),
+        ("eden-biased", 1), ("eden-biased", 2.5), ("eden-biased", 3), ("drive", 1),
+        ("turboquant-mse", 1), ("turboquant-mse", 3), ("turboquant-prod", 1), ("turboquant-prod", 3),
+    }
+    for r in rows:
+        assert set(r) >= ROW_KEYS
+        assert r["dim"] == 256 and r["dist"] == "gauss" and r["rotations"] == "auto"
+        assert 0 < r["vnmse"] < 3 and r["vnmse_stderr"] >= 0
+        assert r["bits_per_coord"] == pytest.approx(8 * r["wire_bytes"] / 256)
+        assert r["bits_per_coord"] >= r["bits"]
+        assert r["encode_mbps"] > 0 and r["decode_mbps"] > 0
+
+
+def test_bench_text_progress_and_clients(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main([
+        "quant", "bench", "--schemes", "eden-unbiased,eden-biased", "--bits", "2", "--dim", "128",
+        "--trials", "2", "--clients", "4", "--dist", "lognormal", "--rotations", "2",
+    ])
+    out, err = capsys.readouterr()
+    assert rc == 0
+    assert "quant bench: eden-unbiased b=2" in err
+    lines = out.splitlines()
+    assert "clients=4" in lines[0]
+    assert "MEAN_NMSE" in lines[1] and "vNMSE" in lines[1]
+    assert lines[2].startswith("eden-unbiased") and lines[3].startswith("eden-biased")
+
+
+def test_bench_clients_json(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["-j", "quant", "bench", "--schemes", "drive", "--bits", "1", "--dim", "64", "--trials", "2",
+               "--clients", "3"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    (row,) = doc["rows"]
+    assert row["clients"] == 3 and row["mean_nmse"] > 0 and row["mean_theory"] is not None
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--schemes", "nope"], "unknown scheme"),
+        (["--bits", "9"], "outside"),
+        (["--bits", "x"], "not a number"),
+        (["--rotations", "4"], "rotations"),
+        (["--dist", "cauchy"], "cauchy"),
+        (["--schemes", "drive", "--bits", "2"], "no (scheme, bits)"),
+    ],
+)
+def test_bench_errors(capsys: pytest.CaptureFixture[str], args: list[str], needle: str) -> None:
+    rc = main(["quant", "bench", "--dim", "16", "--trials", "1", *args, "-j"])
+    out, err = capsys.readouterr()
+    assert rc != 0
+    assert needle in json.loads(out)["error"]
+    assert "Traceback" not in err
+
+
+def test_codebook(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["quant", "codebook", "--bits", "1", "-j"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["centroids"] == pytest.approx([-0.7978845608, 0.7978845608])
+    assert main(["quant", "codebook", "--bits", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("bits=3 D_b=0.0345478") and len(out.splitlines()) == 2 + 8
