@@ -146,7 +146,13 @@ def _render_show(d: dict[str, Any]) -> str:
         ("namespace", "NAMESPACE"),
     ]))
     lines.append("")
-    rows = [{**lk, "oper": "/".join(s.lower() for s in lk["oper"]), "rate": topology.format_rate(lk["rate"]),
+    def rate(lk: dict[str, Any]) -> str:
+        kernel = {r for r in lk["rate_kernel"] if r is not None}
+        if len(kernel) == 1:  # what the TBF qdiscs of both ends really hold
+            return topology.format_rate(kernel.pop())
+        return f"{topology.format_rate(lk['rate'])} (kernel: {lk['rate_kernel']})"
+
+    rows = [{**lk, "oper": "/".join(s.lower() for s in lk["oper"]), "rate": rate(lk),
              "addrs": f"{lk['a_address']} {lk['b_address']}"} for lk in d["links"]]
     lines.append(table(rows, [("a", "A"), ("b", "B"), ("plane", "PLANE"), ("state", "STATE"),
                               ("oper", "OPER A/B"), ("rate", "RATE"), ("addrs", "ADDRESSES (A B)")]))
