@@ -137,7 +137,9 @@ class QueuePair:
         self.serial = 0  # transmissions so far (first sends and retransmissions)
         self.tx_bytes = 0
         self.latest_acked_serial = 0
-        self.txq: deque[tuple[int, int]] = deque()  # (psn, serial) in transmission order
+        self.tx_retx = [False] * W  # this PSN has been retransmitted (watched through rtxq)
+        self.rack_next = attr.initial_psn  # loss detection pointer over first transmissions
+        self.rtxq: deque[tuple[int, int]] = deque()  # (psn, serial) of retransmissions, in send order
         self.retx_q: deque[int] = deque()
         self.send_q: deque[SendWr] = deque()
         self.cur: SendWr | None = None
@@ -300,7 +302,7 @@ class QueuePair:
         port_bytes = paths.port_bytes
         tx_state, tx_len, tx_ev, tx_time = self.tx_state, self.tx_len, self.tx_ev, self.tx_time
         tx_serial, tx_wr, tx_off = self.tx_serial, self.tx_wr, self.tx_off
-        txq_append = self.txq.append
+        tx_retx = self.tx_retx
         out_append = out.append
         icrc = self.tx_icrc
         dqpn = self.peer_qpn
@@ -369,7 +371,7 @@ class QueuePair:
             tx_time[slot] = now
             serial += 1
             tx_serial[slot] = serial
-            txq_append((psn, serial))
+            tx_retx[slot] = False
             inflight += n
             port = ev_port[ev]
             port_bytes[port] += n
@@ -424,7 +426,9 @@ class QueuePair:
         self.tx_time[slot] = now
         self.serial = s = self.serial + 1
         self.tx_serial[slot] = s
-        self.txq.append((psn, s))
+        self.tx_retx[slot] = retx
+        if retx:
+            self.rtxq.append((psn, s))
         self.inflight += n
         port = paths.ev_port[ev]
         paths.port_bytes[port] += n
@@ -535,7 +539,7 @@ class QueuePair:
                 rtt = 0
             self._rtt_sample(rtt, paths.ev_port[e] if e < paths.n else -1)
         self.cc.on_ack(now, acked, rtt, ecn)
-        if self.txq:
+        if self.snd_nxt != self.snd_una:
             self._detect_losses(now)
 
     def _rtt_sample(self, rtt: int, port: int) -> None:
@@ -567,34 +571,59 @@ class QueuePair:
 
     def _detect_losses(self, now: int) -> None:
         """RACK-style: a packet is lost when one sent after it was acknowledged and it has been out
-        longer than srtt + 4 rttvar + reorder_ns + ack_delay_ns of its port. Each transmission is
-        examined once."""
-        txq = self.txq
+        longer than srtt + 4 rttvar + reorder_ns + ack_delay_ns of its port.
+
+        First transmissions go out in PSN order, so a pointer walks them once (everything below snd_una
+        is acknowledged and skipped in one step); retransmissions are examined in send order from their
+        own queue. Either way each transmission is looked at a bounded number of times."""
         W = self.W
         una = self.snd_una
+        nxt = self.snd_nxt
         las = self.latest_acked_serial
         port_thr = self.port_thr
         ev_port = self.paths.ev_port
         tx_serial, tx_state, tx_time, tx_ev = self.tx_serial, self.tx_state, self.tx_time, self.tx_ev
-        self.loss_deadline = NEVER
-        while txq:
-            psn, ser = txq[0]
+        tx_retx = self.tx_retx
+        deadline = NEVER
+        p = self.rack_next
+        if p < una:
+            p = una
+        while p < nxt:
+            slot = p % W
+            if tx_state[slot] != _INFLIGHT or tx_retx[slot]:
+                p += 1  # acknowledged, already lost, or watched by the retransmission queue
+                continue
+            if tx_serial[slot] > las:
+                break
+            t = tx_time[slot] + port_thr[ev_port[tx_ev[slot]]]
+            if t > now:
+                deadline = t
+                break
+            self.c["retx_sack"] += 1
+            self._lost(p, slot, now, True)
+            p += 1
+        self.rack_next = p
+        rtxq = self.rtxq
+        while rtxq:
+            psn, ser = rtxq[0]
             if psn < una:
-                txq.popleft()
+                rtxq.popleft()
                 continue
             slot = psn % W
             if tx_serial[slot] != ser or tx_state[slot] != _INFLIGHT:
-                txq.popleft()
+                rtxq.popleft()
                 continue
             if ser > las:
                 break
             t = tx_time[slot] + port_thr[ev_port[tx_ev[slot]]]
             if t > now:
-                self.loss_deadline = t
+                if t < deadline:
+                    deadline = t
                 break
-            txq.popleft()
+            rtxq.popleft()
             self.c["retx_sack"] += 1
             self._lost(psn, slot, now, True)
+        self.loss_deadline = deadline
 
     def _lost(self, psn: int, slot: int, now: int, blame_ev: bool) -> None:
         self.tx_state[slot] = _LOST
@@ -720,7 +749,7 @@ class QueuePair:
             )
         self.recv_q.clear()
         self.retx_q.clear()
-        self.txq.clear()
+        self.rtxq.clear()
         self.rto_deadline = self.loss_deadline = self.ack_deadline = NEVER
         self.paths.probe_at.clear()
         self.paths.probe_wait.clear()

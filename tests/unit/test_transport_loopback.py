@@ -56,8 +56,8 @@ def test_64mib_bit_exact_under_5pct_loss_and_reordering() -> None:
 def test_same_seed_same_run() -> None:
     docs = [run(2 << 20, loss=0.03, jitter_ns=2_000, trim=0.01, seed=11)[0] for _ in range(2)]
     for d in docs:
-        d.pop("wall_s")
-        d.pop("engine_pps")
+        for k in ("wall_s", "engine_pps", "wire_floor_pps", "engine_vs_wire_floor"):
+            d.pop(k)
     assert docs[0] == docs[1]
     assert docs[0]["completed"] and docs[0]["bit_exact"]
 
