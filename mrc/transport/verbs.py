@@ -132,7 +132,7 @@ class QpAttr:
     mpr: int = 8
     mtu: int = DEFAULT_PAYLOAD
     max_wimm: int = 128
-    ack_coalesce: int = 8  # responder SACKs at least every this many data packets
+    ack_coalesce: int = 16  # responder SACKs at least every this many data packets (64 KiB at 4 KiB)
     ack_delay_ns: int = 4_000  # ... or this long after an unacknowledged arrival
     reorder_ns: int = 2_000  # minimum reordering tolerance before a SACK hole is a loss
     probe_interval_ns: int = 20_000  # first probe of an ASSUMED_BAD EV after this long
