@@ -166,7 +166,7 @@ class PathSet:
     # ------------------------------------------------------------------ spraying
 
     def _rebuild(self) -> None:
-        """Recompute the GOOD EV lists per port and the weighted port pattern."""
+        """Recompute the GOOD EV lists per port (after a state change), then the spraying order."""
         state = self.state
         lists: list[list[int]] = [[] for _ in range(self.nports)]
         for i in range(self.n):
@@ -176,19 +176,40 @@ class PathSet:
             self.port_evs[p] = lists[p]
             if self.port_rr[p] >= len(lists[p]):
                 self.port_rr[p] = 0
-        self._rebuild_pattern()
+        self._refresh()
 
-    def _rebuild_pattern(self) -> None:
-        """Recompute the weighted port pattern from the steering penalties."""
+    def _refresh(self) -> None:
+        """The spraying order: with no GOOD EV penalised, a fixed cycle (fast path); otherwise the
+        weighted port pattern that the slow path of `next_ev` walks."""
+        pen = self.pen
+        self.dirty = False
+        self.since_rebuild = 0
+        self.seq_pos = 0
+        if any(pen[i] for evs in self.port_evs for i in evs):
+            self.seq = []
+            self._build_pattern()
+            return
+        # One cycle uses every GOOD EV once, ports interleaved in proportion to their GOOD EV counts
+        # (EV j of k on a port sits at virtual time (j + 0.5) / k).
+        keyed = []
+        for p, evs in enumerate(self.port_evs):
+            k = len(evs)
+            rr = self.port_rr[p]
+            for j in range(k):
+                keyed.append(((j + 0.5) / k, p, evs[(rr + j) % k]))
+        keyed.sort()
+        self.seq = [i for _, _, i in keyed]
+        self.pattern = []
+
+    def _build_pattern(self) -> None:
+        """Smooth weighted round robin over ports, weight = sum of 1 / (1 + penalty) of its GOOD EVs."""
         pen = self.pen
         weights = [sum(1.0 / (1 + pen[i]) for i in evs) for evs in self.port_evs]
         total = sum(weights)
         pattern: list[int] = []
         if total > 0:
-            slots = _PATTERN_SLOTS_PER_PORT * self.nports
-            # smooth weighted round robin: interleaves ports in proportion to their weight
             cur = [0.0] * self.nports
-            for _ in range(slots):
+            for _ in range(_PATTERN_SLOTS_PER_PORT * self.nports):
                 best = -1
                 for p in range(self.nports):
                     if weights[p] > 0:
@@ -199,22 +220,6 @@ class PathSet:
                 pattern.append(best)
         self.pattern = pattern
         self.pat_pos %= max(1, len(pattern))
-        self.dirty = False
-        self.since_rebuild = 0
-        # Fast path: with no penalties, one cycle uses every GOOD EV once, ports interleaved in
-        # proportion to their GOOD EV counts (EV j of k on a port sits at virtual time (j + 0.5) / k).
-        if total > 0 and not any(pen[i] for evs in self.port_evs for i in evs):
-            keyed = []
-            for p, evs in enumerate(self.port_evs):
-                k = len(evs)
-                rr = self.port_rr[p]
-                for j in range(k):
-                    keyed.append(((j + 0.5) / k, p, evs[(rr + j) % k]))
-            keyed.sort()
-            self.seq = [i for _, _, i in keyed]
-        else:
-            self.seq = []
-        self.seq_pos = 0
 
     def next_ev(self) -> int:
         """The EV index for the next packet (-1 when no EV is usable)."""
@@ -226,7 +231,9 @@ class PathSet:
             self.seq_pos = 0 if pos == len(seq) else pos
             return i
         if self.dirty and self.since_rebuild >= _REBUILD_EVERY:
-            self._rebuild_pattern()
+            self._refresh()
+            if self.seq:
+                return self.next_ev()
         pattern = self.pattern
         if not pattern:
             return -1
@@ -281,7 +288,7 @@ class PathSet:
         self.dirty = True
         if self.seq:
             self.seq = []  # leave the fast path until penalties decay
-            self.since_rebuild = 0
+            self.since_rebuild = _REBUILD_EVERY  # build the weighted pattern at the next pick
 
     # ------------------------------------------------------------------ state machine
 

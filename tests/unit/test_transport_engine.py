@@ -360,7 +360,7 @@ def test_spraying_balances_ports_and_respects_states() -> None:
         if q2.paths.ev_port[i] == 1:
             q2.paths.penalise(i)
             q2.paths.penalise(i)
-    q2.paths._rebuild_pattern()
+    q2.paths._refresh()
     picks = [q2.paths.next_ev() for _ in range(1000)]
     share1 = sum(1 for i in picks if q2.paths.ev_port[i] == 1) / 1000
     assert share1 < 0.1
