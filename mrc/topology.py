@@ -33,6 +33,7 @@ import re
 import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path as FsPath
 from typing import Any, Final
 
@@ -293,11 +294,50 @@ class Topology:
     def host_names(self) -> list[str]:
         return [n for n, _ in self.hosts]
 
+    # indexes, computed once (the model is immutable; the simulator may ask for large fabrics)
+    @cached_property
+    def _host_idx(self) -> dict[str, int]:
+        return {n: i for i, (n, _) in enumerate(self.hosts)}
+
+    @cached_property
+    def _nodes(self) -> tuple[Node, ...]:
+        out = [Node(name, "host", None, i) for i, (name, _) in enumerate(self.hosts)]
+        for p in range(self.planes):
+            out += [Node(self.leaf_name(p, i), "leaf", p, i) for i in range(self.leaves)]
+            out += [Node(self.spine_name(p, j), "spine", p, j) for j in range(self.spines)]
+        return tuple(out)
+
+    @cached_property
+    def _node_map(self) -> dict[str, Node]:
+        return {n.name: n for n in self._nodes}
+
+    @cached_property
+    def _links(self) -> tuple[Link, ...]:
+        out: list[Link] = []
+        for p in range(self.planes):
+            for i, (host, leaf) in enumerate(self.hosts):
+                out.append(self._make_link(host, self.leaf_name(p, leaf), p, "host-leaf",
+                                           self.usid(p, ROLE_HOST, i), self.usid(p, ROLE_LEAF, leaf)))
+            for li in range(self.leaves):
+                for sj in range(self.spines):
+                    out.append(self._make_link(self.leaf_name(p, li), self.spine_name(p, sj), p, "leaf-spine",
+                                               self.usid(p, ROLE_LEAF, li), self.usid(p, ROLE_SPINE, sj)))
+        return tuple(out)
+
+    @cached_property
+    def _link_map(self) -> dict[frozenset[str], Link]:
+        return {frozenset((lk.a, lk.b)): lk for lk in self._links}
+
+    @cached_property
+    def _links_by_node(self) -> dict[str, list[Link]]:
+        out: dict[str, list[Link]] = {}
+        for lk in self._links:
+            out.setdefault(lk.a, []).append(lk)
+            out.setdefault(lk.b, []).append(lk)
+        return out
+
     def host_index(self, name: str) -> int:
-        for i, (n, _) in enumerate(self.hosts):
-            if n == name:
-                return i
-        raise KeyError(name)
+        return self._host_idx[name]
 
     def host_leaf(self, name: str) -> int:
         return self.hosts[self.host_index(name)][1]
@@ -311,17 +351,10 @@ class Topology:
         return f"p{plane}s{index}"
 
     def nodes(self) -> list[Node]:
-        out = [Node(name, "host", None, i) for i, (name, _) in enumerate(self.hosts)]
-        for p in range(self.planes):
-            out += [Node(self.leaf_name(p, i), "leaf", p, i) for i in range(self.leaves)]
-            out += [Node(self.spine_name(p, j), "spine", p, j) for j in range(self.spines)]
-        return out
+        return list(self._nodes)
 
     def node(self, name: str) -> Node:
-        for n in self.nodes():
-            if n.name == name:
-                return n
-        raise KeyError(name)
+        return self._node_map[name]
 
     def switches(self) -> list[Node]:
         return [n for n in self.nodes() if not n.is_host]
@@ -382,25 +415,16 @@ class Topology:
                     ipaddress.IPv6Address(base | 2), mac(1), mac(2))
 
     def links(self) -> list[Link]:
-        out: list[Link] = []
-        for p in range(self.planes):
-            for i, (host, leaf) in enumerate(self.hosts):
-                out.append(self._make_link(host, self.leaf_name(p, leaf), p, "host-leaf",
-                                           self.usid(p, ROLE_HOST, i), self.usid(p, ROLE_LEAF, leaf)))
-            for li in range(self.leaves):
-                for sj in range(self.spines):
-                    out.append(self._make_link(self.leaf_name(p, li), self.spine_name(p, sj), p, "leaf-spine",
-                                               self.usid(p, ROLE_LEAF, li), self.usid(p, ROLE_SPINE, sj)))
-        return out
+        return list(self._links)
 
     def link_between(self, x: str, y: str) -> Link:
-        for link in self.links():
-            if {link.a, link.b} == {x, y}:
-                return link
-        raise KeyError(f"no link between {x} and {y}")
+        try:
+            return self._link_map[frozenset((x, y))]
+        except KeyError:
+            raise KeyError(f"no link between {x} and {y}") from None
 
     def links_of(self, node: str) -> list[Link]:
-        return [lk for lk in self.links() if node in (lk.a, lk.b)]
+        return list(self._links_by_node.get(node, ()))
 
     # -- paths
     def paths(self, src: str | None = None, dst: str | None = None, plane: int | None = None) -> list[Path]:
