@@ -76,6 +76,9 @@ _NACK_TRIMMED: Final = int(NackCode.TRIMMED)
 _SVC_VALID: Final = int(ProbeReplyFlag.SERVICE_TIME_VALID)
 
 
+_new_tuple: Final = tuple.__new__
+
+
 class Datagram(NamedTuple):
     """One packet for the driver to send: the UDP payload, the plane port and EV index to send it on
     (the host egress program maps the EV index to the path), and the destination host's address."""
@@ -375,7 +378,7 @@ class QueuePair:
             inflight += n
             port = ev_port[ev]
             port_bytes[port] += n
-            out_append(Datagram(buf, port, ev, gid))
+            out_append(_new_tuple(Datagram, (buf, port, ev, gid)))  # Datagram(...) without its lambda
             psn += 1
             if last:
                 wr.last_psn = psn - 1
