@@ -27,8 +27,6 @@ from .paths import EvEvent, EvProfile, ProbeResult
 from .qp import NEVER, Datagram, QueuePair
 from .verbs import Access, CompletionQueue, MemoryRegion, QpAttr, QpState
 
-_WRITE: Final = int(Opcode.RDMA_WRITE_ONLY)
-_WRITE_IMM: Final = int(Opcode.RDMA_WRITE_ONLY_IMM)
 _SACK: Final = int(Opcode.SACK)
 _NACK: Final = int(Opcode.NACK)
 _PROBE: Final = int(Opcode.PROBE)
@@ -66,6 +64,7 @@ class Context:
         self._out: list[Datagram] = []
         self._async: list[AsyncEvent] = []
         self._next_qpn = 0x100
+        self._port_epoch = 0
         self._active: list[QueuePair] = []
 
     # ------------------------------------------------------------------ objects (mrc.h / mrc_ctl.h)
@@ -131,8 +130,10 @@ class Context:
 
     # ------------------------------------------------------------------ controller operations
 
-    def modify_port(self, port: int, enabled: bool, now: int = 0) -> None:
-        """Administratively enable/disable a plane port: its EVs are DENIED for every QP while down."""
+    def modify_port(self, port: int, enabled: bool, now: int = 0, *, notify_peers: bool = True) -> None:
+        """Administratively enable/disable a plane port: its EVs are DENIED for every QP while down, and
+        (with `notify_peers`) every connected QP's peer gets a PORT_STATUS so that it stops spraying
+        toward this port too (a sender cannot see a failure on the far side's access link)."""
         self.port_enabled[port] = enabled
         for prof in self.ev_profiles.values():
             idx = [i for i, e in enumerate(prof.entries) if e.port == port]
@@ -140,6 +141,11 @@ class Context:
                 prof.allow(idx, now)
             else:
                 prof.deny(idx, now)
+        if notify_peers:
+            self._port_epoch += 1
+            for qp in self.qps.values():
+                if qp.state == _RTS:
+                    qp.push_port_status(port, enabled, self._port_epoch, now, self._out)
 
     def poll_ev_events(self) -> list[EvEvent]:
         """EV state changes (GOOD <-> ASSUMED_BAD) of every QP, oldest first, with drop counts."""
@@ -194,7 +200,7 @@ class Context:
             self.drop(e.reason)
             return
         op = pkt.opcode
-        if op in (_WRITE, _WRITE_IMM):
+        if op < 0x10:  # RDMA WRITE Only (0x0A) / with Immediate (0x0B): parse admits no other below 0xC0
             qp.on_data(pkt, now, ecn, port, self._out)
         elif op == _SACK:
             qp.on_sack(pkt, now)
@@ -204,8 +210,8 @@ class Context:
             qp.on_probe(pkt, now, port, self._out)
         elif op == _PROBE_REPLY:
             qp.on_probe_reply(pkt, now)
-        else:  # PORT_STATUS: the peer's plane port changed state; counted, acted on by the controller
-            self.drop("port_status_unhandled")
+        else:
+            qp.on_port_status(pkt, now)
 
     def handle_timer(self, now: int) -> None:
         """Run every expired timer (ACK, loss, retransmission, probe). Safe to call early."""

@@ -18,6 +18,7 @@ from mrc.wire.consts import (
     PSN_MOD,
     MxhFlag,
     NackCode,
+    PortState,
     ProbeReplyFlag,
     SackFlag,
 )
@@ -27,6 +28,7 @@ from mrc.wire.packet import (
     WRITE_IMM_HDR_LEN,
     MrcPacket,
     build_nack,
+    build_port_status,
     build_probe,
     build_probe_reply,
     build_sack,
@@ -72,6 +74,7 @@ _SACK_BASE: Final = CTRL_HDR_LEN + 20 + _ICRC
 _NACK_SIZE: Final = CTRL_HDR_LEN + 16 + _ICRC
 _PROBE_SIZE: Final = CTRL_HDR_LEN + 8 + _ICRC
 _PROBE_REPLY_SIZE: Final = CTRL_HDR_LEN + 20 + _ICRC
+_PORT_STATUS_SIZE: Final = CTRL_HDR_LEN + 8 + _ICRC
 _NACK_TRIMMED: Final = int(NackCode.TRIMMED)
 _SVC_VALID: Final = int(ProbeReplyFlag.SERVICE_TIME_VALID)
 
@@ -179,11 +182,12 @@ class QueuePair:
                 "probe_reply_rx", "rto", "window_limited", "cwnd_limited",
                 "dup_rx", "stale_rx", "oow_rx", "trim_rx", "ecn_rx",
                 "sack_tx", "nack_tx", "probe_rx", "bad_rkey_rx", "bad_va_rx", "bad_length_rx",
-                "no_recv_buffer_rx", "imm_rx",
+                "no_recv_buffer_rx", "imm_rx", "port_status_rx",
             ),
             0,
         )
         self.max_outstanding = 0
+        self.peer_port_epoch: dict[int, int] = {}
         self.max_trim_recovery_ns = 0
         self.trim_recoveries: list[int] = []
 
@@ -893,6 +897,38 @@ class QueuePair:
             flags=_SVC_VALID, timestamp_ns=now,
         )
         out.append(Datagram(buf, port, cev, self.peer_gid))
+
+    # ================================================================== port status
+
+    def push_port_status(self, port: int, up: bool, epoch: int, now: int, out: list[Datagram]) -> None:
+        """Tell the peer that our plane `port` went down / came up (sent on a port that is up)."""
+        paths = self.paths
+        via = [p for p in range(paths.nports) if p != port and paths.port_evs[p]] or [port]
+        ev = paths.ctl_ev(via[0])
+        buf = bytearray(_PORT_STATUS_SIZE)
+        build_port_status(
+            buf, self.tx_icrc, dqpn=self.peer_qpn, ev_index=ev, request_id=epoch & 0xFFFF, port=port,
+            state=int(PortState.UP if up else PortState.DOWN), epoch=epoch, timestamp_ns=now,
+        )
+        out.append(Datagram(buf, via[0], ev, self.peer_gid))
+
+    def on_port_status(self, pkt: MrcPacket, now: int) -> None:
+        """The peer's plane port changed state: stop (or resume) spraying toward it. Older epochs are
+        ignored; EVs the controller DENIED stay DENIED when the port comes back."""
+        b = pkt.body
+        assert b is not None
+        port, state, epoch = b.port, b.state, b.epoch  # type: ignore[union-attr]
+        paths = self.paths
+        if port >= paths.nports or epoch <= self.peer_port_epoch.get(port, -1):
+            self.ctx.drop("port_status_stale")
+            return
+        self.peer_port_epoch[port] = epoch
+        self.c["port_status_rx"] += 1
+        idx = [i for i in range(paths.n) if paths.ev_port[i] == port]
+        if state == PortState.DOWN:
+            paths.set_denied(idx, True, now)
+        else:
+            paths.set_denied([i for i in idx if i not in paths.profile.denied], False, now)
 
     # ================================================================== introspection
 

@@ -372,3 +372,23 @@ def test_port_admin_denies_the_port() -> None:
     assert [qa.paths.state[i] for i in range(8)] == [0, 2] * 4
     a.modify_port(1, True)
     assert qa.paths.state == [0] * 8
+
+
+def test_port_status_tells_the_peer_to_stop_spraying_toward_a_port() -> None:
+    a, b, _, qb = pair(evs=8, ports=2)
+    a.modify_port(1, False, 0)
+    out = a.datagrams_to_send(0)
+    st = [parse(g.data) for g in out if g.data[0] == Opcode.PORT_STATUS]
+    assert len(st) == 1 and out[0].port == 0  # sent over a port that is still up
+    assert (st[0].body.port, st[0].body.state) == (1, 0)  # type: ignore[union-attr]
+    deliver(b, out, 10)
+    assert [qb.paths.state[i] for i in range(8)] == [0, 2] * 4  # B no longer sprays toward A's port 1
+    assert all(qb.paths.ev_port[qb.paths.next_ev()] == 0 for _ in range(20))
+    deliver(b, out, 20)  # a replay (same epoch) is stale
+    assert b.drops == {"port_status_stale": 1}
+    b_prof = qb.paths.profile
+    b_prof.deny([3])  # the controller's own DENY survives the port coming back
+    a.modify_port(1, True, 30)
+    deliver(b, a.datagrams_to_send(30), 40)
+    assert [qb.paths.state[i] for i in range(8)] == [0, 0, 0, 2, 0, 0, 0, 0]
+    assert qb.c["port_status_rx"] == 2
