@@ -9,7 +9,7 @@ null algorithm).
 
 from .cc import CongestionControl, Nscc, NsccConfig, NullCC
 from .engine import AsyncEvent, Context
-from .paths import EvEntry, EvEvent, EvMode, EvProfile, EvState, PathSet, ProbeResult
+from .paths import EvEntry, EvEvent, EvField, EvMode, EvProfile, EvState, PathSet, ProbeResult, expand_ev
 from .qp import Datagram, QueuePair
 from .verbs import (
     ACK_TIMEOUT_UNIT_NS,
@@ -37,6 +37,7 @@ __all__ = [
     "Datagram",
     "EvEntry",
     "EvEvent",
+    "EvField",
     "EvMode",
     "EvProfile",
     "EvState",
@@ -52,4 +53,5 @@ __all__ = [
     "WcOpcode",
     "WcStatus",
     "WorkCompletion",
+    "expand_ev",
 ]

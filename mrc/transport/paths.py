@@ -47,6 +47,38 @@ class EvEntry:
 
 
 @dataclass(slots=True, frozen=True)
+class EvField:
+    """One field of a generated EV (`mrc_ctl.h` GEN mode): `width` bits starting from `init_val`; the
+    bits set in `mask` are overwritten by the generator; with a mask, the field's value must lie in
+    [min_val, max_val]. A fixed part (an SRv6 locator) is a field with init_val and mask = 0."""
+
+    width: int
+    init_val: int = 0
+    min_val: int = 0
+    max_val: int = 0
+    mask: int = 0
+
+
+def expand_ev(n: int, fields: list[EvField]) -> tuple[int, list[int]]:
+    """Expand generator value `n` over `fields`: for each set mask bit, from the first field's most
+    significant bit on, take the next most significant bit of `n` and place it there; then concatenate
+    the fields. Returns (EV value, per-field values)."""
+    bit = sum(bin(f.mask).count("1") for f in fields) - 1
+    ev = 0
+    vals = []
+    for f in fields:
+        v = f.init_val
+        for pos in range(f.width - 1, -1, -1):
+            if f.mask >> pos & 1:
+                v = (v & ~(1 << pos)) | (((n >> bit) & 1) << pos)
+                bit -= 1
+        v &= (1 << f.width) - 1
+        vals.append(v)
+        ev = (ev << f.width) | v
+    return ev, vals
+
+
+@dataclass(slots=True, frozen=True)
 class EvEvent:
     """An EV state change reported on the EV event queue (`mrc_ctl_poll_ev_event`)."""
 
@@ -103,6 +135,30 @@ class EvProfile:
         if ports < 1 or count < ports:
             raise ValueError("need at least one EV per port")
         entries = [EvEntry(ev_base + i, i % ports) for i in range(count)]
+        return cls(profile_id, entries, mode=EvMode.GEN, ev_min_active=ev_min_active)
+
+    @classmethod
+    def generate(
+        cls,
+        profile_id: int,
+        fields: list[EvField],
+        count: int,
+        ports: int,
+        *,
+        ev_min_active: int | None = None,
+    ) -> EvProfile:
+        """GEN mode: the first `count` EVs the field descriptions allow (values outside a masked field's
+        [min_val, max_val] are skipped), assigned to ports round robin."""
+        nbits = sum(bin(f.mask).count("1") for f in fields)
+        entries: list[EvEntry] = []
+        for n in range(1 << nbits):
+            ev, vals = expand_ev(n, fields)
+            if all(not f.mask or f.min_val <= v <= f.max_val for f, v in zip(fields, vals, strict=True)):
+                entries.append(EvEntry(ev, len(entries) % ports))
+                if len(entries) == count:
+                    break
+        if len(entries) < count:
+            raise ValueError(f"the field descriptions allow {len(entries)} EVs, {count} requested")
         return cls(profile_id, entries, mode=EvMode.GEN, ev_min_active=ev_min_active)
 
     @property

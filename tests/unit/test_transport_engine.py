@@ -392,3 +392,23 @@ def test_port_status_tells_the_peer_to_stop_spraying_toward_a_port() -> None:
     deliver(b, a.datagrams_to_send(30), 40)
     assert [qb.paths.state[i] for i in range(8)] == [0, 0, 0, 2, 0, 0, 0, 0]
     assert qb.c["port_status_rx"] == 2
+
+
+def test_generated_ev_profile_from_field_descriptions() -> None:
+    from mrc.transport import EvField, expand_ev
+
+    # the STEV example of mrc_ctl.h: T0 8 bits (links 0..179 exist), T1 4 bits, T2 4 bits
+    fields = [EvField(8, 0, 0, 179, 0xFF), EvField(4, 0, 0, 15, 0xF), EvField(4, 0, 0, 15, 0xF)]
+    assert expand_ev(0x12345 & 0xFFFF, fields) == (0x2345, [0x23, 0x4, 0x5])
+    prof = EvProfile.generate(1, fields, 128, 4)
+    assert [e.ev for e in prof.entries[:3]] == [0x0000, 0x0001, 0x0002]
+    assert [e.port for e in prof.entries[:5]] == [0, 1, 2, 3, 0] and prof.ev_min_active == 32
+    # SRv6 example: a fixed 32-bit locator, then uSIDs whose high byte is the tier and low byte generated
+    srv6 = [EvField(32, 0xDEADCAFE)] + [EvField(16, t << 8, t << 8, (t << 8) | 0xFF, 0xFF) for t in (1, 2)]
+    p2 = EvProfile.generate(2, srv6, 8, 2)
+    assert p2.entries[1].ev == (0xDEADCAFE << 32) | (0x0100 << 16) | 0x0201
+    # T0 values above max_val are skipped
+    only = EvProfile.generate(3, [EvField(8, 0, 0, 2, 0xFF)], 3, 1)
+    assert [e.ev for e in only.entries] == [0, 1, 2]
+    with pytest.raises(ValueError, match="allow 3 EVs"):
+        EvProfile.generate(4, [EvField(8, 0, 0, 2, 0xFF)], 4, 1)
