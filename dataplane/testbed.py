@@ -374,6 +374,7 @@ def teardown(name: str) -> dict[str, Any]:
     with contextlib.suppress(MrcError, KeyError):
         spaces.update(Testbed.load(name).namespaces())
     spaces.update(n for n in netns.listing() if n.startswith(prefix) and _is_ours(n, name))
+    spaces = {n for n in spaces if netns.exists(n)}
     killed = netns.kill_processes(sorted(spaces))
     for n in sorted(spaces):
         netns.remove(n)
