@@ -282,7 +282,7 @@ class QueuePair:
                     self.c["cwnd_limited"] += 1
                     return
                 retx_q.popleft()
-                if not self._tx(psn, slot, now, out, True, True):
+                if not self._retransmit(psn, slot, now, out):
                     retx_q.appendleft(psn)
                     return
                 continue
@@ -401,9 +401,10 @@ class QueuePair:
             self.rto_deadline = now + self._rto_interval()
         return ok
 
-    def _tx(self, psn: int, slot: int, now: int, out: list[Datagram], retx: bool, ackreq: bool) -> bool:
+    def _retransmit(self, psn: int, slot: int, now: int, out: list[Datagram]) -> bool:
+        """Send PSN `psn` again (same PSN, RETX and AckReq set) on an EV other than its last one."""
         paths = self.paths
-        ev = paths.other_ev(self.tx_ev[slot]) if retx else paths.next_ev()
+        ev = paths.other_ev(self.tx_ev[slot])
         if ev < 0:
             return False
         wr = self.tx_wr[slot]
@@ -411,7 +412,7 @@ class QueuePair:
         off = self.tx_off[slot]
         n = self.tx_len[slot]
         last = off + n == wr.length
-        flags = (_FIRST if off == 0 else 0) | (_LAST if last else 0) | (_RETX if retx else 0)
+        flags = (_FIRST if off == 0 else 0) | (_LAST if last else 0) | _RETX
         imm = wr.imm if last else None
         size = (WRITE_HDR_LEN if imm is None else WRITE_IMM_HDR_LEN) + n + (-n & 3) + _ICRC
         buf = bytearray(size)
@@ -419,23 +420,21 @@ class QueuePair:
         build_write(
             buf, self.tx_icrc, dqpn=self.peer_qpn, psn=psn & PSN_MASK, ev_index=ev,
             va=wr.remote_addr + off, rkey=wr.rkey, payload=wr.mr.view[lo : lo + n], msn=wr.msn,
-            msg_len=wr.length, msg_offset=off, timestamp_ns=now, flags=flags, ackreq=ackreq, imm=imm,
+            msg_len=wr.length, msg_offset=off, timestamp_ns=now, flags=flags, ackreq=True, imm=imm,
         )
-        if retx:
-            t0 = self.trim_pending.pop(psn, -1)
-            if t0 >= 0:
-                d = now - t0
-                self.trim_recoveries.append(d)
-                if d > self.max_trim_recovery_ns:
-                    self.max_trim_recovery_ns = d
+        t0 = self.trim_pending.pop(psn, -1)
+        if t0 >= 0:
+            d = now - t0
+            self.trim_recoveries.append(d)
+            if d > self.max_trim_recovery_ns:
+                self.max_trim_recovery_ns = d
         self.tx_state[slot] = _INFLIGHT
         self.tx_ev[slot] = ev
         self.tx_time[slot] = now
         self.serial = s = self.serial + 1
         self.tx_serial[slot] = s
-        self.tx_retx[slot] = retx
-        if retx:
-            self.rtxq.append((psn, s))
+        self.tx_retx[slot] = True
+        self.rtxq.append((psn, s))
         self.inflight += n
         port = paths.ev_port[ev]
         paths.port_bytes[port] += n
@@ -772,7 +771,7 @@ class QueuePair:
         flags = pkt.flags
         if d >= _HALF:  # below the cumulative point: an old duplicate
             c["stale_rx"] += 1
-            self.ctx.drop("duplicate")
+            self.ctx.drop("stale")
             self._sack(now, out, psn, pkt.ev_index, pkt.timestamp_ns, _S_DUP, 0, port)
             return
         if d >= self.W:

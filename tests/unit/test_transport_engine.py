@@ -412,3 +412,19 @@ def test_generated_ev_profile_from_field_descriptions() -> None:
     assert [e.ev for e in only.entries] == [0, 1, 2]
     with pytest.raises(ValueError, match="allow 3 EVs"):
         EvProfile.generate(4, [EvField(8, 0, 0, 2, 0xFF)], 4, 1)
+
+
+def test_stale_and_foreign_source_packets_are_counted() -> None:
+    a, b, qa, qb = pair()
+    smr, dmr = a.reg_mr(bytearray(b"s" * 8192)), b.reg_mr(bytearray(8192))
+    qa.post_send(1, smr, 0, 8192, dmr.addr, dmr.rkey)
+    d = a.datagrams_to_send(0)
+    deliver(b, d, 10)
+    assert qb.rcv_cum == 2
+    deliver(b, d[:1], 20)  # PSN 0 again, now below the cumulative point
+    assert b.drops == {"stale": 1} and qb.c["stale_rx"] == 1
+    back = [parse(g.data).body for g in b.datagrams_to_send(20)]
+    assert back[-1].echo_flags == SackFlag.DUPLICATE and back[-1].cum_psn == 2  # type: ignore[union-attr]
+    b.receive(d[0].data, 30, src=GX)  # the driver saw another source address
+    assert b.drops["foreign_src"] == 1
+    assert bytes(dmr.view) == b"s" * 8192
