@@ -164,16 +164,16 @@ def encode(
 def _encode_rotated(
     y: FloatArray, scheme: str, bits: float, seed: int, check: bool,
 ) -> tuple[list[float], list[tuple[int, npt.NDArray[np.uint8]]], float, float]:
-    """(scales, sections, fit, bits the fit refers to) for the rotated vector y."""
+    """(scales, sections, check, bits the check refers to) for the rotated vector y."""
     if scheme in ("eden-unbiased", "drive"):
         enc = eden.quantize(y, bits, seed, "unbiased")
-        return [enc.scale], enc.sections, enc.fit, bits
+        return [enc.scale], enc.sections, enc.check, bits
     if scheme == "eden-biased":
         enc = eden.quantize(y, bits, seed, "biased")
-        return [enc.scale], enc.sections, enc.fit, bits
+        return [enc.scale], enc.sections, enc.check, bits
     if scheme == "turboquant-mse":
         enc = eden.quantize(y, bits, seed, "fixed")
-        return [enc.scale], enc.sections, enc.fit, bits
+        return [enc.scale], enc.sections, enc.check, bits
     # turboquant-prod
     mse_bits = int(bits) - 1
     sections: list[tuple[int, npt.NDArray[np.uint8]]] = []
@@ -183,7 +183,7 @@ def _encode_rotated(
         layout = eden.section_sizes(mse_bits, seed, y.size)
         residual = y - eden.reconstruct(layout, [i for _, i in enc.sections], enc.scale, y.size, y.dtype)
         scale = enc.scale
-        fit, fit_bits = enc.fit, float(mse_bits)
+        fit, fit_bits = enc.check, float(mse_bits)
         sections.extend(enc.sections)
     else:
         residual = y
@@ -191,7 +191,7 @@ def _encode_rotated(
         if not math.isfinite(float(np.dot(y, y))):
             raise ValueError("input has non-finite values (or overflows the compute precision)")
         # the QJL has no codebook; the adaptive check looks at the 1-bit quantizer of y instead
-        fit, fit_bits = (eden.quantize(y, 1, seed, "biased").fit if check else 0.0), 1.0
+        fit, fit_bits = (eden.quantize(y, 1, seed, "biased").check if check else 0.0), 1.0
     signs, norms = turboquant.qjl_encode(residual, seed)
     sections.append((1, signs))
     return [scale, *norms.tolist()], sections, fit, fit_bits

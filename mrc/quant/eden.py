@@ -27,7 +27,7 @@ from functools import lru_cache
 import numpy as np
 import numpy.typing as npt
 
-from .lloydmax import MAX_BITS, codebook
+from .lloydmax import MAX_BITS, codebook, error_clip
 from .rht import STREAM_MASK, FloatArray
 
 _CHUNK = 1 << 15
@@ -94,16 +94,16 @@ def _tables(bits: int, dtype: np.dtype[np.floating]) -> tuple[FloatArray, FloatA
 @dataclass
 class GroupStats:
     """Sums over one coordinate group, c = unit centroids, r = y - sigma c (the residual at the unit
-    scale): <r, c>, ||c||^2, ||r||^2 and ||y||^2. The residual form keeps the realized error precise
-    in float32 even at 8 bits, where 1 - <y,c>^2/(||y||^2||c||^2) would cancel catastrophically."""
+    scale): <r, c> and ||c||^2 (for the scales), and for the adaptive check the clipped squared errors
+    sum min(r^2, L_b sigma^2) and, when asked, sum min(y^2, L_0 sigma^2)."""
 
     rc: float = 0.0
     cc: float = 0.0
-    rr: float = 0.0
-    yy: float = 0.0
+    q: float = 0.0
+    q0: float = 0.0
 
 
-def nearest(y: FloatArray, bits: int, sigma: float) -> tuple[U8, GroupStats]:
+def nearest(y: FloatArray, bits: int, sigma: float, with_q0: bool = False) -> tuple[U8, GroupStats]:
     """Index of the nearest centroid of sigma * codebook(bits) for each y_i (ties go down), and the
     group's GroupStats.
 
@@ -118,6 +118,8 @@ def nearest(y: FloatArray, bits: int, sigma: float) -> tuple[U8, GroupStats]:
     cand = np.empty(min(y.size, _CHUNK), np.uint8)
     st = GroupStats()
     sig = y.dtype.type(sigma)
+    clip = y.dtype.type(error_clip(bits) * sigma * sigma)
+    clip0 = y.dtype.type(error_clip(0) * sigma * sigma)
     for lo in range(0, y.size, _CHUNK):
         ych = y[lo : lo + _CHUNK]
         ic = idx[lo : lo + _CHUNK]
@@ -140,20 +142,23 @@ def nearest(y: FloatArray, bits: int, sigma: float) -> tuple[U8, GroupStats]:
         r = ych - sig * c
         st.rc += float(np.dot(r, c))
         st.cc += float(np.dot(c, c))
-        st.rr += float(np.dot(r, r))
-        st.yy += float(np.dot(ych, ych))
+        np.square(r, out=r)
+        st.q += float(np.minimum(r, clip, out=r).sum(dtype=np.float64))
+        if with_q0:
+            np.square(ych, out=r)
+            st.q0 += float(np.minimum(r, clip0, out=r).sum(dtype=np.float64))
     return idx, st
 
 
 @dataclass
 class Encoded:
-    """Indices per coordinate group (wire order), the scale S (per unit of centroid), and `fit`: the
-    realized error of the best multiple of c, 1 - <y,c>^2 / (||y||^2 ||c||^2) — the biased vNMSE of these
-    indices, which for Gaussian coordinates concentrates around the theory (adaptive.py uses it)."""
+    """Indices per coordinate group (wire order), the scale S (per unit of centroid), and `check`: the
+    realized mean clipped squared error at the unit scale, (1/D) sum min((z_i - c_i)^2, L), which the
+    adaptive rule (b) compares with its expectation under Gaussian coordinates (adaptive.py)."""
 
     sections: list[tuple[int, U8]]
     scale: float
-    fit: float
+    check: float
 
 
 def quantize(y: FloatArray, bits: float, seed: int, mode: str) -> Encoded:
@@ -165,17 +170,24 @@ def quantize(y: FloatArray, bits: float, seed: int, mode: str) -> Encoded:
         raise ValueError("input has non-finite values (or overflows the compute precision)")
     sigma = math.sqrt(ny2 / n)
     sp = split(bits)
-    rc = cc = rr = yy = 0.0
+    sparse = sp.lo == 0
+    rc = cc = q = q0_kept = 0.0
     sections: list[tuple[int, U8]] = []
     for b, sel in parts(sp, seed, n):
         ys = y if sel is None else y[sel]
-        idx, st = nearest(ys, b, sigma)
+        idx, st = nearest(ys, b, sigma, with_q0=sparse)
         rc += st.rc
         cc += st.cc
-        rr += st.rr
-        yy += st.yy
+        q += st.q
+        q0_kept += st.q0
         sections.append((b, idx))
-    rr += max(ny2 - yy, 0.0)  # dropped coordinates (b < 1) are all error
+    if sparse and sigma > 0.0:  # dropped coordinates: their error is y itself, clipped at L_0
+        clip0 = y.dtype.type(error_clip(0) * sigma * sigma)
+        q0_all = 0.0
+        for lo in range(0, n, _CHUNK):
+            sq = np.square(y[lo : lo + _CHUNK])
+            q0_all += float(np.minimum(sq, clip0, out=sq).sum(dtype=np.float64))
+        q += max(q0_all - q0_kept, 0.0)
     yc = rc + sigma * cc
     if mode == "fixed":
         scale = sigma
@@ -187,9 +199,8 @@ def quantize(y: FloatArray, bits: float, seed: int, mode: str) -> Encoded:
         scale = yc / cc
     else:
         raise ValueError(f"unknown scale mode {mode!r}")
-    # error of the best multiple of c: ||y - sigma c||^2 minus its projection on c
-    fit = (rr - rc * rc / cc) / ny2 if ny2 > 0.0 and cc > 0.0 else 0.0
-    return Encoded(sections, scale, fit)
+    check = q / ny2 if ny2 > 0.0 else 0.0
+    return Encoded(sections, scale, check)
 
 
 def section_sizes(bits: float, seed: int, n: int) -> list[tuple[int, int, BoolArray | None]]:

@@ -125,3 +125,20 @@ def distortion(bits: float) -> float:
     if frac == 0:
         return codebook(lo).distortion
     return (1 - frac) * codebook(lo).distortion + frac * codebook(lo + 1).distortion
+
+
+CLIP_RANGE = 4.0
+
+
+@cache
+def error_clip(bits: int) -> float:
+    """L_b = max of (z - Q_b(z))^2 over |z| <= CLIP_RANGE (b = 0: no quantizer, e = z): the level at
+    which the adaptive check clips per-coordinate squared errors, so that the rare far-tail samples
+    (P(|Z| > 4) = 6e-5) cannot dominate its mean — which makes it a bounded variable (Bernstein)."""
+    if bits == 0:
+        return CLIP_RANGE * CLIP_RANGE
+    cb = codebook(bits)
+    z = np.concatenate((cb.boundaries[np.abs(cb.boundaries) <= CLIP_RANGE], [-CLIP_RANGE, CLIP_RANGE]))
+    q = cb.centroids[np.searchsorted(cb.boundaries, z)]
+    # the error in a cell is largest at its edges: boundaries (ties go down) and the range ends
+    return float(np.max((z - q) ** 2))
