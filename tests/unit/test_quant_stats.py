@@ -182,7 +182,8 @@ def test_sparse_inputs_need_two_rotations(dist: str, scheme: str, bits: int) -> 
 @pytest.mark.parametrize("d", [1024, 1 << 14, 1 << 16])
 def test_auto_picks_one_rotation_on_gaussian_input(d: int) -> None:
     for seed in range(5):
-        for scheme, bits in (("eden-unbiased", 2), ("eden-biased", 4), ("drive", 1), ("eden-unbiased", 0.5)):
+        for scheme, bits in (("eden-unbiased", 2), ("eden-biased", 4), ("drive", 1), ("eden-unbiased", 0.5),
+                             ("eden-unbiased", 8), ("eden-biased", 2.5)):
             buf = codec.encode(_gauss(d, seed), scheme, bits, seed=seed)
             h = codec.parse(buf)
             assert h.auto and h.rotations == 1
