@@ -62,8 +62,21 @@ if [ ! -e "$kdir/build" ]; then
   else
     mkdir -p "$kdir"
     ln -sfn "$hdr" "$kdir/build"
-    ln -sfn "$hdr" "$kdir/source"
+    # Debian splits the tree: <ver>-amd64 (config, generated) and <ver>-common (include/linux/kconfig.h
+    # and the rest), which BCC finds through `source`
+    common="${hdr%-amd64}-common"
+    [ -d "$common" ] || common="$hdr"
+    ln -sfn "$common" "$kdir/source"
     say "linked kernel headers $hdr -> $kdir/build (and source): the running kernel $kver has no headers package"
+  fi
+fi
+# A `source` link to the -amd64 half of Debian's headers lacks include/linux/kconfig.h: BCC then fails
+# with "'./include/linux/kconfig.h' file not found". Point it at the -common half.
+if [ "$(id -u)" = 0 ] && [ -e "$kdir/build" ] && [ ! -e "$kdir/source/include/linux/kconfig.h" ]; then
+  real=$(readlink -f "$kdir/build")
+  if [ -e "${real%-amd64}-common/include/linux/kconfig.h" ]; then
+    ln -sfn "${real%-amd64}-common" "$kdir/source"
+    say "linked $kdir/source -> ${real%-amd64}-common (BCC needs include/linux/kconfig.h)"
   fi
 fi
 
