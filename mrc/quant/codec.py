@@ -31,6 +31,7 @@ inconsistency — never returns an array from a malformed buffer. Only seeds and
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import struct
 import zlib
@@ -89,7 +90,8 @@ def check_bits(scheme: str, bits: float) -> None:
     """Raise CodecError if `bits` is not a valid budget for `scheme`."""
     if scheme not in SCHEMES:
         raise CodecError(f"unknown scheme {scheme!r} (known: {', '.join(SCHEMES)})")
-    if not (isinstance(bits, (int, float)) and math.isfinite(bits) and 0 < bits <= 8):
+    if not (isinstance(bits, numbers.Real) and not isinstance(bits, bool) and math.isfinite(bits)
+            and 0 < bits <= 8):
         raise CodecError(f"bit budget must be in (0, 8], got {bits!r}")
     if scheme == "drive" and bits != 1:
         raise CodecError(f"drive is the 1-bit scheme, got bits={bits}")
@@ -110,6 +112,7 @@ def encode(
 ) -> bytes:
     """Compress an array of any shape (float16/32/64) into one self-describing buffer."""
     check_bits(scheme, bits)
+    bits = float(bits)
     a = np.asarray(x)
     if a.dtype not in DTYPE_CODES:
         raise CodecError(f"unsupported dtype {a.dtype} (float16, float32 or float64)")
