@@ -108,7 +108,7 @@ def render(rows: list[dict[str, Any]]) -> str:
         sp = f"{r['speedup_vs_textbook']:.1f}x" if "speedup_vs_textbook" in r else ""
         out.append(
             f"{r['case']:<20} {'2^' + str(r['log2_d']):>9} {r['ms']:>9.2f} {r['mbps']:>8.0f} "
-            f"{r['x_copy']:>7.1f} {sp:>11}"
+            f"{r['x_copy']:>7.1f} {sp:>11}".rstrip()
         )
     return "\n".join(out)
 
