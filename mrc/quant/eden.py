@@ -33,6 +33,7 @@ from .rht import STREAM_MASK, FloatArray
 _CHUNK = 1 << 15
 U8 = npt.NDArray[np.uint8]
 BoolArray = npt.NDArray[np.bool_]
+IndexArray = npt.NDArray[np.intp]
 
 
 @dataclass(frozen=True)
@@ -70,15 +71,16 @@ def coordinate_mask(seed: int, n: int, p: float) -> BoolArray:
     return raw < np.uint64(round(p * 2.0**53))
 
 
-def parts(sp: Split, seed: int, n: int) -> Iterator[tuple[int, BoolArray | None]]:
-    """The coordinate groups of a split, in wire order: (bits, selector or None for all)."""
+def parts(sp: Split, seed: int, n: int) -> Iterator[tuple[int, IndexArray | None]]:
+    """The coordinate groups of a split, in wire order: (bits, ascending coordinate indices or None for
+    all). Index arrays, not boolean masks: take/put by index is ~8x faster than boolean indexing."""
     if not sp.masked:
         yield sp.lo, None
         return
     mask = coordinate_mask(seed, n, sp.p)
     if sp.lo:
-        yield sp.lo, ~mask
-    yield sp.hi, mask
+        yield sp.lo, np.flatnonzero(~mask)
+    yield sp.hi, np.flatnonzero(mask)
 
 
 @lru_cache(maxsize=64)
@@ -174,7 +176,7 @@ def quantize(y: FloatArray, bits: float, seed: int, mode: str) -> Encoded:
     rc = cc = q = q0_kept = 0.0
     sections: list[tuple[int, U8]] = []
     for b, sel in parts(sp, seed, n):
-        ys = y if sel is None else y[sel]
+        ys = y if sel is None else y.take(sel)
         idx, st = nearest(ys, b, sigma, with_q0=sparse)
         rc += st.rc
         cc += st.cc
@@ -203,16 +205,16 @@ def quantize(y: FloatArray, bits: float, seed: int, mode: str) -> Encoded:
     return Encoded(sections, scale, check)
 
 
-def section_sizes(bits: float, seed: int, n: int) -> list[tuple[int, int, BoolArray | None]]:
+def section_sizes(bits: float, seed: int, n: int) -> list[tuple[int, int, IndexArray | None]]:
     """(bits, count, selector) of each wire section for a budget — what a decoder expects."""
-    out: list[tuple[int, int, BoolArray | None]] = []
+    out: list[tuple[int, int, IndexArray | None]] = []
     for b, sel in parts(split(bits), seed, n):
-        out.append((b, n if sel is None else int(np.count_nonzero(sel)), sel))
+        out.append((b, n if sel is None else sel.size, sel))
     return out
 
 
 def reconstruct(
-    layout: list[tuple[int, int, BoolArray | None]], sections: list[U8], scale: float, n: int,
+    layout: list[tuple[int, int, IndexArray | None]], sections: list[U8], scale: float, n: int,
     dtype: np.dtype[np.floating],
 ) -> FloatArray:
     """The rotated estimate S * c from decoded indices (dropped coordinates are 0)."""
