@@ -1,0 +1,137 @@
+"""The few bpf(2) commands mrc needs, through ctypes: map lookup/update/delete/next-key, pin and get
+pinned objects, and BPF_PROG_LOAD with prog_flags (BCC 0.26 cannot pass BPF_F_XDP_HAS_FRAGS, which veth
+needs for XDP at MTU 9000). Working on plain fds keeps map access independent of BCC: `mrcctl fault set`
+opens the pinned maps of programs another process loaded."""
+
+from __future__ import annotations
+
+import ctypes as ct
+import errno
+import os
+from functools import cache
+from pathlib import Path
+from typing import Final
+
+_NR_BPF: Final = 321  # x86_64
+BPF_MAP_LOOKUP_ELEM: Final = 1
+BPF_MAP_UPDATE_ELEM: Final = 2
+BPF_MAP_DELETE_ELEM: Final = 3
+BPF_MAP_GET_NEXT_KEY: Final = 4
+BPF_PROG_LOAD: Final = 5
+BPF_OBJ_PIN: Final = 6
+BPF_OBJ_GET: Final = 7
+BPF_ANY: Final = 0
+BPF_F_XDP_HAS_FRAGS: Final = 1 << 5
+BPF_PROG_TYPE_SCHED_CLS: Final = 3
+BPF_PROG_TYPE_XDP: Final = 6
+
+_libc = ct.CDLL(None, use_errno=True)
+_libc.syscall.restype = ct.c_long
+
+
+class _MapElemAttr(ct.Structure):
+    _fields_ = [("map_fd", ct.c_uint32), ("pad", ct.c_uint32), ("key", ct.c_uint64), ("value", ct.c_uint64),
+                ("flags", ct.c_uint64)]
+
+
+class _ObjAttr(ct.Structure):
+    _fields_ = [("pathname", ct.c_uint64), ("bpf_fd", ct.c_uint32), ("file_flags", ct.c_uint32),
+                ("path_fd", ct.c_int32), ("pad", ct.c_uint32)]
+
+
+class _ProgLoadAttr(ct.Structure):
+    _fields_ = [
+        ("prog_type", ct.c_uint32), ("insn_cnt", ct.c_uint32), ("insns", ct.c_uint64),
+        ("license", ct.c_uint64),
+        ("log_level", ct.c_uint32), ("log_size", ct.c_uint32), ("log_buf", ct.c_uint64),
+        ("kern_version", ct.c_uint32), ("prog_flags", ct.c_uint32), ("prog_name", ct.c_char * 16),
+        ("prog_ifindex", ct.c_uint32), ("expected_attach_type", ct.c_uint32), ("rest", ct.c_uint8 * 64),
+    ]
+
+
+def _bpf(cmd: int, attr: ct.Structure) -> int:
+    rc = int(_libc.syscall(_NR_BPF, cmd, ct.byref(attr), ct.sizeof(attr)))
+    if rc < 0:
+        e = ct.get_errno()
+        raise OSError(e, os.strerror(e))
+    return rc
+
+
+def _addr(obj: ct._CData | None) -> int:
+    return 0 if obj is None else ct.addressof(obj)
+
+
+def lookup(fd: int, key: ct._CData, value: ct._CData) -> bool:
+    """Fill `value` from the map; False when the key is absent."""
+    try:
+        _bpf(BPF_MAP_LOOKUP_ELEM, _MapElemAttr(map_fd=fd, key=_addr(key), value=_addr(value)))
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            return False
+        raise
+    return True
+
+
+def update(fd: int, key: ct._CData, value: ct._CData, flags: int = BPF_ANY) -> None:
+    _bpf(BPF_MAP_UPDATE_ELEM, _MapElemAttr(map_fd=fd, key=_addr(key), value=_addr(value), flags=flags))
+
+
+def delete(fd: int, key: ct._CData) -> bool:
+    try:
+        _bpf(BPF_MAP_DELETE_ELEM, _MapElemAttr(map_fd=fd, key=_addr(key)))
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            return False
+        raise
+    return True
+
+
+def next_key(fd: int, key: ct._CData | None, out: ct._CData) -> bool:
+    try:
+        _bpf(BPF_MAP_GET_NEXT_KEY, _MapElemAttr(map_fd=fd, key=_addr(key), value=_addr(out)))
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            return False
+        raise
+    return True
+
+
+def pin(fd: int, path: str | Path) -> None:
+    raw = ct.create_string_buffer(os.fsencode(str(path)))
+    _bpf(BPF_OBJ_PIN, _ObjAttr(pathname=ct.addressof(raw), bpf_fd=fd))
+
+
+def get_pinned(path: str | Path) -> int:
+    raw = ct.create_string_buffer(os.fsencode(str(path)))
+    return _bpf(BPF_OBJ_GET, _ObjAttr(pathname=ct.addressof(raw)))
+
+
+def prog_load(prog_type: int, insns: int, insn_bytes: int, name: str, *, prog_flags: int = 0,
+              license: bytes = b"GPL") -> int:
+    """Load already relocated instructions (address `insns`, `insn_bytes` long); the verifier's log is
+    in the error message when it refuses."""
+    lic = ct.create_string_buffer(license)
+    log = ct.create_string_buffer(1 << 20)
+    attr = _ProgLoadAttr(prog_type=prog_type, insn_cnt=insn_bytes // 8, insns=insns,
+                         license=ct.addressof(lic), log_level=0, log_size=0, log_buf=0, prog_flags=prog_flags,
+                         prog_name=name.encode()[:15])
+    try:
+        return _bpf(BPF_PROG_LOAD, attr)
+    except OSError:
+        attr.log_level, attr.log_size, attr.log_buf = 1, len(log), ct.addressof(log)
+        try:
+            return _bpf(BPF_PROG_LOAD, attr)
+        except OSError as e:
+            tail = log.value.decode(errors="replace").strip().splitlines()[-8:]
+            raise OSError(e.errno, f"loading {name}: {e.strerror}: " + " | ".join(tail)) from None
+
+
+@cache
+def possible_cpus() -> int:
+    """Per-CPU map values have one slot per possible CPU."""
+    text = Path("/sys/devices/system/cpu/possible").read_text().strip()
+    n = 0
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        n += (int(hi) if hi else int(lo)) - int(lo) + 1
+    return n
