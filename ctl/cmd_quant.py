@@ -1,5 +1,6 @@
 """`mrcctl quant`: gradient compression for operators (DESIGN.md §8, docs/quant.md).
 
+    mrcctl quant [show] [-j]                    schemes, budgets, asymptotic vNMSE at b = 1..4
     mrcctl quant bench [--schemes S,...] [--bits 1,2,3,4] [--dim N] [--trials T]
                        [--dist gauss|lognormal|spike|two-spikes] [--rotations 1|2|3|auto]
                        [--clients N] [--seed S] [-j]
@@ -21,6 +22,7 @@ import click
 
 from mrc.errors import UsageError
 from mrc.quant import bench as qbench
+from mrc.quant import codec as qcodec
 from mrc.quant.lloydmax import MAX_BITS, codebook
 
 from .output import Output, table
@@ -122,9 +124,49 @@ def render_bench(doc: dict[str, Any]) -> str:
     return "\n".join([head, table(rows, columns), *notes])
 
 
-@click.group()
-def quant() -> None:
+@click.group(invoke_without_command=True)
+@click.pass_context
+def quant(ctx: click.Context) -> None:
     """Gradient compression: RHT + EDEN, DRIVE, TurboQuant baselines."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(show)
+
+
+_BUDGETS = {
+    "eden-unbiased": "0 < b <= 8",
+    "eden-biased": "0 < b <= 8",
+    "drive": "b = 1",
+    "turboquant-mse": "integer 1..8",
+    "turboquant-prod": "integer 1..8",
+}
+
+
+@quant.command("show")
+@json_option
+@click.pass_obj
+def show(out: Output) -> None:
+    """Schemes, the budgets they take and their asymptotic vNMSE at b = 1..4 (the default verb)."""
+    rows = []
+    for scheme in qbench.SCHEMES:
+        row: dict[str, Any] = {"scheme": scheme, "budgets": _BUDGETS[scheme]}
+        for b in (1, 2, 3, 4):
+            row[f"theory_b{b}"] = qbench.theory(scheme, b)
+        rows.append(row)
+    doc = {"schemes": rows, "codec_version": qcodec.VERSION}
+
+    def render(d: dict[str, Any]) -> str:
+        cells = []
+        for r in d["schemes"]:
+            c = dict(r)
+            for b in (1, 2, 3, 4):
+                v = r[f"theory_b{b}"]
+                c[f"t{b}"] = "-" if v is None else f"{v:.4g}"
+            cells.append(c)
+        cols = [("scheme", "SCHEME"), ("budgets", "BITS"), ("t1", "vNMSE@1"), ("t2", "vNMSE@2"),
+                ("t3", "vNMSE@3"), ("t4", "vNMSE@4")]
+        return f"codec v{d['codec_version']}; asymptotic vNMSE (docs/quant.md)\n" + table(cells, cols)
+
+    out.emit(doc, render)
 
 
 @quant.command("bench")

@@ -87,3 +87,13 @@ def test_codebook(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["quant", "codebook", "--bits", "3"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("bits=3 D_b=0.0345478") and len(out.splitlines()) == 2 + 8
+
+
+def test_show_is_the_default_verb(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["quant"]) == 0
+    out = capsys.readouterr().out
+    assert "eden-unbiased" in out and "turboquant-prod" in out
+    assert main(["quant", "show", "-j"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    drive = next(r for r in doc["schemes"] if r["scheme"] == "drive")
+    assert drive["theory_b1"] == pytest.approx(0.5707963) and drive["theory_b2"] is None
