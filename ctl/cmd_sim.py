@@ -1,5 +1,13 @@
 """`mrcctl sim`: run the MRC engine in simulation.
 
+    mrcctl sim run permutation [--hosts 64] [--planes 8] [--spines 8] [--duration 200us] ...
+    mrcctl sim run failover [--planes 4] [--spines 4] [--link p0l0-p0s3] [--fail-at 500us] [--flap T] ...
+    mrcctl sim run incast [--senders 16] [--size 256K] ...
+
+`run` drives the unmodified engines on a simulated multi-plane Clos (`mrc.sim.fabric`) against the ECMP
+single-path baseline and the MRC variants (docs/sim.md); each experiment prints a table, or one JSON
+document with -j, and writes a PNG with --plot FILE (needs the `plot` extra).
+
     mrcctl sim loopback [--size 64M] [--planes 4] [--evs 128] [--loss P] [--trim P] [--ecn-plane N]
                         [--blackhole-plane N@T[-T2]] [--jitter T] [--cc nscc|null] [--seed S]
                         [--settle T] [--profile] [-j]
@@ -20,6 +28,8 @@ from typing import Any, Final, TypeVar
 import click
 
 from mrc.errors import UsageError
+from mrc.sim import experiments as exps
+from mrc.sim.hosts import VARIANTS
 from mrc.sim.loopback import NEVER, Blackhole, FabricConfig, LoopbackConfig, loopback
 from mrc.transport import QpAttr
 
@@ -179,4 +189,279 @@ def _render(doc: dict[str, Any]) -> str:
         lines.append("")
         lines.append(table(doc["profile"], [("function", "FUNCTION"), ("calls", "CALLS"),
                                             ("tottime_s", "SELF S"), ("cumtime_s", "CUM S")]))
+    return "\n".join(lines)
+
+
+# ====================================================================================== sim run
+
+
+@sim.group("run")
+def run_group() -> None:
+    """Experiments on a simulated multi-plane Clos: MRC against ECMP single-path (docs/sim.md)."""
+
+
+def _fabric_options(
+    planes: int, spines: int, hosts_per_leaf: int | None, leaves: int | None
+) -> Callable[[_F], _F]:
+    def deco(f: _F) -> _F:
+        for opt in reversed([
+            click.option("--planes", default=planes, show_default=True, type=int, help="Planes (NIC ports)."),
+            click.option("--spines", default=spines, show_default=True, type=int, help="Spines per plane."),
+            click.option("--hosts-per-leaf", default=hosts_per_leaf, type=int,
+                         help="Hosts per leaf [default: spines, full bisection]."),
+            click.option("--leaves", default=leaves, type=int, help="Leaves per plane."),
+            click.option("--rate", default=100.0, show_default=True, type=float, help="Link rate, Gb/s."),
+            click.option("--delay", default="500ns", show_default=True, help="Propagation delay per link."),
+            click.option("--buffer", "buffer_", default="512K", show_default=True,
+                         help="Switch port buffer (drop above)."),
+            click.option("--ecn", default="128K", show_default=True, help="ECN-CE marking threshold."),
+            click.option("--trim-at", default="256K", show_default=True, help="Trimming threshold."),
+            click.option("--variants", default=None, help=f"Comma-separated, of: {', '.join(VARIANTS)}."),
+            click.option("--evs", default=128, show_default=True, type=int, help="EVs per QP profile."),
+            click.option("--timeout", default=8, show_default=True, type=int,
+                         help="ACK timeout exponent (1.024 us x 2^t)."),
+            click.option("--seed", default=1, show_default=True, type=int),
+            click.option("--plot", "plot_path", default=None, help="Write a PNG plot here (plot extra)."),
+            json_option,
+        ]):
+            f = opt(f)
+        return f
+
+    return deco
+
+
+def _spec(
+    planes: int, spines: int, hosts_per_leaf: int | None, leaves: int, rate: float, delay: str, buffer_: str,
+    ecn: str, trim_at: str, variants: str | None, default_variants: tuple[str, ...], evs: int, timeout: int,
+    seed: int, reconverge_ns: int = 1_000_000,
+) -> exps.RunSpec:
+    if not 1 <= planes <= 16:
+        raise UsageError("planes must be 1..16")
+    if not 1 <= spines <= 256:
+        raise UsageError("spines must be 1..256")
+    hpl = spines if hosts_per_leaf is None else hosts_per_leaf
+    if hpl < 1:
+        raise UsageError("hosts per leaf must be at least 1")
+    if not 1 <= leaves <= 256 or leaves * hpl > 256:
+        raise UsageError(f"{leaves} leaves x {hpl} hosts: the model holds 2..256 hosts and 1..256 leaves")
+    if rate <= 0:
+        raise UsageError("rate must be positive")
+    if evs < planes or evs > 1 << 14:
+        raise UsageError(f"evs must be {planes}..16384 (at least one per plane)")
+    if not 0 <= timeout <= 24:
+        raise UsageError("timeout must be 0..24")
+    vs = tuple(v.strip() for v in variants.split(",")) if variants else default_variants
+    bad = [v for v in vs if v not in VARIANTS]
+    if bad or not vs:
+        raise UsageError(f"unknown variant {', '.join(bad) or '(none)'}: choose from {', '.join(VARIANTS)}")
+    buf, k, trim = parse_size(buffer_), parse_size(ecn), parse_size(trim_at)
+    if not k <= buf or not trim <= buf:
+        raise UsageError("the ECN and trimming thresholds must not exceed the buffer")
+    fs = exps.FabricSpec(
+        planes=planes, leaves=leaves, spines=spines, hosts_per_leaf=hpl, rate_gbps=rate,
+        delay_ns=parse_time(delay), buffer_bytes=buf, ecn_bytes=k, trim_bytes=trim,
+    )
+    return exps.RunSpec(fabric=fs, variants=vs, seed=seed, evs=evs, timeout=timeout,
+                        reconverge_ns=reconverge_ns)
+
+
+def _finish(out: Output, doc: dict[str, Any], plot_path: str | None, render: Callable[[Any], str]) -> None:
+    if plot_path:
+        from mrc.sim.plot import plot
+
+        doc["plot"] = plot(doc, plot_path)
+    out.emit(doc, render)
+
+
+def _speed_line(doc: dict[str, Any]) -> str:
+    return (f"speed: {doc['packet_hops']:,} packet-hops in {doc['sim_wall_s']:.1f} s of event loop = "
+            f"{doc['hops_per_s']:,} hops/s ({doc['events_per_s']:,} events/s)")
+
+
+@run_group.command("permutation")
+@click.option("--hosts", default=64, show_default=True, type=int, help="Hosts (leaves = hosts / per leaf).")
+@click.option("--duration", default="200us", show_default=True, help="Simulated time.")
+@click.option("--warmup", default="50us", show_default=True, help="Excluded from the throughput.")
+@_fabric_options(planes=8, spines=8, hosts_per_leaf=None, leaves=None)
+@click.pass_obj
+def permutation_cmd(
+    out: Output, hosts: int, duration: str, warmup: str, planes: int, spines: int,
+    hosts_per_leaf: int | None, leaves: int | None, rate: float, delay: str, buffer_: str, ecn: str,
+    trim_at: str, variants: str | None, evs: int, timeout: int, seed: int, plot_path: str | None,
+) -> None:
+    """Every host sends to another (random permutation): per-host throughput as a fraction of capacity."""
+    hpl = spines if hosts_per_leaf is None else hosts_per_leaf
+    if hpl < 1 or hosts % hpl:
+        raise UsageError(f"hosts ({hosts}) must be a multiple of hosts per leaf ({hpl})")
+    lv = hosts // hpl if leaves is None else leaves
+    if lv * hpl != hosts:
+        raise UsageError(f"{lv} leaves x {hpl} hosts per leaf is not {hosts} hosts")
+    spec = _spec(planes, spines, hpl, lv, rate, delay, buffer_, ecn, trim_at, variants, ("ecmp", "mrc"),
+                 evs, timeout, seed)
+    dur, wu = parse_time(duration), parse_time(warmup)
+    if not 0 <= wu < dur:
+        raise UsageError("warmup must be shorter than the duration")
+    doc = exps.permutation(spec, dur, wu, progress=out.progress)
+    _finish(out, doc, plot_path, _render_permutation)
+
+
+def _render_permutation(doc: dict[str, Any]) -> str:
+    c = doc["config"]
+    f = c["fabric"]
+    rows = []
+    for v, r in doc["results"].items():
+        rows.append({"variant": v, "cap": f"{r['capacity_fraction']:.1%}",
+                     "min": f"{r['flow_fraction_min']:.1%}",
+                     "p50": f"{r['flow_fraction_p50']:.1%}", "max": f"{r['flow_fraction_max']:.1%}",
+                     "retx": r["retx_packets"], "drops": sum(r["drops"].values()), "trims": r["trims"],
+                     "wall": r["wall_s"]})
+    lines = [
+        f"permutation: {f['leaves'] * f['hosts_per_leaf']} hosts, {f['planes']} planes x {f['leaves']}"
+        f" leaves x {f['spines']} spines, {f['rate_gbps']:g} Gb/s links, host capacity"
+        f" {c['host_capacity_gbps']} Gb/s of payload,"
+        f" measured over {(c['duration_ns'] - c['warmup_ns']) / 1e3:g} us",
+        "",
+        table(rows, [("variant", "VARIANT"), ("cap", "OF CAPACITY"), ("min", "HOST MIN"), ("p50", "HOST P50"),
+                     ("max", "HOST MAX"), ("retx", "RETX"), ("drops", "DROPS"), ("trims", "TRIMS"),
+                     ("wall", "WALL S")]),
+    ]
+    e = doc["results"].get("ecmp")
+    if e and "derived_expected" in e:
+        lines += ["", f"ECMP derived (max-min fair, random hashing): expected {e['derived_expected']:.1%}, "
+                      f"for this run's hash draw {e['derived_this_draw']:.1%}, uplink-only bound "
+                      f"{e['uplink_only_bound']:.1%}; measured {e['capacity_fraction']:.1%}"]
+    lines += ["", _speed_line(doc)]
+    if "plot" in doc:
+        lines.append(f"plot: {doc['plot']}")
+    return "\n".join(lines)
+
+
+@run_group.command("failover")
+@click.option("--duration", default="2ms", show_default=True, help="Simulated time.")
+@click.option("--link", "link_", default=None, help="Link to fail, A-B [default: p0l0-p0s<last>].")
+@click.option("--fail-at", default="500us", show_default=True, help="When the link goes down.")
+@click.option("--heal-at", default=None, help="When it comes back [default: never].")
+@click.option("--flap", default="0", show_default=True, help="Toggle the link every T from fail-at on.")
+@click.option("--bin", "bin_", default="10us", show_default=True, help="Goodput timeline resolution.")
+@click.option("--reconverge", default="1ms", show_default=True,
+              help="ECMP routing convergence after a link change (baseline).")
+@_fabric_options(planes=4, spines=4, hosts_per_leaf=None, leaves=2)
+@click.pass_obj
+def failover_cmd(
+    out: Output, duration: str, link_: str | None, fail_at: str, heal_at: str | None, flap: str, bin_: str,
+    reconverge: str, planes: int, spines: int, hosts_per_leaf: int | None, leaves: int | None, rate: float,
+    delay: str, buffer_: str, ecn: str, trim_at: str, variants: str | None, evs: int, timeout: int, seed: int,
+    plot_path: str | None,
+) -> None:
+    """A bulk transfer leaf 0 -> leaf 1 across a leaf-spine link failure (or a flapping link)."""
+    spec = _spec(planes, spines, hosts_per_leaf, leaves or 2, rate, delay, buffer_, ecn, trim_at, variants,
+                 ("ecmp", "mrc"), evs, timeout, seed, parse_time(reconverge))
+    if spec.fabric.leaves < 2:
+        raise UsageError("failover needs at least two leaves")
+    dur, t_fail = parse_time(duration), parse_time(fail_at)
+    t_heal = parse_time(heal_at) if heal_at else NEVER
+    bin_ns, flap_ns = parse_time(bin_), parse_time(flap)
+    if not 0 < t_fail < dur:
+        raise UsageError("fail-at must lie inside the run")
+    if t_heal <= t_fail:
+        raise UsageError("heal-at must come after fail-at")
+    if not 0 < bin_ns <= dur // 4:
+        raise UsageError("bin must be positive and at most a quarter of the duration")
+    link = None
+    if link_:
+        parts = link_.split("-")
+        topo = spec.fabric.topology()
+        if len(parts) != 2:
+            raise UsageError(f"bad link {link_!r} (example: p0l0-p0s1)")
+        try:
+            lk = topo.link_between(parts[0], parts[1])
+        except KeyError as e:
+            raise UsageError(str(e.args[0])) from None
+        if lk.kind != "leaf-spine":
+            raise UsageError("fail a leaf-spine link (host links take a whole port: use more planes)")
+        link = (parts[0], parts[1])
+    doc = exps.failover(spec, dur, t_fail, t_heal, link, flap_ns, bin_ns, progress=out.progress)
+    _finish(out, doc, plot_path, _render_failover)
+
+
+def _render_failover(doc: dict[str, Any]) -> str:
+    c = doc["config"]
+    rows = []
+    for v, r in doc["results"].items():
+        rows.append({"variant": v, "before": f"{r['goodput_fraction_before']:.1%}",
+                     "during": f"{r['goodput_fraction_during_failure']:.1%}",
+                     "min": f"{r['goodput_fraction_min_bin']:.1%}",
+                     "reroute": f"{r['reroute_s'] * 1e6:.1f}", "stall": f"{r['max_stall_s'] * 1e6:.0f}",
+                     "retx": r["retx_bytes"], "rto": r["rto_count"]})
+    req = next(iter(doc["results"].values()))["required_fraction"]
+    lines = [
+        f"failover: link {'-'.join(c['link'])} down at {c['fail_ns'] / 1e3:g} us"
+        + (f", flapping every {c['flap_ns'] / 1e3:g} us" if c["flap_ns"] else "")
+        + (f", up at {c['heal_ns'] / 1e3:g} us" if c["heal_ns"] else "")
+        + f"; failed share of paths {c['failed_share_of_paths']:.2%}; capacity {c['capacity_gbps']} Gb/s",
+        "",
+        table(rows, [("variant", "VARIANT"), ("before", "BEFORE"), ("during", "DURING FAILURE"),
+                     ("min", f"MIN {c['bin_ns'] / 1e3:g}us BIN"), ("reroute", "REROUTE US"),
+                     ("stall", "MAX STALL US"), ("retx", "RETX BYTES"), ("rto", "RTOS")]),
+        "",
+        f"required during failure: (1 - failed share) x 90% = {req:.1%}",
+        _speed_line(doc),
+    ]
+    if "plot" in doc:
+        lines.append(f"plot: {doc['plot']}")
+    return "\n".join(lines)
+
+
+@run_group.command("incast")
+@click.option("--senders", default=16, show_default=True, type=int, help="Senders (N-to-1).")
+@click.option("--size", default="256K", show_default=True, help="Bytes each sender WRITEs.")
+@click.option("--time-limit", default="50ms", show_default=True, help="Simulated time limit.")
+@_fabric_options(planes=4, spines=4, hosts_per_leaf=8, leaves=None)
+@click.pass_obj
+def incast_cmd(
+    out: Output, senders: int, size: str, time_limit: str, planes: int, spines: int,
+    hosts_per_leaf: int | None, leaves: int | None, rate: float, delay: str, buffer_: str, ecn: str,
+    trim_at: str, variants: str | None, evs: int, timeout: int, seed: int, plot_path: str | None,
+) -> None:
+    """N senders on other leaves WRITE to one host at once: completion times, RTOs, queues."""
+    if not 1 <= senders <= 255:
+        raise UsageError("senders must be 1..255")
+    hpl = hosts_per_leaf or spines
+    lv = leaves if leaves is not None else 1 + -(-senders // hpl)
+    spec = _spec(planes, spines, hpl, lv, rate, delay, buffer_, ecn, trim_at, variants,
+                 ("mrc", "mrc-notrim", "ecmp"), evs, timeout, seed)
+    try:
+        doc = exps.incast(spec, senders, parse_size(size), parse_time(time_limit), progress=out.progress)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    _finish(out, doc, plot_path, _render_incast)
+
+
+def _render_incast(doc: dict[str, Any]) -> str:
+    c = doc["config"]
+    rows = []
+
+    def us(x: float | None) -> str:
+        return "-" if x is None else f"{x * 1e6:.1f}"
+
+    for v, r in doc["results"].items():
+        rows.append({"variant": v, "done": f"{r['completed']}/{c['senders']}", "p50": us(r["p50_s"]),
+                     "p99": us(r["p99_s"]), "max": us(r["max_s"]), "rto": r["rto_count"],
+                     "retx": r["retx_packets"], "trims": r["trims"], "drops": sum(r["drops"].values()),
+                     "qmax": r["queue_max_bytes"]})
+    ideal = next(iter(doc["results"].values()))["ideal_s"]
+    lines = [
+        f"incast: {c['senders']} senders x {c['size_bytes']} bytes -> h0; the receiver's NIC drains it all"
+        f" in {ideal * 1e6:.1f} us at best",
+        "",
+        table(rows, [("variant", "VARIANT"), ("done", "DONE"), ("p50", "P50 US"), ("p99", "P99 US"),
+                     ("max", "MAX US"), ("rto", "RTOS"), ("retx", "RETX PKTS"), ("trims", "TRIMS"),
+                     ("drops", "DROPS"), ("qmax", "MAX QUEUE B")]),
+    ]
+    r = doc["results"]
+    if "mrc" in r and "mrc-notrim" in r and r["mrc"]["p99_s"] and r["mrc-notrim"]["p99_s"]:
+        lines += ["", f"p99 with trimming / without: {r['mrc']['p99_s'] / r['mrc-notrim']['p99_s']:.2f}"]
+    lines.append(_speed_line(doc))
+    if "plot" in doc:
+        lines.append(f"plot: {doc['plot']}")
     return "\n".join(lines)

@@ -599,3 +599,23 @@ def load(path: str | FsPath) -> Topology:
 def default_topology_dir() -> FsPath:
     """``deploy/topologies`` of the checkout (the example files)."""
     return FsPath(__file__).resolve().parents[1] / "deploy" / "topologies"
+
+
+def generate(
+    planes: int,
+    leaves: int,
+    spines: int,
+    hosts_per_leaf: int,
+    *,
+    link: LinkParams | None = None,
+    source: str | None = None,
+) -> Topology:
+    """A generated fabric: ``planes`` × (``leaves`` leaves, ``spines`` spines), ``hosts_per_leaf`` hosts
+    on every leaf, named ``h0``, ``h1``, ... leaf by leaf (host i sits on leaf i // hosts_per_leaf)."""
+    if hosts_per_leaf < 1:
+        raise ConfigError("hosts per leaf must be at least 1")
+    hosts = tuple((f"h{i}", i // hosts_per_leaf) for i in range(leaves * hosts_per_leaf))
+    return Topology(
+        planes=planes, leaves=leaves, spines=spines, hosts=hosts, link=link or LinkParams(),
+        source=source or f"<generated {planes}x{leaves}x{spines}x{hosts_per_leaf}>",
+    )

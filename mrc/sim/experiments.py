@@ -1,0 +1,386 @@
+"""The experiments of `mrcctl sim run`: permutation, failover, incast. Each returns a JSON-ready document:
+``experiment``, ``config``, ``results`` keyed by variant (``ecmp``, ``mrc``, ``mrc-notrim``,
+``mrc-1plane``), and the run's speed (``events_per_s``, ``hops_per_s``). docs/sim.md explains the
+set-ups, the derivations and the measured figures."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from mrc import topology
+from mrc.transport import QpAttr
+from mrc.transport.qp import NEVER
+
+from .derive import derangement, ecmp_plane_share, expected_share, uplink_bound
+from .fabric import WIRE_OVERHEAD, Fabric, FabricParams
+from .hosts import Flow, HostParams, Traffic, base_rtt_ns
+from .roce import DATA_HDR
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class FabricSpec:
+    planes: int = 8
+    leaves: int = 8
+    spines: int = 8
+    hosts_per_leaf: int = 8
+    rate_gbps: float = 100.0
+    delay_ns: int = 500
+    buffer_bytes: int = 512 * 1024
+    ecn_bytes: int = 128 * 1024
+    trim_bytes: int = 256 * 1024
+
+    def topology(self) -> topology.Topology:
+        return topology.generate(self.planes, self.leaves, self.spines, self.hosts_per_leaf)
+
+    def params(self, trimming: bool) -> FabricParams:
+        return FabricParams(
+            rate_bps=int(self.rate_gbps * 1e9), delay_ns=self.delay_ns, buffer_bytes=self.buffer_bytes,
+            ecn_bytes=self.ecn_bytes, trim_bytes=self.trim_bytes if trimming else None,
+        )
+
+    @property
+    def hosts(self) -> int:
+        return self.leaves * self.hosts_per_leaf
+
+
+@dataclass
+class RunSpec:
+    fabric: FabricSpec = field(default_factory=FabricSpec)
+    variants: tuple[str, ...] = ("ecmp", "mrc")
+    seed: int = 1
+    evs: int = 128
+    mtu: int = 4096
+    timeout: int = 8
+    reconverge_ns: int = 1_000_000
+
+
+def efficiency(mtu: int) -> float:
+    """Payload share of a full data packet on the wire (capacity is counted in payload bytes)."""
+    return mtu / (mtu + DATA_HDR + WIRE_OVERHEAD)
+
+
+def _host_params(spec: RunSpec) -> HostParams:
+    return HostParams(evs=spec.evs, attr=QpAttr(mtu=spec.mtu, timeout=spec.timeout), seed=spec.seed,
+                      reconverge_ns=spec.reconverge_ns)
+
+
+class _Speed:
+    """Events and packet-hops per wall second over all the runs of one experiment."""
+
+    def __init__(self) -> None:
+        self.events = 0
+        self.hops = 0
+        self.wall = 0.0
+
+    def add(self, fab: Fabric) -> None:
+        self.events += fab.events
+        self.hops += fab.hops
+        self.wall += fab.wall_s
+
+    def doc(self) -> dict[str, Any]:
+        w = self.wall or 1e-9
+        return {"events": self.events, "packet_hops": self.hops, "sim_wall_s": round(self.wall, 3),
+                "events_per_s": round(self.events / w), "hops_per_s": round(self.hops / w)}
+
+
+def _reporter(progress: Progress | None, label: str, until: int) -> Callable[[Fabric], None] | None:
+    if progress is None:
+        return None
+
+    def rep(fab: Fabric) -> None:
+        rate = fab.hops / fab.wall_s if fab.wall_s else 0
+        progress(f"  {label}: {fab.now / 1e3:.0f}/{until / 1e3:.0f} us simulated, {fab.hops} hops, "
+                 f"{rate:,.0f} hops/s")
+
+    return rep
+
+
+def _sampler(fab: Fabric, tr: Traffic, every_ns: int, until: int) -> list[list[int]]:
+    """Per-flow delivered bytes every `every_ns` (first row at t = 0)."""
+    rows: list[list[int]] = []
+
+    def sample(t: int) -> None:
+        rows.append(tr.conn_delivered())
+        tr.poll(t)
+        if t + every_ns <= until:
+            fab.at(t + every_ns, sample)
+
+    fab.at(0, sample)
+    return rows
+
+
+# ============================================================================================ permutation
+
+
+def _mark(fab: Fabric, tr: Traffic, t: int, marks: dict[int, list[int]]) -> None:
+    fab.at(t, lambda now: marks.__setitem__(0, tr.delivered()))
+
+
+def permutation(spec: RunSpec, duration_ns: int = 200_000, warmup_ns: int = 50_000,
+                progress: Progress | None = None) -> dict[str, Any]:
+    """Every host sends to another (a random derangement), long-lived, for `duration_ns`; throughput is
+    measured over [warmup, duration]. Capacity = hosts × planes × port rate × payload efficiency."""
+    fs = spec.fabric
+    rng = random.Random(spec.seed)
+    n = fs.hosts
+    perm = derangement(n, rng)
+    flows = [Flow(i, perm[i], None) for i in range(n)]
+    eff = efficiency(spec.mtu)
+    host_cap = fs.planes * fs.rate_gbps * 1e9 / 8 * eff  # payload bytes/s per host
+    window = duration_ns - warmup_ns
+    speed = _Speed()
+    results: dict[str, Any] = {}
+    for variant in spec.variants:
+        topo = fs.topology()
+        fab = Fabric(topo, fs.params(trimming=variant != "mrc-notrim"))
+        tr = Traffic(fab, variant, flows, _host_params(spec), duration_ns)
+        marks: dict[int, list[int]] = {}
+        _mark(fab, tr, warmup_ns, marks)
+        if progress:
+            progress(f"permutation {variant}: {n} hosts x {fs.planes} planes, {duration_ns / 1e3:.0f} us ...")
+        t0 = time.perf_counter()
+        fab.run(until_ns=duration_ns, progress=_reporter(progress, variant, duration_ns))
+        wall = time.perf_counter() - t0
+        speed.add(fab)
+        end = tr.delivered()
+        rates = [(b - a) / (window / 1e9) for a, b in zip(marks[0], end, strict=True)]
+        fr = sorted(r / host_cap for r in rates)
+        res: dict[str, Any] = {
+            "capacity_fraction": round(sum(rates) / (n * host_cap), 4),
+            "flow_fraction_min": round(fr[0], 4),
+            "flow_fraction_p50": round(fr[len(fr) // 2], 4),
+            "flow_fraction_max": round(fr[-1], 4),
+            "flow_fractions": [round(x, 4) for x in fr],
+            "wall_s": round(wall, 2),
+            "packet_hops": fab.hops,
+            "hops_per_s": round(fab.hops / fab.wall_s) if fab.wall_s else None,
+            "drops": dict(fab.drops),
+            "trims": fab.trims,
+            "ecn_marks": fab.ecn_marks,
+            **tr.counters(),
+        }
+        if variant == "ecmp":
+            # what max-min fairness gives for this very hash draw, plane by plane
+            shares = []
+            for p in range(fs.planes):
+                spine_of = []
+                for f, cs in zip(flows, tr.conns, strict=True):
+                    c = next(c for c in cs if c.plane == p)
+                    spine_of.append(tr.routing.spine(f.src, f.dst, c.sport, p))
+                shares.append(ecmp_plane_share(fs.leaves, fs.hosts_per_leaf, perm, spine_of))
+            res["derived_this_draw"] = round(sum(shares) / len(shares), 4)
+            res["derived_expected"] = round(expected_share(fs.leaves, fs.hosts_per_leaf, fs.spines), 4)
+            res["uplink_only_bound"] = round(uplink_bound(fs.hosts_per_leaf, fs.spines), 4)
+        if variant == "mrc-1plane":
+            res["note"] = "sprays over plane 0 only: at most 1/planes of the host's capacity"
+        results[variant] = res
+    return {
+        "experiment": "permutation",
+        "config": {**asdict(spec), "duration_ns": duration_ns, "warmup_ns": warmup_ns,
+                   "host_capacity_gbps": round(host_cap * 8 / 1e9, 2), "payload_efficiency": round(eff, 4)},
+        "results": results,
+        **speed.doc(),
+    }
+
+
+# ============================================================================================ failover
+
+
+def _link_changes(fail_ns: int, heal_ns: int, flap_ns: int, until_ns: int) -> list[tuple[int, bool]]:
+    """(time, up) changes: down at fail_ns; with flap_ns, up and down again every flap_ns; up at heal_ns."""
+    out = [(fail_ns, False)]
+    if flap_ns:
+        t, up = fail_ns + flap_ns, True
+        while t < min(until_ns, heal_ns):
+            out.append((t, up))
+            t += flap_ns
+            up = not up
+    if heal_ns < NEVER:
+        out.append((heal_ns, True))
+    return out
+
+
+def _schedule_link(fab: Fabric, li: int, changes: list[tuple[int, bool]]) -> None:
+    def change(up: bool) -> Callable[[int], None]:
+        return lambda now: fab.set_link(li, up, now)
+
+    for t, up in changes:
+        fab.at(t, change(up))
+
+
+def failover(spec: RunSpec, duration_ns: int = 2_000_000, fail_ns: int = 500_000, heal_ns: int = NEVER,
+             link: tuple[str, str] | None = None, flap_ns: int = 0, bin_ns: int = 10_000,
+             progress: Progress | None = None) -> dict[str, Any]:
+    """Hosts of leaf 0 send to hosts of leaf 1 (one long-lived flow each) while a leaf–spine link fails
+    at `fail_ns` (heals at `heal_ns`; with `flap_ns`, toggles every flap_ns from fail_ns on)."""
+    fs = spec.fabric
+    topo = fs.topology()
+    H = fs.hosts_per_leaf
+    if fs.leaves < 2:
+        raise ValueError("failover needs at least two leaves")
+    a, b = link or (topo.leaf_name(0, 0), topo.spine_name(0, fs.spines - 1))
+    flows = [Flow(i, H + i, None) for i in range(H)]
+    eff = efficiency(spec.mtu)
+    # the demand (H hosts at full NIC rate) equals the core's capacity when H = spines
+    cap = min(H * fs.planes, fs.planes * fs.spines) * fs.rate_gbps * 1e9 / 8 * eff
+    failed_share = 1 / (fs.planes * fs.spines)
+    speed = _Speed()
+    results: dict[str, Any] = {}
+    timelines: dict[str, list[float]] = {}
+    for variant in spec.variants:
+        topo = fs.topology()
+        fab = Fabric(topo, fs.params(trimming=variant != "mrc-notrim"))
+        tr = Traffic(fab, variant, flows, _host_params(spec), duration_ns)
+        li = fab.link(a, b)
+        _schedule_link(fab, li, _link_changes(fail_ns, heal_ns, flap_ns, duration_ns))
+        rows = _sampler(fab, tr, bin_ns, duration_ns)
+        affected = 0
+        if variant == "ecmp":  # connections whose data or ACK path crosses the link before it fails
+            for f, cs in zip(flows, tr.conns, strict=True):
+                for c in cs:
+                    ls, ld = fab.topo.leaf_name(c.plane, 0), fab.topo.leaf_name(c.plane, 1)
+                    for x, y in ((f.src, f.dst), (f.dst, f.src)):
+                        sp = tr.routing.spine(x, y, c.sport, c.plane)
+                        if sp is None:
+                            continue
+                        hops = {ls, ld, fab.topo.spine_name(c.plane, sp)}
+                        if a in hops and b in hops:
+                            affected += 1
+                            break
+        if progress:
+            progress(f"failover {variant}: {H} flows, link {a}-{b} down at {fail_ns / 1e3:.0f} us ...")
+        t0 = time.perf_counter()
+        fab.run(until_ns=duration_ns, progress=_reporter(progress, variant, duration_ns))
+        wall = time.perf_counter() - t0
+        speed.add(fab)
+        # aggregate goodput per bin, as a fraction of capacity
+        tot = [sum(r) for r in rows]
+        series = [(tot[i + 1] - tot[i]) / (bin_ns / 1e9) / cap for i in range(len(tot) - 1)]
+        timelines[variant] = series
+        i0 = fail_ns // bin_ns
+        i1 = min(len(series), (heal_ns if heal_ns < NEVER else duration_ns) // bin_ns)
+        pre = series[max(1, i0 - 20):i0]
+        during = series[i0:i1]
+        # the longest time any connection delivered nothing after the failure
+        nconns = len(rows[0]) if rows else 0
+        stall = 0
+        for k in range(nconns):
+            run_ = best = 0
+            for i in range(i0, len(rows) - 1):
+                if rows[i + 1][k] == rows[i][k]:
+                    run_ += 1
+                    best = max(best, run_)
+                else:
+                    run_ = 0
+            stall = max(stall, best)
+        last = fab.last_down_data_drop.get(li)
+        res: dict[str, Any] = {
+            "goodput_fraction_before": round(sum(pre) / len(pre), 4) if pre else None,
+            "goodput_fraction_during_failure": round(sum(during) / len(during), 4) if during else None,
+            "goodput_fraction_min_bin": round(min(during), 4) if during else None,
+            "required_fraction": round((1 - failed_share) * 0.9, 4),
+            "reroute_s": (last - fail_ns) / 1e9 if last is not None else 0.0,
+            "max_stall_s": stall * bin_ns / 1e9,
+            "lost_on_failed_link": fab.lost_on_link[li],
+            "dropped_at_failed_link": fab.down_data_drops.get(li, 0),
+            "wall_s": round(wall, 2),
+            "drops": dict(fab.drops),
+            **tr.counters(),
+        }
+        if variant != "ecmp":
+            rtt = base_rtt_ns(fab, spec.mtu)
+            res["base_rtt_s"] = rtt / 1e9
+            res["reroute_rtts"] = round((last - fail_ns) / rtt, 1) if last is not None else 0.0
+            ctx_events = sum(len(q.paths.events) for q, _ in tr.qps)
+            res["ev_events"] = ctx_events
+        else:
+            res["connections_on_failed_link"] = affected
+        results[variant] = res
+    return {
+        "experiment": "failover",
+        "config": {**asdict(spec), "duration_ns": duration_ns, "fail_ns": fail_ns,
+                   "heal_ns": None if heal_ns >= NEVER else heal_ns, "flap_ns": flap_ns, "link": [a, b],
+                   "bin_ns": bin_ns, "failed_share_of_paths": round(failed_share, 4),
+                   "capacity_gbps": round(cap * 8 / 1e9, 2)},
+        "results": results,
+        "timeline": {"bin_s": bin_ns / 1e9, "goodput_fraction": {k: [round(x, 4) for x in v]
+                                                                 for k, v in timelines.items()}},
+        **speed.doc(),
+    }
+
+
+# ============================================================================================ incast
+
+
+def incast(spec: RunSpec, senders: int = 16, size: int = 1 << 20, time_limit_ns: int = 50_000_000,
+           progress: Progress | None = None) -> dict[str, Any]:
+    """`senders` hosts on other leaves each WRITE `size` bytes to host 0 at t = 0; message completion
+    times (at the requester), retransmission timeouts and the receiver's downlink queues."""
+    fs = spec.fabric
+    if fs.hosts - fs.hosts_per_leaf < senders:
+        raise ValueError(f"{senders} senders need {senders} hosts off the receiver's leaf; the fabric has "
+                         f"{fs.hosts - fs.hosts_per_leaf}")
+    srcs = list(range(fs.hosts_per_leaf, fs.hosts_per_leaf + senders))
+    flows = [Flow(s, 0, size) for s in srcs]
+    speed = _Speed()
+    results: dict[str, Any] = {}
+    cdfs: dict[str, list[float]] = {}
+    for variant in spec.variants:
+        topo = fs.topology()
+        fab = Fabric(topo, fs.params(trimming=variant != "mrc-notrim"))
+        tr = Traffic(fab, variant, flows, _host_params(spec), time_limit_ns)
+        down_ports = [fab.port_of(topo.leaf_name(p, 0), topo.hosts[0][0]) for p in range(fs.planes)]
+        occ: list[int] = []
+
+        def sample_q(t: int, fab: Fabric = fab, tr: Traffic = tr, occ: list[int] = occ,
+                     ports: list[int] = down_ports) -> None:
+            occ.append(sum(max(0, int((fab.busy[k] - t) * fab.rate_Bpns)) for k in ports))
+            tr.poll(t)
+            if not tr.all_done():
+                fab.at(t + 1_000, lambda t2: sample_q(t2))
+
+        fab.at(0, sample_q)
+        if progress:
+            progress(f"incast {variant}: {senders} x {size} bytes -> {topo.hosts[0][0]} ...")
+        t0 = time.perf_counter()
+        fab.run(until_ns=time_limit_ns, stop=tr.all_done, check_every=1024,
+                progress=_reporter(progress, variant, time_limit_ns))
+        tr.poll(fab.now)
+        wall = time.perf_counter() - t0
+        speed.add(fab)
+        done = sorted(d / 1e9 for d in tr.done_ns if d >= 0)
+        cdfs[variant] = done
+        ok = sum(1 for s in tr.status if s == "SUCCESS")
+
+        def pct(q: float, done: list[float] = done) -> float | None:
+            if not done:
+                return None
+            return done[min(len(done) - 1, max(0, round(q * len(done) + 0.5) - 1))]
+
+        ideal = senders * size / (fs.planes * fs.rate_gbps * 1e9 / 8 * efficiency(spec.mtu))
+        results[variant] = {
+            "completed": ok,
+            "p50_s": pct(0.50),
+            "p99_s": pct(0.99),
+            "max_s": done[-1] if done else None,
+            "ideal_s": round(ideal, 9),
+            "queue_max_bytes": max(fab.port_max_backlog[k] for k in down_ports),
+            "queue_mean_bytes": round(sum(occ) / len(occ)) if occ else 0,
+            "trims": fab.trims,
+            "drops": dict(fab.drops),
+            "wall_s": round(wall, 2),
+            **tr.counters(),
+        }
+    return {
+        "experiment": "incast",
+        "config": {**asdict(spec), "senders": senders, "size_bytes": size, "receiver": "h0"},
+        "results": results,
+        "completion_s": cdfs,
+        **speed.doc(),
+    }

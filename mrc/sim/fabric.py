@@ -1,0 +1,504 @@
+"""Discrete-event fabric simulator: a multi-plane two-tier Clos from `mrc.topology`, forwarding by the
+SRv6 micro-SID container exactly as the testbed's switches do, with hosts that run the unmodified
+`mrc.transport` engines (or the single-path baseline of `mrc.sim.roce`) through the sans-I/O interface.
+
+Model (docs/sim.md has the details and the reasons):
+
+* Every link is two **egress ports** (one per direction) with the topology's rate, a propagation delay and
+  an output FIFO. A port is work-conserving and FIFO, so a packet's departure time is known when it is
+  enqueued: ``start = max(now, busy_until)``, ``busy_until = start + serialization``; its arrival at the
+  next node is one heap event. The backlog a packet finds is ``(busy_until - now) × rate``: ECN-CE above
+  ``ecn_bytes``, trimming above ``trim_bytes`` (data packets keep their headers up to MXH, TRIMMED set, and
+  jump the queue as the priority queue of trimmed headers does), drop above ``buffer_bytes``.
+* **Forwarding** is static: a switch holds one route per neighbour's micro-SID, and on arrival it shifts
+  the container left by 16 bits (``End`` with NEXT-C-SID) and sends the packet to the port of the new
+  active micro-SID; the destination host decapsulates (``End.DT6``). A host maps (destination, EV index)
+  to (plane port, container) from the path table the controller would install.
+* **Failures**: a link goes down (both directions) and up on a schedule. Every packet queued on or
+  travelling over the link when it fails is lost (a per-link epoch stamped on each packet), and packets
+  that reach a down link later are dropped (the kernel removed the static route; nothing falls back).
+* **Hosts**: a NIC egress port per plane (serialization at the port rate, unbounded queue: the
+  transport's windows bound it), an engine driven exactly like the loopback harness: deliver, collect
+  ``datagrams_to_send``, re-arm one timer from ``next_deadline``.
+
+Everything random (ECMP hash keys, permutations) comes from seeded generators: a run is a pure function
+of its configuration and seed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+from mrc.topology import ROLE_HOST, ROLE_LEAF, ROLE_SPINE, Topology
+from mrc.transport.qp import NEVER
+from mrc.wire.packet import trim_in_place
+
+#: Bytes on the wire around the UDP payload the engine produces: outer IPv6 (40) + inner IPv6 (40) +
+#: UDP (8) + Ethernet header and FCS (18) + preamble and inter-frame gap (20).
+WIRE_OVERHEAD: Final = 40 + 40 + 8 + 18 + 20
+_M96: Final = (1 << 96) - 1
+_HOST_PORT_BUFFER: Final = 1 << 62
+#: Packets with at most this many UDP payload bytes (control packets: SACK, NACK, probes, port status;
+#: trimmed headers) use every port's priority queue: they leave after the packet in service, ahead of
+#: the data backlog, as an ACK/trim class does in a real fabric.
+PRIO_BYTES: Final = 255
+
+# event kinds (third field of a heap entry; >= 0 is "arrival over egress port k")
+_EV_TIMER: Final = -1
+_EV_CALL: Final = -2
+
+
+class Endpoint(Protocol):
+    """What a simulated host runs: the sans-I/O driver interface of `mrc.transport.Context`."""
+
+    def receive(
+        self, data: Any, now: int, ecn: bool = False, port: int = 0, src: bytes | None = None
+    ) -> None: ...
+
+    def handle_timer(self, now: int) -> None: ...
+
+    def datagrams_to_send(self, now: int) -> list[Any]: ...
+
+    def next_deadline(self) -> int | None: ...
+
+
+@dataclass
+class FabricParams:
+    """Switch port behaviour (every fabric port alike) and link timing."""
+
+    rate_bps: int = 100_000_000_000
+    delay_ns: int = 500  # propagation delay of every link
+    buffer_bytes: int = 512 * 1024  # drop above this backlog
+    ecn_bytes: int = 64 * 1024  # CE-mark above this backlog
+    trim_bytes: int | None = 256 * 1024  # trim data packets above this backlog; None: no trimming
+    wire_overhead: int = WIRE_OVERHEAD
+
+    def ser_ns(self, wire_bytes: int) -> int:
+        return (wire_bytes * 8_000_000_000 + self.rate_bps - 1) // self.rate_bps
+
+
+class Router(Protocol):
+    def __call__(self, dg: Any) -> tuple[int, int, int]: ...
+
+
+class Fabric:
+    """The network and the event loop. Build it from a topology, attach an endpoint per host with a
+    router (datagram -> (NIC egress port id, container, payload bytes)), then `run`."""
+
+    def __init__(self, topo: Topology, params: FabricParams | None = None) -> None:
+        self.topo = topo
+        self.p = p = params or FabricParams()
+        self.rate_Bpns = p.rate_bps / 8e9
+        self.ovh = p.wire_overhead
+        self._ser: dict[int, int] = {}
+        # ---- nodes: hosts 0..H-1, then switches
+        self.nhosts = len(topo.hosts)
+        self.node_names: list[str] = [n for n, _ in topo.hosts]
+        self.node_index: dict[str, int] = {n: i for i, n in enumerate(self.node_names)}
+        for sw in topo.switches():
+            self.node_index[sw.name] = len(self.node_names)
+            self.node_names.append(sw.name)
+        nn = len(self.node_names)
+        self.fib: list[dict[int, int]] = [{} for _ in range(nn)]  # switch: next uSID -> egress port
+        # ---- ports (egress side of each link direction) and links
+        self.port_node: list[int] = []  # the node the port sends TO
+        self.port_from: list[int] = []
+        self.port_link: list[int] = []
+        self.port_plane: list[int] = []
+        self.port_buffer: list[int] = []
+        self.busy: list[int] = []
+        self.port_tx_bytes: list[int] = []
+        self.port_max_backlog: list[int] = []
+        self.link_names: list[tuple[str, str]] = []
+        self.link_index: dict[frozenset[str], int] = {}
+        self.link_up: list[bool] = []
+        self.link_epoch: list[int] = []
+        self.link_ports: list[tuple[int, int]] = []
+        #: host index -> plane -> NIC egress port
+        self.host_port: list[list[int]] = [[-1] * topo.planes for _ in range(self.nhosts)]
+        self.port_index: dict[tuple[str, str], int] = {}
+        for lk in topo.links():
+            a, b = self.node_index[lk.a], self.node_index[lk.b]
+            li = len(self.link_names)
+            self.link_names.append((lk.a, lk.b))
+            self.link_index[frozenset((lk.a, lk.b))] = li
+            self.link_up.append(True)
+            self.link_epoch.append(0)
+            up = self._add_port(a, b, li, lk.plane, lk.kind == "host-leaf")
+            down = self._add_port(b, a, li, lk.plane, False)
+            self.link_ports.append((up, down))
+            self.port_index[(lk.a, lk.b)] = up
+            self.port_index[(lk.b, lk.a)] = down
+            ua = self._usid(lk.a, lk.plane)
+            ub = self._usid(lk.b, lk.plane)
+            if a >= self.nhosts:
+                self.fib[a][ub] = up
+            else:
+                self.host_port[a][lk.plane] = up
+            self.fib[b][ua] = down
+        # ---- hosts
+        self.endpoints: list[Endpoint | None] = [None] * self.nhosts
+        self.routers: list[Router | None] = [None] * self.nhosts
+        self.timer_at = [NEVER] * self.nhosts
+        # ---- event loop
+        self.heap: list[tuple[Any, ...]] = []
+        self.seq = 0
+        self.now = 0
+        self.events = 0
+        self.hops = 0
+        self.wall_s = 0.0
+        self.drops: dict[str, int] = {}
+        self.trims = 0
+        self.ecn_marks = 0
+        self.lost_on_link: list[int] = [0] * len(self.link_names)
+        self.down_data_drops: dict[int, int] = {}
+        self.last_down_data_drop: dict[int, int] = {}
+        #: optional hook per packet delivered to a host: (host, plane, data, now)
+        self.on_deliver: Callable[[int, int, Any, int], None] | None = None
+
+    # ------------------------------------------------------------------ construction helpers
+
+    def _usid(self, name: str, plane: int) -> int:
+        return self.topo.node_usid(name, plane)
+
+    def _add_port(self, frm: int, to: int, link: int, plane: int, host_nic: bool) -> int:
+        k = len(self.port_node)
+        self.port_node.append(to)
+        self.port_from.append(frm)
+        self.port_link.append(link)
+        self.port_plane.append(plane)
+        self.port_buffer.append(_HOST_PORT_BUFFER if host_nic else self.p.buffer_bytes)
+        self.busy.append(0)
+        self.port_tx_bytes.append(0)
+        self.port_max_backlog.append(0)
+        return k
+
+    def ser(self, wire_bytes: int) -> int:
+        s = self._ser.get(wire_bytes)
+        if s is None:
+            s = self._ser[wire_bytes] = self.p.ser_ns(wire_bytes)
+        return s
+
+    def container(self, usids: tuple[int, ...] | list[int]) -> int:
+        """The 96 bits of a micro-SID container after the 32-bit block (first uSID in the top 16)."""
+        v = 0
+        for i, u in enumerate(usids):
+            v |= (u & 0xFFFF) << (80 - 16 * i)
+        return v
+
+    def path_container(self, src: int, dst: int, plane: int, spine: int | None) -> tuple[int, int]:
+        """(NIC egress port, container) of the path src -> dst in `plane` via `spine` (None: same leaf),
+        the same micro-SID list as `Topology.path` ([leaf, spine, leaf, host port])."""
+        topo = self.topo
+        ls, ld = topo.hosts[src][1], topo.hosts[dst][1]
+        dport = topo.usid(plane, ROLE_HOST, dst)
+        if ls == ld:
+            usids: tuple[int, ...] = (topo.usid(plane, ROLE_LEAF, ls), dport)
+        else:
+            assert spine is not None
+            usids = (topo.usid(plane, ROLE_LEAF, ls), topo.usid(plane, ROLE_SPINE, spine),
+                      topo.usid(plane, ROLE_LEAF, ld), dport)
+        return self.host_port[src][plane], self.container(usids)
+
+    def attach(self, host: int, endpoint: Endpoint, router: Router) -> None:
+        self.endpoints[host] = endpoint
+        self.routers[host] = router
+
+    # ------------------------------------------------------------------ schedule
+
+    def at(self, t: int, fn: Callable[[int], None]) -> None:
+        """Call fn(t) at virtual time t (failures, samplers, traffic starts)."""
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, _EV_CALL, fn, 0, None, 0, False))
+
+    def link(self, a: str, b: str) -> int:
+        try:
+            return self.link_index[frozenset((a, b))]
+        except KeyError:
+            raise KeyError(f"no link between {a} and {b}") from None
+
+    def set_link(self, li: int, up: bool, now: int) -> None:
+        """Take a link down (both directions; what is queued or on the wire is lost) or up."""
+        if self.link_up[li] == up:
+            return
+        self.link_up[li] = up
+        self.link_epoch[li] += 1
+        if not up:
+            for k in self.link_ports[li]:
+                self.busy[k] = now  # the queue is gone with the link
+
+    def fail_link(self, a: str, b: str, start_ns: int, end_ns: int = NEVER) -> None:
+        li = self.link(a, b)
+        self.at(start_ns, lambda t: self.set_link(li, False, t))
+        if end_ns < NEVER:
+            self.at(end_ns, lambda t: self.set_link(li, True, t))
+
+    def _down_drop(self, li: int, data: Any, t: int) -> None:
+        """A packet reached a link that is down: dropped (no route). Data packets are timed per link:
+        the last one tells when senders stopped using the dead link (probes excepted)."""
+        self._drop("link_down")
+        if is_data(data):
+            self.down_data_drops[li] = self.down_data_drops.get(li, 0) + 1
+            self.last_down_data_drop[li] = t
+
+    def _drop(self, reason: str) -> None:
+        d = self.drops
+        d[reason] = d.get(reason, 0) + 1
+
+    # ------------------------------------------------------------------ sending
+
+    def send_from_host(self, h: int, out: list[Any], t: int) -> None:
+        """Put a host's datagrams on its NIC ports (FIFO at the port rate) toward the first leaf."""
+        route = self.routers[h]
+        assert route is not None
+        busy = self.busy
+        ser = self._ser
+        ovh = self.ovh
+        delay = self.p.delay_ns
+        heap = self.heap
+        push = heapq.heappush
+        link_of = self.port_link
+        epoch = self.link_epoch
+        up = self.link_up
+        tx = self.port_tx_bytes
+        for dg in out:
+            port, cont, n = route(dg)
+            li = link_of[port]
+            if not up[li]:
+                self._down_drop(li, dg[0], t)
+                continue
+            w = n + ovh
+            s = ser.get(w)
+            if s is None:
+                s = self.ser(w)
+            b = busy[port]
+            if b < t:
+                b = t
+            if n <= PRIO_BYTES:
+                end = t + s
+                busy[port] = b + s
+            else:
+                end = b + s
+                busy[port] = end
+            tx[port] += w
+            self.seq += 1
+            push(heap, (end + delay, self.seq, port, epoch[li], cont, dg[0], n, False))
+
+    # ------------------------------------------------------------------ the event loop
+
+    def run(
+        self,
+        until_ns: int = NEVER,
+        stop: Callable[[], bool] | None = None,
+        check_every: int = 4096,
+        progress: Callable[[Fabric], None] | None = None,
+        progress_every_s: float = 2.0,
+    ) -> int:
+        """Process events until the heap is empty, `until_ns` passes or `stop()` is true (checked every
+        `check_every` events). `progress(self)` is called about every `progress_every_s` wall seconds."""
+        heap = self.heap
+        pop = heapq.heappop
+        push = heapq.heappush
+        endpoints = self.endpoints
+        timer_at = self.timer_at
+        nhosts = self.nhosts
+        port_node = self.port_node
+        port_link = self.port_link
+        port_plane = self.port_plane
+        port_buffer = self.port_buffer
+        max_backlog = self.port_max_backlog
+        tx = self.port_tx_bytes
+        busy = self.busy
+        fib = self.fib
+        link_up = self.link_up
+        link_epoch = self.link_epoch
+        lost_on_link = self.lost_on_link
+        rate = self.rate_Bpns
+        ovh = self.ovh
+        delay = self.p.delay_ns
+        ecn_k = self.p.ecn_bytes
+        trim_t = self.p.trim_bytes
+        trimming = trim_t is not None
+        if trim_t is None:
+            trim_t = NEVER
+        ser = self._ser
+        serf = self.ser
+        send_from_host = self.send_from_host
+        on_deliver = self.on_deliver
+        events = 0
+        hops = 0
+        t0 = time.perf_counter()
+        next_progress = t0 + progress_every_s
+        while heap:
+            ev = heap[0]
+            t = ev[0]
+            if t > until_ns:
+                self.now = until_ns
+                break
+            pop(heap)
+            kind = ev[2]
+            events += 1
+            if kind >= 0:
+                hops += 1
+                li = port_link[kind]
+                if ev[3] != link_epoch[li]:  # the link failed while the packet was queued or on it
+                    lost_on_link[li] += 1
+                    self._drop("link_failed")
+                    continue
+                node = port_node[kind]
+                data = ev[5]
+                n = ev[6]
+                ecn = ev[7]
+                if node < nhosts:
+                    eng = endpoints[node]
+                    if eng is None:
+                        self._drop("no_endpoint")
+                        continue
+                    self.now = t
+                    if on_deliver is not None:
+                        on_deliver(node, port_plane[kind], data, t)
+                    eng.receive(data, t, ecn, port_plane[kind])
+                    out = eng.datagrams_to_send(t)
+                    if out:
+                        send_from_host(node, out, t)
+                    dl = eng.next_deadline()
+                    if dl is not None and dl < timer_at[node]:
+                        timer_at[node] = dl
+                        self.seq += 1
+                        push(heap, (dl if dl > t else t, self.seq, _EV_TIMER, node, 0, None, 0, False))
+                    continue
+                # a switch: End with NEXT-C-SID (shift the container), then the static route
+                cont = (ev[4] << 16) & _M96
+                port = fib[node].get(cont >> 80, -1)
+                if port < 0:
+                    self._drop("no_route")
+                    continue
+                li = port_link[port]
+                if not link_up[li]:
+                    self._down_drop(li, data, t)
+                    continue
+                b = busy[port]
+                if b > t:
+                    q = int((b - t) * rate)
+                    if q > max_backlog[port]:
+                        max_backlog[port] = q
+                else:
+                    q = 0
+                    b = t
+                if q > ecn_k:
+                    ecn = True
+                    self.ecn_marks += 1
+                w = n + ovh
+                if q > trim_t and type(data) is bytearray and data[0] < 0x10:
+                    # trimmed: headers only, served from the priority queue ahead of the backlog
+                    n = trim_in_place(data, n)
+                    del data[n:]
+                    w = n + ovh
+                    self.trims += 1
+                    s = ser.get(w)
+                    if s is None:
+                        s = serf(w)
+                    busy[port] = b + s
+                    tx[port] += w
+                    self.seq += 1
+                    push(heap, (t + s + delay, self.seq, port, link_epoch[li], cont, data, n, ecn))
+                    continue
+                s = ser.get(w)
+                if s is None:
+                    s = serf(w)
+                if n <= PRIO_BYTES:  # control packets: the priority queue
+                    busy[port] = b + s
+                    tx[port] += w
+                    self.seq += 1
+                    push(heap, (t + s + delay, self.seq, port, link_epoch[li], cont, data, n, ecn))
+                    continue
+                if q + w > port_buffer[port]:
+                    self._drop("buffer" if trimming else "buffer_no_trim")
+                    continue
+                b += s
+                busy[port] = b
+                tx[port] += w
+                self.seq += 1
+                push(heap, (b + delay, self.seq, port, link_epoch[li], cont, data, n, ecn))
+            elif kind == _EV_TIMER:
+                node = ev[3]
+                if timer_at[node] != t:
+                    continue
+                timer_at[node] = NEVER
+                eng = endpoints[node]
+                assert eng is not None
+                self.now = t
+                eng.handle_timer(t)
+                out = eng.datagrams_to_send(t)
+                if out:
+                    send_from_host(node, out, t)
+                dl = eng.next_deadline()
+                if dl is not None and dl < timer_at[node]:
+                    timer_at[node] = dl
+                    self.seq += 1
+                    push(heap, (dl if dl > t else t, self.seq, _EV_TIMER, node, 0, None, 0, False))
+            else:
+                self.now = t
+                ev[3](t)
+            if not events & 1023:
+                if stop is not None and not events % check_every and stop():
+                    break
+                if progress is not None:
+                    now_w = time.perf_counter()
+                    if now_w >= next_progress:
+                        self.events += events
+                        self.hops += hops
+                        self.wall_s += now_w - t0
+                        events = hops = 0
+                        t0 = now_w
+                        next_progress = now_w + progress_every_s
+                        progress(self)
+        else:
+            if until_ns < NEVER:
+                self.now = max(self.now, until_ns)
+        self.events += events
+        self.hops += hops
+        self.wall_s += time.perf_counter() - t0
+        return events
+
+    def kick(self, h: int, now: int) -> None:
+        """Let host h send what its endpoint has (after posting work) and arm its timer."""
+        eng = self.endpoints[h]
+        assert eng is not None
+        out = eng.datagrams_to_send(now)
+        if out:
+            self.send_from_host(h, out, now)
+        dl = eng.next_deadline()
+        if dl is not None and dl < self.timer_at[h]:
+            self.timer_at[h] = dl
+            self.seq += 1
+            heapq.heappush(self.heap, (max(dl, now), self.seq, _EV_TIMER, h, 0, None, 0, False))
+
+    # ------------------------------------------------------------------ introspection
+
+    def hops_per_s(self) -> float:
+        return self.hops / self.wall_s if self.wall_s > 0 else 0.0
+
+    def port_of(self, a: str, b: str) -> int:
+        """The egress port of node a toward node b."""
+        return self.port_index[(a, b)]
+
+
+def is_data(data: Any) -> bool:
+    """An MRC data packet (WRITE opcodes) or a baseline data packet."""
+    if isinstance(data, bytearray | bytes | memoryview):
+        return len(data) > 0 and data[0] < 0x10
+    return getattr(data, "kind", -1) == 0
+
+
+def spine_of_ev(ev: int, planes: int, spines: int) -> int:
+    """The spine an EV value selects in its plane (the controller's path table): EV v on plane v % P
+    goes through spine (v // P) % S, so every plane's EVs cover its spines evenly."""
+    return (ev // planes) % spines if spines else 0
+
+
+__all__ = ["WIRE_OVERHEAD", "Endpoint", "Fabric", "FabricParams", "is_data", "spine_of_ev"]
