@@ -8,7 +8,8 @@
  *   - a virtual queue: a token bucket drained at the port's rate. Above ecn_k queued bytes an ECN-capable
  *     packet is marked CE; above trim_t an MRC data packet is cut to the end of MXH (TRIMMED and PRIO set,
  *     outer and inner IPv6 payload lengths and UDP length fixed, UDP checksum 0, high skb priority);
- *     above buffer the packet is dropped. Order of load: marks, then trims, then drops.
+ *     a packet (trimmed or not) that does not fit in buffer is dropped. Order of load: marks, then trims,
+ *     then drops (trimmed headers overflow the buffer only far beyond the trimming threshold).
  * One action per packet, counted per (port, action). Ports without configuration pass everything.
  */
 #include <uapi/linux/bpf.h>
@@ -132,16 +133,17 @@ int switch_port(struct __sk_buff *skb)
 	__u64 backlog = q->backlog > drained ? q->backlog - drained : 0;
 	q->last_ns = now;
 	__u32 action = MRC_SW_FORWARD;
-	if (backlog + len > cfg->buffer) {
-		q->backlog = backlog;
-		return act(port, MRC_SW_DROP_BUFFER, len);
-	}
+	/* above T an MRC data packet is cut to its headers first: only what still does not fit is dropped */
 	if (backlog > cfg->trim_t) {
 		__u32 hl = trimmable(skb);
 		if (hl && trim(skb, hl) == 0 && skb->len < len) {
 			action = MRC_SW_TRIM;
 			len = skb->len;
 		}
+	}
+	if (backlog + len > cfg->buffer) {
+		q->backlog = backlog;
+		return act(port, MRC_SW_DROP_BUFFER, len);
 	}
 	if (action == MRC_SW_FORWARD && backlog > cfg->ecn_k && ecn != MRC_ECN_NOT_ECT) {
 		data = (void *)(long)skb->data;
