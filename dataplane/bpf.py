@@ -244,7 +244,7 @@ class Program:
             ensure_bpffs()
             pdir.mkdir(parents=True, exist_ok=False)
             for mname, mspec in spec.maps.items():
-                fd = os.dup(b.get_table(mname).map_fd)
+                fd = os.dup(b.get_table(mname.encode()).map_fd)
                 maps[mname] = Map(mname, fd, mspec)
                 bpfsys.pin(fd, pdir / mname)
                 record["maps"][mname] = str(pdir / mname)
