@@ -1,0 +1,84 @@
+"""`mrcctl sim run`: JSON documents, tables, plots, input errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from mrc.ctl.cli import main
+
+SMALL = ["--planes", "2", "--spines", "2"]
+
+
+def _json(capsys: pytest.CaptureFixture[str], args: list[str]) -> dict:
+    rc = main(["sim", "run", *args, "-j"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and err == "", err
+    return json.loads(out)
+
+
+def test_permutation_json(capsys: pytest.CaptureFixture[str]) -> None:
+    doc = _json(capsys, ["permutation", "--hosts", "8", *SMALL, "--duration", "40us", "--warmup", "10us",
+                         "--variants", "ecmp,mrc,mrc-1plane"])
+    assert doc["experiment"] == "permutation"
+    assert set(doc["results"]) == {"ecmp", "mrc", "mrc-1plane"}
+    for r in doc["results"].values():
+        assert 0 < r["capacity_fraction"] <= 1.0
+    assert doc["results"]["mrc-1plane"]["capacity_fraction"] <= 0.5  # one plane of two
+    e = doc["results"]["ecmp"]
+    assert {"derived_expected", "derived_this_draw", "uplink_only_bound"} <= set(e)
+    assert doc["events_per_s"] > 0 and doc["hops_per_s"] > 0
+
+
+def test_failover_json_and_text(capsys: pytest.CaptureFixture[str]) -> None:
+    doc = _json(capsys, ["failover", *SMALL, "--duration", "300us", "--fail-at", "100us", "--bin", "10us",
+                         "--link", "p1l0-p1s0", "--variants", "mrc,ecmp", "--reconverge", "100us"])
+    assert doc["config"]["link"] == ["p1l0", "p1s0"]
+    for v in ("mrc", "ecmp"):
+        r = doc["results"][v]
+        assert {"goodput_fraction_during_failure", "reroute_s", "max_stall_s", "retx_bytes"} <= set(r)
+    assert len(doc["timeline"]["goodput_fraction"]["mrc"]) == 30
+    rc = main(["sim", "run", "failover", *SMALL, "--duration", "200us", "--fail-at", "50us", "--flap", "40us",
+               "--variants", "mrc"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and "flapping every 40 us" in out and "REROUTE US" in out and "failover mrc" in err
+
+
+def test_incast_text(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["sim", "run", "incast", "--senders", "3", "--size", "64K", *SMALL, "--hosts-per-leaf", "2"])
+    out, _ = capsys.readouterr()
+    assert rc == 0
+    assert "P99 US" in out and "mrc-notrim" in out and "hops/s" in out
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
+                    reason="matplotlib (the optional 'plot' extra) is not installed")
+def test_plot_is_a_png(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    png = tmp_path / "incast.png"
+    doc = _json(capsys, ["incast", "--senders", "2", "--size", "32K", *SMALL, "--hosts-per-leaf", "2",
+                         "--plot", str(png)])
+    assert doc["plot"] == str(png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["permutation", "--hosts", "10", "--spines", "4"], "multiple of hosts per leaf"),
+        (["permutation", "--variants", "tcp"], "unknown variant"),
+        (["permutation", "--hosts", "8", "--duration", "10us", "--warmup", "20us", *SMALL], "warmup"),
+        (["failover", "--link", "p0l0-h0"], "leaf-spine"),
+        (["failover", "--link", "p0l0-p9s0"], "no link"),
+        (["failover", "--fail-at", "5ms"], "inside the run"),
+        (["incast", "--senders", "40", "--leaves", "2"], "senders need"),
+        (["incast", "--ecn", "1M", "--buffer", "512K"], "must not exceed"),
+        (["incast", "--size", "lots"], "bad size"),
+    ],
+)
+def test_bad_input(capsys: pytest.CaptureFixture[str], args: list[str], needle: str) -> None:
+    rc = main(["sim", "run", *args, "-j"])
+    out, _ = capsys.readouterr()
+    assert rc != 0 and needle in json.loads(out)["error"]

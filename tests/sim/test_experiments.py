@@ -1,0 +1,125 @@
+"""The unmodified engines on the fabric, the baseline, the derivations, and determinism by seed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mrc import topology
+from mrc.sim import derive
+from mrc.sim.experiments import FabricSpec, RunSpec, efficiency, failover, incast, permutation
+from mrc.sim.fabric import Fabric, FabricParams, spine_of_ev
+from mrc.sim.hosts import Flow, HostParams, Traffic
+from mrc.transport import EvState
+
+
+def _run(variant: str, flows: list[Flow], until: int, topo: topology.Topology | None = None,
+         fail: tuple[str, str, int] | None = None) -> tuple[Fabric, Traffic]:
+    topo = topo or topology.generate(2, 2, 2, 2)
+    fab = Fabric(topo, FabricParams())
+    tr = Traffic(fab, variant, flows, HostParams(), until)
+    if fail is not None:
+        li = fab.link(fail[0], fail[1])
+        fab.at(fail[2], lambda t: fab.set_link(li, False, t))
+    fab.run(until_ns=until, stop=lambda: (tr.poll(fab.now), tr.all_done())[1] if any(
+        f.size for f in flows) else False, check_every=1024)
+    tr.poll(fab.now)
+    return fab, tr
+
+
+def test_mrc_flow_reaches_the_nic_rate_over_two_planes() -> None:
+    # h0 -> h2 (other leaf), 2 planes x 100 Gb/s: payload capacity 2 x 100e9/8 x 4096/4278 bytes/s
+    until = 150_000
+    fab, tr = _run("mrc", [Flow(0, 2, None)], until)
+    cap = 2 * 100e9 / 8 * efficiency(4096)
+    frac = tr.delivered()[0] / (cap * until / 1e9)
+    assert 0.93 <= frac <= 1.0  # includes the first RTT of the run
+    assert not fab.drops and tr.counters()["retx_packets"] == 0
+
+
+def test_finite_write_over_the_fabric_is_bit_exact() -> None:
+    _fab, tr = _run("mrc", [Flow(0, 3, 300_000), Flow(1, 2, 200_000)], 5_000_000)
+    assert tr.status == ["SUCCESS", "SUCCESS"]
+    for (sb, db), f in zip(tr.bufs, tr.flows, strict=True):
+        assert np.array_equal(sb[: f.size], db)
+
+
+def test_failure_retires_exactly_the_evs_through_the_dead_link() -> None:
+    # 128 EVs over 2 planes x 2 spines: EV v -> plane v % 2, spine (v // 2) % 2; the link p0l0-p0s1 is on
+    # the 32 EVs of plane 0 / spine 1. A long flow h0 -> h2 retires those and only those.
+    P, S = 2, 2
+    _fab, tr = _run("mrc", [Flow(0, 2, None)], 400_000, fail=("p0l0", "p0s1", 100_000))
+    qa = tr.qps[0][0]
+    bad = {i for i, s in enumerate(qa.paths.state) if s == EvState.ASSUMED_BAD}
+    on_link = {i for i, e in enumerate(qa.paths.profile.entries)
+               if e.port == 0 and spine_of_ev(e.ev, P, S) == 1}
+    assert len(on_link) == 32 and bad == on_link
+    assert tr.counters()["rto_count"] == 0
+
+
+def test_ecmp_baseline_pins_a_connection_to_one_spine() -> None:
+    fab, tr = _run("ecmp", [Flow(0, 2, None)], 100_000)
+    for c in tr.conns[0]:
+        spine = tr.routing.spine(0, 2, c.sport, c.plane)
+        assert spine is not None
+        used = fab.port_tx_bytes[fab.port_of(f"p{c.plane}l0", f"p{c.plane}s{spine}")]
+        unused = fab.port_tx_bytes[fab.port_of(f"p{c.plane}l0", f"p{c.plane}s{1 - spine}")]
+        assert used > 0 and unused == 0
+
+
+def test_ecmp_finite_transfer_completes_and_recovers_by_go_back_n() -> None:
+    # two connections per plane collide on one 100 Gb/s path with a small buffer: drops, NAKs, rewinds
+    topo = topology.generate(1, 2, 1, 2)
+    fab = Fabric(topo, FabricParams(buffer_bytes=24 * 1024, ecn_bytes=16 * 1024, trim_bytes=None))
+    flows = [Flow(0, 2, 1 << 20), Flow(1, 3, 1 << 20)]
+    tr = Traffic(fab, "ecmp", flows, HostParams(), 50_000_000)
+    fab.run(until_ns=50_000_000)
+    tr.poll(fab.now)
+    assert tr.status == ["SUCCESS", "SUCCESS"]
+    assert tr.delivered() == [1 << 20, 1 << 20]
+
+
+def test_maxmin_and_uplink_bound_by_hand() -> None:
+    # flows 0 and 1 share link 10, flow 2 shares link 11 with flow 1: flow 1 and 0 get 1/2, flow 2 1/2
+    assert derive.maxmin([[10], [10, 11], [11]]) == [0.5, 0.5, 0.5]
+    assert derive.maxmin([[10], [10], [10], [11]]) == pytest.approx([1 / 3, 1 / 3, 1 / 3, 1.0])
+    # 8 connections on 8 uplinks: E[busy] = 8 (1 - (7/8)^8)
+    assert derive.uplink_bound(8, 8) == pytest.approx(1 - (7 / 8) ** 8)
+    assert derive.uplink_bound(1, 4) == 1.0
+    # everybody on one spine: per leaf the uplink carries all 2 cross-leaf flows
+    share = derive.ecmp_plane_share(2, 2, [2, 3, 0, 1], [0, 0, 0, 0])
+    assert share == pytest.approx(0.5)
+
+
+SMALL = FabricSpec(planes=2, leaves=2, spines=2, hosts_per_leaf=2)
+
+
+def _strip(doc: dict) -> dict:
+    """Drop the wall-clock fields: everything else is a function of the configuration and seed."""
+    skip = {"wall_s", "hops_per_s", "events_per_s", "sim_wall_s"}
+    if isinstance(doc, dict):
+        return {k: _strip(v) for k, v in doc.items() if k not in skip}
+    return doc
+
+
+def test_same_seed_same_result_different_seed_different_draw() -> None:
+    spec = RunSpec(fabric=SMALL, variants=("ecmp", "mrc"), seed=5)
+    a = permutation(spec, duration_ns=40_000, warmup_ns=10_000)
+    b = permutation(spec, duration_ns=40_000, warmup_ns=10_000)
+    assert _strip(a) == _strip(b)
+    c = permutation(RunSpec(fabric=SMALL, variants=("ecmp",), seed=6), duration_ns=40_000, warmup_ns=10_000)
+    assert _strip(c)["results"]["ecmp"] != _strip(a)["results"]["ecmp"]
+    f1 = failover(RunSpec(fabric=SMALL, variants=("mrc",)), duration_ns=300_000, fail_ns=100_000)
+    f2 = failover(RunSpec(fabric=SMALL, variants=("mrc",)), duration_ns=300_000, fail_ns=100_000)
+    assert _strip(f1) == _strip(f2)
+
+
+def test_incast_with_trimming_recovers_without_timeouts() -> None:
+    spec = RunSpec(fabric=FabricSpec(planes=2, leaves=2, spines=2, hosts_per_leaf=4, buffer_bytes=128 << 10,
+                                     ecn_bytes=32 << 10, trim_bytes=64 << 10),
+                   variants=("mrc", "mrc-notrim"))
+    doc = incast(spec, senders=4, size=256 << 10)
+    r = doc["results"]
+    assert r["mrc"]["completed"] == 4 and r["mrc-notrim"]["completed"] == 4
+    assert r["mrc"]["trims"] > 0 and r["mrc"]["rto_count"] == 0
+    assert r["mrc-notrim"]["trims"] == 0 and r["mrc-notrim"]["drops"]
