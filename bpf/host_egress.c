@@ -102,7 +102,10 @@ int host_egress(struct __sk_buff *skb)
 	__u32 ifindex = p->ifindex;
 	__u32 port = mrc_id(p->port_id, MRC_MAX_PORTS);
 
-	if (bpf_skb_adjust_room(skb, MRC_IP6_HLEN, BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_ENCAP_L3_IPV6))
+	/* No BPF_F_ADJ_ROOM_ENCAP_* flags: they mark the skb as encapsulated (for GSO and checksum offload,
+	 * which MRC datagrams never use), and bpf_skb_change_tail() refuses encapsulated skbs, so a switch
+	 * downstream (switch_port) could not trim them. */
+	if (bpf_skb_adjust_room(skb, MRC_IP6_HLEN, BPF_ADJ_ROOM_MAC, 0))
 		return drop(cookie, MRC_DROP_ENCAP_FAILED, len);
 	if (bpf_skb_store_bytes(skb, MRC_OFF_OUTER, outer, MRC_IP6_HLEN, 0) ||
 	    bpf_skb_store_bytes(skb, 0, macs, 12, 0))

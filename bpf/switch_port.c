@@ -3,7 +3,8 @@
  * switch_port - TC egress (clsact) on fabric ports, before the TBF qdisc (DESIGN.md §5).
  *
  * The kernel here has no netem, RED or fq_codel: this program is the switch's AQM and fault injector.
- * Per port (keyed by network namespace cookie and ifindex):
+ * Per port, keyed by the port's own MAC address, which is the source of every frame it sends (the
+ * namespace cookie is no key here: a forwarded skb may still carry the sending host's socket):
  *   - faults: blackhole, or drop with a probability; optionally only packets of one EV (outer flow label);
  *   - a virtual queue: a token bucket drained at the port's rate. Above ecn_k queued bytes an ECN-capable
  *     packet is marked CE; above trim_t an MRC data packet is cut to the end of MXH (TRIMMED and PRIO set,
@@ -20,8 +21,8 @@
 #include "mrc_metrics.h"
 #include "mrc_parse.h"
 
-/* (namespace cookie, ifindex) -> port id and virtual-queue configuration */
-BPF_HASH(mrc_sw_ports, struct mrc_port_key, struct mrc_sw_port, MRC_MAX_PORTS);
+/* the port's MAC (low 48 bits, memory order) -> port id and virtual-queue configuration */
+BPF_HASH(mrc_sw_ports, __u64, struct mrc_sw_port, MRC_MAX_PORTS);
 /* port id -> virtual queue state */
 BPF_ARRAY(mrc_sw_vq, struct mrc_vq, MRC_MAX_PORTS);
 /* port id -> fault (absent: no fault) */
@@ -92,10 +93,13 @@ static __always_inline int trim(struct __sk_buff *skb, __u32 hl)
 
 int switch_port(struct __sk_buff *skb)
 {
-	struct mrc_port_key key = {};
-	key.netns_cookie = bpf_get_netns_cookie(skb);
-	key.ifindex = skb->ifindex;
-	struct mrc_sw_port *cfg = mrc_sw_ports.lookup(&key);
+	__u8 *d0 = (void *)(long)skb->data;
+	__u8 *e0 = (void *)(long)skb->data_end;
+	if (d0 + MRC_ETH_HLEN > e0)
+		return TC_ACT_OK;
+	__u64 mac = 0;
+	__builtin_memcpy(&mac, d0 + 6, 6);
+	struct mrc_sw_port *cfg = mrc_sw_ports.lookup(&mac);
 	if (!cfg)
 		return TC_ACT_OK;
 	__u32 port = mrc_id(cfg->port_id, MRC_MAX_PORTS);

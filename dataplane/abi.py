@@ -78,11 +78,6 @@ DEFINES: Final[dict[str, int]] = {
 }
 
 
-class PortKey(ct.Structure):
-    _c_name_ = "mrc_port_key"
-    _fields_ = [("netns_cookie", ct.c_uint64), ("ifindex", ct.c_uint32), ("pad", ct.c_uint32)]
-
-
 class Counter(ct.Structure):
     _c_name_ = "mrc_counter"
     _fields_ = [("packets", ct.c_uint64), ("bytes", ct.c_uint64)]
@@ -140,12 +135,13 @@ class Fault(ct.Structure):
 
 
 STRUCTS: Final[tuple[type[ct.Structure], ...]] = (
-    PortKey, Counter, PathKey, PathEntry, InPort, QpKey, EvCounters, SwPort, Vq, Fault,
+    Counter, PathKey, PathEntry, InPort, QpKey, EvCounters, SwPort, Vq, Fault,
 )
 
 
 def mac_key(mac: str | bytes) -> ct.c_uint64:
-    """The key of mrc_in_ports: the MAC's six bytes in memory order, in a u64 (as the program copies it)."""
+    """The key of mrc_in_ports and mrc_sw_ports: the MAC's six bytes in memory order in a u64 (as the
+    programs copy it)."""
     raw = mac if isinstance(mac, bytes) else bytes(int(x, 16) for x in mac.split(":"))
     if len(raw) != 6:
         raise ValueError(f"bad MAC {mac!r}")

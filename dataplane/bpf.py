@@ -96,7 +96,7 @@ PROGRAMS: Final[dict[str, ProgramSpec]] = {
         "mrc_ingress_drops": MapSpec(ct.c_uint32, abi.Counter, percpu=True),
     }),
     "switch_port": ProgramSpec("switch_port.c", "tc-egress", {
-        "mrc_sw_ports": MapSpec(abi.PortKey, abi.SwPort),
+        "mrc_sw_ports": MapSpec(ct.c_uint64, abi.SwPort),
         "mrc_sw_vq": MapSpec(ct.c_uint32, abi.Vq),
         "mrc_sw_faults": MapSpec(ct.c_uint32, abi.Fault),
         "mrc_sw_actions": MapSpec(ct.c_uint32, abi.Counter, percpu=True),

@@ -155,7 +155,7 @@ class FabricDataplane:
         vq = self.switch.maps["mrc_sw_vq"]
         for port in ports(self.topo):
             pid = self._id(self.switch, "port", port.node, port.ifname)
-            key = abi.PortKey(self.cookie(port.node), self.ifindex(port.node, port.ifname))
+            key = abi.mac_key(port.mac)
             sw = abi.SwPort(port_id=pid)
             if not port.is_host:
                 for k, v in switch_defaults(self.topo).items():
@@ -278,10 +278,19 @@ class FabricDataplane:
             self.ingress.maps["mrc_allowed_qps"].set(abi.QpKey(hid, q), ct_u32(1))
 
     # -- switch ports
-    def _sw_port(self, node: str, ifname: str) -> tuple[abi.PortKey, abi.SwPort]:
+    def _port(self, node: str, ifname: str) -> Port:
+        for p in ports(self.topo):
+            if (p.node, p.ifname) == (node, ifname):
+                return p
+        names = sorted(p.ifname for p in ports(self.topo) if p.node == node)
+        if not names:
+            raise MrcError(f"testbed {self.name}: no node {node!r}")
+        raise MrcError(f"testbed {self.name}: {node} has no port {ifname!r} (ports: {', '.join(names)})")
+
+    def _sw_port(self, node: str, ifname: str) -> tuple[Any, abi.SwPort]:
         if self.switch is None:
             raise MrcError(f"testbed {self.name}: switch_port is not attached")
-        key = abi.PortKey(self.cookie(node), self.ifindex(node, ifname))
+        key = abi.mac_key(self._port(node, ifname).mac)
         cfg = self.switch.maps["mrc_sw_ports"].get(key)
         if cfg is None:
             raise MrcError(f"testbed {self.name}: no switch_port program on {node} port {ifname}")
@@ -374,8 +383,7 @@ class FabricDataplane:
                 for a in abi.SwitchAction:
                     c = self.switch.maps["mrc_sw_actions"].total(ct_u32(pid * abi.SW_ACT_MAX + a))
                     acts[a.label] = {"packets": c.packets, "bytes": c.bytes}
-                cfg = self.switch.maps["mrc_sw_ports"].get(
-                    abi.PortKey(self.cookie(p.node), self.ifindex(p.node, p.ifname)))
+                cfg = self.switch.maps["mrc_sw_ports"].get(abi.mac_key(p.mac))
                 switches.setdefault(p.node, {})[p.ifname] = {
                     "peer": p.peer, "plane": p.plane, "actions": acts,
                     "config": None if cfg is None else _sw_cfg_dict(cfg)}
@@ -460,12 +468,11 @@ class FabricDataplane:
                     prog.maps["mrc_in_ports"].delete(abi.mac_key(p.mac))
         else:
             m = prog.maps["mrc_sw_ports"]
-            for k in list(m.keys()):
-                if k.netns_cookie in cookies:
-                    v = m.get(k)
-                    if v is not None:
-                        prog.maps["mrc_sw_faults"].delete(ct_u32(v.port_id))
-                    m.delete(k)
+            for p in ports(self.topo):
+                v = m.get(abi.mac_key(p.mac))
+                if v is not None:
+                    prog.maps["mrc_sw_faults"].delete(ct_u32(v.port_id))
+                    m.delete(abi.mac_key(p.mac))
 
     def close(self) -> None:
         """Release fds of programs opened from pins (nothing is detached)."""

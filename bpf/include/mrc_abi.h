@@ -92,14 +92,6 @@
 
 #ifndef __MRC_ABI_NO_STRUCTS
 
-/* TC programs key their state by (network namespace cookie, ifindex): one loaded object serves every
- * namespace of a testbed. */
-struct mrc_port_key {
-	__u64 netns_cookie;
-	__u32 ifindex;
-	__u32 pad;
-};
-
 /* A packet and byte counter (per-CPU rows; userspace sums the CPUs). */
 struct mrc_counter {
 	__u64 packets;

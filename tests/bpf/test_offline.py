@@ -233,9 +233,8 @@ def test_egress_pushes_outer_header_and_redirects(programs: dict[str, Program]) 
 
 def test_switch_trims_to_mxh_and_fixes_lengths(programs: dict[str, Program]) -> None:
     prog = programs["switch_port"]
-    cookie = netns_cookie(None)
     pid = prog.allocate_id("port", "offline/sw")
-    key = abi.PortKey(cookie, 1)  # test runs see the loopback device
+    key = abi.mac_key(PEER_MAC)  # the frames' source: the port that sends them
     cfg = abi.SwPort(port_id=pid, rate_bps=8, ecn_k=1000, trim_t=10000, buffer=10**6)
     prog.maps["mrc_sw_ports"].set(key, cfg)
     try:

@@ -1,0 +1,351 @@
+"""The dataplane on a real testbed (small.toml: h0 and h1 on different leaves, 2 planes, 1 spine).
+
+Packets are plain UDP/4791 from a socket in h0 (bound to its MRC address); host_egress encapsulates them by
+EV and redirects them to a plane port; switch_port programs sit on every port; host_ingress (XDP) checks
+and counts them at h1, where a socket receives them. Assertions are about what arrives and what the
+counters and captures show."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mrc import wire
+from mrc.dataplane import fabric as fab
+from mrc.dataplane import netns, udp
+from mrc.dataplane import testbed as tb
+from mrc.dataplane.fabric import FabricDataplane
+from mrc.wire import ip
+
+pytestmark = [pytest.mark.root, pytest.mark.netns, pytest.mark.bpf]
+
+
+class Pair:
+    """A sender socket in h0 and a receiver socket in h1 (MRC addresses, port 4791)."""
+
+    def __init__(self, fd: FabricDataplane) -> None:
+        self.fd = fd
+        topo = fd.topo
+        self.src, self.dst = topo.mrc_address("h0"), topo.mrc_address("h1")
+        self.tx = udp.mrc_socket(fd.tb.ns("h0"), str(self.src))
+        self.rx = udp.mrc_socket(fd.tb.ns("h1"), str(self.dst))
+        self.ctx = wire.IcrcContext(self.src.packed, self.dst.packed)
+        self.buf = bytearray(9100)
+        self.psn = 0
+
+    def send(self, ev: int, payload: bytes = b"m" * 1000, dqpn: int = 5) -> int:
+        self.psn += 1
+        n = wire.build_write(self.buf, self.ctx, dqpn=dqpn, psn=self.psn, ev_index=ev, va=self.psn * 8192,
+                             rkey=1, payload=payload)
+        self.tx.sendto(self.buf[:n], (str(self.dst), 4791))
+        return self.psn
+
+    def paced(self, evs: list[int], pps: float, payload: bytes) -> list[int]:
+        psns = []
+        t0 = time.perf_counter()
+        for i, ev in enumerate(evs):
+            while time.perf_counter() < t0 + i / pps:
+                pass
+            psns.append(self.send(ev, payload))
+        return psns
+
+    def receive(self, quiet_s: float = 0.3) -> list[tuple[wire.MrcPacket, int, int, bytes]]:
+        """(packet, traffic class, source port, raw bytes) until nothing arrives for quiet_s."""
+        out = []
+        self.rx.settimeout(quiet_s)
+        while True:
+            try:
+                data, (_a, sport), tclass = udp.recv_with_tclass(self.rx)
+            except TimeoutError:
+                return out
+            out.append((wire.parse(data, self.ctx, sport), tclass, sport, data))
+
+    def close(self) -> None:
+        self.tx.close()
+        self.rx.close()
+
+
+@pytest.fixture
+def pair(small_fabric: FabricDataplane) -> Iterator[Pair]:
+    p = Pair(small_fabric)
+    p.receive(0.05)
+    yield p
+    p.close()
+
+
+def host_port(fd: FabricDataplane, host: str, plane: int) -> str:
+    return fd.topo.link_between(host, fd.topo.leaf_name(plane, fd.topo.host_leaf(host))).a_ifname
+
+
+@contextlib.contextmanager
+def capture(ns: str, ifname: str, out: Path, count: int) -> Iterator[None]:
+    proc = subprocess.Popen(["ip", "netns", "exec", ns, "tcpdump", "--immediate-mode", "-U", "-n",
+                             "-i", ifname, "-c", str(count), "-w", str(out), "ip6 and ip6[6] == 41"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()  # "listening on ..." once the capture runs
+        assert "listening" in line, line
+        yield
+        proc.wait(timeout=5)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait()
+
+
+def read_pcap(path: Path) -> list[bytes]:
+    from scapy.utils import rdpcap
+
+    return [bytes(p) for p in rdpcap(str(path))] if path.exists() else []
+
+
+# --------------------------------------------------------------------------------------------- egress
+
+
+def test_ev_follows_path_map_on_the_wire(small_fabric: FabricDataplane, pair: Pair, tmp_path: Path) -> None:
+    fd = small_fabric
+    evs = list(range(8))
+    expect = {ev: fd.lookup_path("h0", "h1", ev) for ev in evs}
+    assert all(p is not None for p in expect.values())
+    assert {p.plane for p in expect.values() if p} == {0, 1}  # the default map sprays over both planes
+    before = fd.stats("h0")["hosts"]["h0"]["planes"]
+    caps = {p: tmp_path / f"plane{p}.pcap" for p in (0, 1)}
+    counts = {p: sum(1 for x in expect.values() if x and x.plane == p) for p in (0, 1)}
+    with capture(fd.tb.ns("h0"), host_port(fd, "h0", 0), caps[0], counts[0]), \
+            capture(fd.tb.ns("h0"), host_port(fd, "h0", 1), caps[1], counts[1]):
+        payloads = {ev: bytes([65 + ev]) * (500 + ev) for ev in evs}
+        for ev in evs:
+            pair.send(ev, payloads[ev])
+    got = pair.receive()
+    # every packet arrived intact: ICRC over the rewritten source port, payload bytes
+    assert sorted(p.ev_index for p, *_ in got) == evs
+    for p, _tc, sport, _raw in got:
+        assert p.icrc == "ok" and sport == 0xC000 | p.ev_index
+        assert bytes(p.payload) == payloads[p.ev_index]
+    # the outer header each plane port put on the wire is the path map's
+    for plane, cap in caps.items():
+        frames = read_pcap(cap)
+        assert len(frames) == counts[plane]
+        for frame in frames:
+            f = ip.split_ether(frame)
+            assert f.outer is not None
+            ev = f.outer.flow_label
+            path = expect[ev]
+            assert path is not None and path.plane == plane
+            assert f.outer.dst_str == str(path.container)
+            assert f.outer.src_str == str(fd.topo.port_address("h0", plane))
+            assert f.outer.ecn == ip.ECN_ECT0 and f.outer.next_header == 41
+            assert f.inner.dst_str == str(pair.dst) and f.sport == 0xC000 | ev
+    after = fd.stats("h0")["hosts"]["h0"]["planes"]
+    for plane in (0, 1):
+        assert after[plane]["tx_packets"] - before[plane]["tx_packets"] == counts[plane]
+
+
+def test_changing_the_path_map_moves_the_ev(small_fabric: FabricDataplane, pair: Pair) -> None:
+    fd = small_fabric
+    old = fd.lookup_path("h0", "h1", 0)
+    assert old is not None
+    other = next(p for p in fd.topo.paths("h0", "h1") if p.plane != old.plane)
+    fd.set_path("h0", "h1", 0, other)
+    try:
+        before = fd.stats("h0")["hosts"]["h0"]["planes"]
+        for _ in range(5):
+            pair.send(0)
+        assert len(pair.receive()) == 5
+        after = fd.stats("h0")["hosts"]["h0"]["planes"]
+        assert after[other.plane]["tx_packets"] - before[other.plane]["tx_packets"] == 5
+        assert after[old.plane]["tx_packets"] == before[old.plane]["tx_packets"]
+        h1 = fd.stats("h1")["hosts"]["h1"]["planes"]
+        assert h1[other.plane]["rx_packets"] >= 5
+    finally:
+        fd.set_path("h0", "h1", 0, old)
+
+
+def test_unknown_ev_is_dropped_and_counted(small_fabric: FabricDataplane, pair: Pair) -> None:
+    fd = small_fabric
+    s0 = fd.stats("h0")
+    for _ in range(3):
+        pair.send(700)
+    assert pair.receive(0.2) == []
+    s1 = fd.stats("h0")
+    no_path = [s["hosts"]["h0"]["tx_drops"].get("no_path", 0) for s in (s0, s1)]
+    assert no_path[1] - no_path[0] == 3
+    # nothing left h0 unencapsulated or otherwise
+    for port, st in s1["ports"]["h0"].items():
+        assert st["actions"]["forward"]["packets"] == s0["ports"]["h0"][port]["actions"]["forward"]["packets"]
+
+
+def test_non_mrc_traffic_still_uses_the_kernel_paths(small_fabric: FabricDataplane) -> None:
+    results = tb.probe(small_fabric.name)
+    assert results and all(r.reachable for r in results)
+
+
+def test_xdp_decap_delivers_the_same(small_fabric: FabricDataplane, pair: Pair) -> None:
+    fd = small_fabric
+    fd.set_decap("xdp")
+    try:
+        rx0 = sum(v["rx_packets"] for v in fd.stats("h1")["hosts"]["h1"]["planes"].values())
+        for ev in range(6):
+            pair.send(ev, b"d" * 2000)
+        got = pair.receive()
+        assert sorted(p.ev_index for p, *_ in got) == list(range(6))
+        assert all(p.icrc == "ok" and bytes(p.payload) == b"d" * 2000 for p, *_ in got)
+        rx1 = sum(v["rx_packets"] for v in fd.stats("h1")["hosts"]["h1"]["planes"].values())
+        assert rx1 - rx0 == 6
+    finally:
+        fd.set_decap("kernel")
+
+
+# -------------------------------------------------------------------------------------------- ingress
+
+
+def test_malformed_packets_are_dropped_at_xdp(small_fabric: FabricDataplane, pair: Pair) -> None:
+    """Frames injected from the leaf into h1's plane-0 port: good ones reach the socket, malformed ones are
+    dropped with their reason and never reach it."""
+    fd = small_fabric
+    topo = fd.topo
+    lk = topo.link_between("h1", topo.leaf_name(0, topo.host_leaf("h1")))
+    sid = topo.usid_prefix("h1", 0).network_address
+
+    def frame(mrc: bytes, ev: int = 1) -> bytes:
+        inner = ip.ipv6_udp(pair.src.packed, pair.dst.packed, wire.ev_sport(ev), mrc, traffic_class=2)
+        return ip.ether(lk.a_mac, lk.b_mac, ip.encap(inner, lk.b_addr.packed, sid.packed, ev))
+
+    def write(dqpn: int = 5, ev: int = 1) -> bytes:
+        pair.psn += 1
+        n = wire.build_write(pair.buf, pair.ctx, dqpn=dqpn, psn=pair.psn, ev_index=ev, va=0, rkey=1,
+                             payload=b"g" * 300)
+        return bytes(pair.buf[:n])
+
+    def patched(b: bytes, off: int, value: int) -> bytes:
+        x = bytearray(b)
+        x[off] = value
+        return bytes(x)
+
+    good = frame(write())
+    bth = 14 + 80 + 8
+    cases = {
+        "truncated": [good[:14 + 40 + 20], good[:bth - 4], good[:bth + 8], good[:bth + 40], good[:-10]],
+        "bad_length": [patched(good, 14 + 80 + 5, good[14 + 80 + 5] ^ 0x10)],  # UDP length (low byte)
+        "bad_version": [patched(good, bth + 28, 7)],  # MXH version
+        "bad_opcode": [patched(good, bth, 0x11)],
+        "foreign_qpn": [frame(write(dqpn=999))],
+    }
+    fd.allow_qps("h1", [5])
+    fd.set_qp_filter(True)
+    sk = netns.socket_in(fd.tb.ns(lk.b), socket.AF_PACKET, socket.SOCK_RAW)
+    try:
+        sk.bind((lk.b_ifname, 0))
+        d0 = fd.ingress_drops("h1")
+        for frames in cases.values():
+            for f in frames:
+                sk.send(f)
+        for _ in range(3):
+            sk.send(frame(write()))
+        time.sleep(0.1)
+        got = pair.receive()
+        d1 = fd.ingress_drops("h1")
+    finally:
+        sk.close()
+        fd.set_qp_filter(False)
+    delta = {k: d1.get(k, 0) - d0.get(k, 0) for k in d1 if d1.get(k, 0) != d0.get(k, 0)}
+    assert len(got) == 3 and all(p.dqpn == 5 and p.icrc == "ok" for p, *_ in got), delta
+    assert delta == {k: len(v) for k, v in cases.items()}
+
+
+# -------------------------------------------------------------------------------------------- switch
+
+
+def test_congested_port_marks_then_trims_then_drops(small_fabric: FabricDataplane, pair: Pair) -> None:
+    """A burst into a switch port whose virtual queue drains slower than it fills: ECN-CE first, then
+    trimmed packets (TRIMMED, lengths consistent), then drops, in that order of load."""
+    fd = small_fabric
+    leaf = fd.topo.leaf_name(0, fd.topo.host_leaf("h1"))
+    fd.set_port(leaf, "h1", rate_bps=1_000_000, ecn_k=2000, trim_t=12000, buffer=24000)
+    try:
+        evs = [ev for ev in range(16) if (p := fd.lookup_path("h0", "h1", ev)) and p.plane == 0]
+        s0 = fd.stats(leaf)["ports"][leaf]["h1"]["actions"]
+        h0 = fd.stats("h1")["hosts"]["h1"]["planes"][0]
+        sent = pair.paced([evs[i % len(evs)] for i in range(400)], 2000, b"c" * 4096)
+        got = pair.receive(0.5)
+        s1 = fd.stats(leaf)["ports"][leaf]["h1"]["actions"]
+        h1 = fd.stats("h1")["hosts"]["h1"]["planes"][0]
+    finally:
+        d = fab.switch_defaults(fd.topo)
+        fd.set_port(leaf, "h1", **d)
+    outcome = {psn: "lost" for psn in sent}
+    for p, tclass, _sport, raw in got:
+        if p.trimmed:
+            assert len(raw) == wire.header_len(p.opcode) and p.dma_len == 4096  # cut to the end of MXH
+            assert p.flags & wire.MxhFlag.PRIO
+            outcome[p.psn] = "trimmed"
+        else:
+            assert p.icrc == "ok" and bytes(p.payload) == b"c" * 4096
+            outcome[p.psn] = "ce" if tclass & 3 == 3 else "clean"
+    order = [outcome[psn] for psn in sent]
+    first = {k: order.index(k) for k in ("ce", "trimmed", "lost") if k in order}
+    assert set(first) == {"ce", "trimmed", "lost"}, (order[:8], s0, s1, fd.ingress_drops("h1"))
+    assert first["ce"] < first["trimmed"] < first["lost"]
+    assert "clean" not in order[first["trimmed"]:]  # once trimming starts, no full packet goes unmarked
+    delta = {k: s1[k]["packets"] - s0[k]["packets"] for k in s1}
+    assert delta["ecn_mark"] == order.count("ce")
+    assert delta["trim"] == order.count("trimmed")
+    assert delta["drop_buffer"] == order.count("lost")
+    assert h1["rx_trimmed"] - h0["rx_trimmed"] == order.count("trimmed")
+    assert h1["rx_ce"] - h0["rx_ce"] == order.count("ce")
+
+
+def _plane_evs(fd: FabricDataplane, plane: int) -> list[int]:
+    return [ev for ev in range(16) if (p := fd.lookup_path("h0", "h1", ev)) and p.plane == plane]
+
+
+def test_drop_probability_within_tolerance(small_fabric: FabricDataplane, pair: Pair) -> None:
+    fd = small_fabric
+    leaf = fd.topo.leaf_name(0, fd.topo.host_leaf("h1"))
+    fd.set_fault(leaf, "h1", drop=0.1)
+    n = 3000
+    try:
+        evs = _plane_evs(fd, 0)
+        s0 = fd.stats(leaf)["ports"][leaf]["h1"]["actions"]["drop_fault"]["packets"]
+        pair.paced([evs[i % len(evs)] for i in range(n)], 10000, b"s" * 64)
+        got = pair.receive()
+        s1 = fd.stats(leaf)["ports"][leaf]["h1"]["actions"]["drop_fault"]["packets"]
+    finally:
+        fd.clear_faults(leaf, "h1")
+    lost = n - len(got)
+    assert s1 - s0 == lost
+    # binomial(3000, 0.1): sigma = 16.4 packets; 4 sigma
+    assert abs(lost - 0.1 * n) < 4 * (n * 0.1 * 0.9) ** 0.5, lost
+
+
+def test_blackhole_and_single_ev_faults(small_fabric: FabricDataplane, pair: Pair) -> None:
+    fd = small_fabric
+    spine = fd.topo.spine_name(0, 0)
+    leaf0 = fd.topo.leaf_name(0, fd.topo.host_leaf("h0"))
+    p0, p1 = _plane_evs(fd, 0), _plane_evs(fd, 1)
+    fd.set_fault(leaf0, spine, blackhole=True)
+    try:
+        for ev in p0 + p1:
+            pair.send(ev)
+        got = sorted(p.ev_index for p, *_ in pair.receive())
+        assert got == sorted(p1)  # every packet through the failed link is gone, the other plane intact
+        bh = fd.stats(leaf0)["ports"][leaf0][spine]["actions"]["drop_blackhole"]["packets"]
+        assert bh >= len(p0)
+    finally:
+        fd.clear_faults(leaf0, spine)
+    assert fd.faults() == []
+    fd.set_fault(leaf0, spine, blackhole=True, ev=p0[0])
+    try:
+        for ev in p0 + p1:
+            pair.send(ev)
+        got = sorted(p.ev_index for p, *_ in pair.receive())
+        assert got == sorted(set(p0 + p1) - {p0[0]})  # only that EV is dropped
+    finally:
+        fd.clear_faults()
