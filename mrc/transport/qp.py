@@ -291,6 +291,19 @@ class QueuePair:
                 if not self.send_q:
                     return
                 wr = self.cur = self.send_q.popleft()
+            sent = wr.sent
+            if sent and self.inflight and self.snd_nxt < self.snd_una + W:
+                # The congestion window is full: exactly what _send_new would find first (same counter,
+                # same timer), without its set-up. A driver calls this after every event, so most calls
+                # of a busy QP end here.
+                n = wr.length - sent
+                if n > self.mtu:
+                    n = self.mtu
+                if self.inflight + n > cc.cwnd:
+                    self.c["cwnd_limited"] += 1
+                    if self.rto_deadline == NEVER and self.snd_nxt != self.snd_una:
+                        self.rto_deadline = now + self._rto_interval()
+                    return
             if not self._send_new(wr, now, out):
                 return
 
