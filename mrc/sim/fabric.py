@@ -28,6 +28,7 @@ of its configuration and seed.
 from __future__ import annotations
 
 import heapq
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -82,12 +83,18 @@ class FabricParams:
 
 
 class Router(Protocol):
-    def __call__(self, dg: Any) -> tuple[int, int, int]: ...
+    def __call__(self, dg: Any) -> tuple[int, int]: ...
+
+
+#: A host's path table: destination address -> EV index -> (NIC egress port, container).
+PathTable = dict[Any, list[tuple[int, int]]]
 
 
 class Fabric:
-    """The network and the event loop. Build it from a topology, attach an endpoint per host with a
-    router (datagram -> (NIC egress port id, container, payload bytes)), then `run`."""
+    """The network and the event loop. Build it from a topology, attach an endpoint per host with its
+    path table (destination -> EV index -> (NIC egress port, container)) or a router (a callable from a
+    datagram to the same pair), then `run`. A datagram is (payload, port, EV index, destination); the
+    payload's len() is its UDP payload size."""
 
     def __init__(self, topo: Topology, params: FabricParams | None = None) -> None:
         self.topo = topo
@@ -143,10 +150,11 @@ class Fabric:
         # ---- hosts
         self.endpoints: list[Endpoint | None] = [None] * self.nhosts
         self.routers: list[Router | None] = [None] * self.nhosts
+        self.tables: list[PathTable | None] = [None] * self.nhosts
         self.timer_at = [NEVER] * self.nhosts
         # ---- event loop
         self.heap: list[tuple[Any, ...]] = []
-        self.seq = 0
+        self._seq = itertools.count(1)  # tie-break: events at the same time run in push order
         self.now = 0
         self.events = 0
         self.hops = 0
@@ -204,16 +212,18 @@ class Fabric:
                       topo.usid(plane, ROLE_LEAF, ld), dport)
         return self.host_port[src][plane], self.container(usids)
 
-    def attach(self, host: int, endpoint: Endpoint, router: Router) -> None:
+    def attach(self, host: int, endpoint: Endpoint, router: Router | PathTable) -> None:
         self.endpoints[host] = endpoint
-        self.routers[host] = router
+        if isinstance(router, dict):
+            self.tables[host] = router
+        else:
+            self.routers[host] = router
 
     # ------------------------------------------------------------------ schedule
 
     def at(self, t: int, fn: Callable[[int], None]) -> None:
         """Call fn(t) at virtual time t (failures, samplers, traffic starts)."""
-        self.seq += 1
-        heapq.heappush(self.heap, (t, self.seq, _EV_CALL, fn, 0, None, 0, False))
+        heapq.heappush(self.heap, (t, next(self._seq), _EV_CALL, fn, 0, None, 0, False))
 
     def link(self, a: str, b: str) -> int:
         try:
@@ -253,23 +263,30 @@ class Fabric:
 
     def send_from_host(self, h: int, out: list[Any], t: int) -> None:
         """Put a host's datagrams on its NIC ports (FIFO at the port rate) toward the first leaf."""
+        table = self.tables[h]
         route = self.routers[h]
-        assert route is not None
         busy = self.busy
         ser = self._ser
         ovh = self.ovh
         delay = self.p.delay_ns
         heap = self.heap
         push = heapq.heappush
+        seq = self._seq.__next__
         link_of = self.port_link
         epoch = self.link_epoch
         up = self.link_up
         tx = self.port_tx_bytes
         for dg in out:
-            port, cont, n = route(dg)
+            data = dg[0]
+            if table is not None:
+                port, cont = table[dg[3]][dg[2]]
+            else:
+                assert route is not None
+                port, cont = route(dg)
+            n = len(data)
             li = link_of[port]
             if not up[li]:
-                self._down_drop(li, dg[0], t)
+                self._down_drop(li, data, t)
                 continue
             w = n + ovh
             s = ser.get(w)
@@ -285,8 +302,7 @@ class Fabric:
                 end = b + s
                 busy[port] = end
             tx[port] += w
-            self.seq += 1
-            push(heap, (end + delay, self.seq, port, epoch[li], cont, dg[0], n, False))
+            push(heap, (end + delay, seq(), port, epoch[li], cont, data, n, False))
 
     # ------------------------------------------------------------------ the event loop
 
@@ -329,6 +345,7 @@ class Fabric:
         serf = self.ser
         send_from_host = self.send_from_host
         on_deliver = self.on_deliver
+        seq = self._seq.__next__
         events = 0
         hops = 0
         t0 = time.perf_counter()
@@ -368,8 +385,7 @@ class Fabric:
                     dl = eng.next_deadline()
                     if dl is not None and dl < timer_at[node]:
                         timer_at[node] = dl
-                        self.seq += 1
-                        push(heap, (dl if dl > t else t, self.seq, _EV_TIMER, node, 0, None, 0, False))
+                        push(heap, (dl if dl > t else t, seq(), _EV_TIMER, node, 0, None, 0, False))
                     continue
                 # a switch: End with NEXT-C-SID (shift the container), then the static route
                 cont = (ev[4] << 16) & _M96
@@ -404,8 +420,7 @@ class Fabric:
                         s = serf(w)
                     busy[port] = b + s
                     tx[port] += w
-                    self.seq += 1
-                    push(heap, (t + s + delay, self.seq, port, link_epoch[li], cont, data, n, ecn))
+                    push(heap, (t + s + delay, seq(), port, link_epoch[li], cont, data, n, ecn))
                     continue
                 s = ser.get(w)
                 if s is None:
@@ -413,8 +428,7 @@ class Fabric:
                 if n <= PRIO_BYTES:  # control packets: the priority queue
                     busy[port] = b + s
                     tx[port] += w
-                    self.seq += 1
-                    push(heap, (t + s + delay, self.seq, port, link_epoch[li], cont, data, n, ecn))
+                    push(heap, (t + s + delay, seq(), port, link_epoch[li], cont, data, n, ecn))
                     continue
                 if q + w > port_buffer[port]:
                     self._drop("buffer" if trimming else "buffer_no_trim")
@@ -422,8 +436,7 @@ class Fabric:
                 b += s
                 busy[port] = b
                 tx[port] += w
-                self.seq += 1
-                push(heap, (b + delay, self.seq, port, link_epoch[li], cont, data, n, ecn))
+                push(heap, (b + delay, seq(), port, link_epoch[li], cont, data, n, ecn))
             elif kind == _EV_TIMER:
                 node = ev[3]
                 if timer_at[node] != t:
@@ -439,8 +452,7 @@ class Fabric:
                 dl = eng.next_deadline()
                 if dl is not None and dl < timer_at[node]:
                     timer_at[node] = dl
-                    self.seq += 1
-                    push(heap, (dl if dl > t else t, self.seq, _EV_TIMER, node, 0, None, 0, False))
+                    push(heap, (dl if dl > t else t, seq(), _EV_TIMER, node, 0, None, 0, False))
             else:
                 self.now = t
                 ev[3](t)
@@ -475,8 +487,7 @@ class Fabric:
         dl = eng.next_deadline()
         if dl is not None and dl < self.timer_at[h]:
             self.timer_at[h] = dl
-            self.seq += 1
-            heapq.heappush(self.heap, (max(dl, now), self.seq, _EV_TIMER, h, 0, None, 0, False))
+            heapq.heappush(self.heap, (max(dl, now), next(self._seq), _EV_TIMER, h, 0, None, 0, False))
 
     # ------------------------------------------------------------------ introspection
 

@@ -95,7 +95,7 @@ class Traffic:
             ctx = Context(gids[h], ports=P, seed=hp.seed * 1000 + h, name=topo.hosts[h][0])
             ctxs[h] = ctx
             tables[h] = {}
-            fab.attach(h, ctx, _mrc_router(tables[h]))
+            fab.attach(h, ctx, tables[h])
         self.ctxs = ctxs
         self.qps: list[tuple[QueuePair, QueuePair]] = []
         self.bufs: list[Any] = []
@@ -243,14 +243,6 @@ class Traffic:
         return {"retx_packets": retx, "retx_bytes": retx * self.mtu, "rto_count": tot["rto"], **tot}
 
 
-def _mrc_router(table: dict[bytes, list[tuple[int, int]]]) -> Any:
-    def route(dg: Any) -> tuple[int, int, int]:
-        port, cont = table[dg[3]][dg[2]]
-        return port, cont, len(dg[0])
-
-    return route
-
-
 class EcmpRouting:
     """Per-flow ECMP of the baseline: the source leaf hashes the 5-tuple (keyed by the seed) over its
     ECMP group toward the destination leaf, the spines whose uplink and downlink are up *in the routing
@@ -312,14 +304,13 @@ class EcmpRouting:
         cache: dict[tuple[int, int, int], tuple[int, int]] = {}
         spine = self.spine
 
-        def route(dg: Any) -> tuple[int, int, int]:
-            pkt, plane, sport, dst = dg
+        def route(dg: Any) -> tuple[int, int]:
+            _, plane, sport, dst = dg
             k = (dst, sport, plane)
             pc = cache.get(k)
             if pc is None:
-                pc = fab.path_container(h, dst, plane, spine(h, dst, sport, plane))
-                cache[k] = pc
-            return pc[0], pc[1], pkt.size
+                pc = cache[k] = fab.path_container(h, dst, plane, spine(h, dst, sport, plane))
+            return pc
 
         def invalidate() -> None:
             cache.clear()

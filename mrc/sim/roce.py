@@ -43,6 +43,9 @@ class RocePacket:
         self.size = size
         self.ecn = ecn
 
+    def __len__(self) -> int:  # the fabric sizes packets by len()
+        return self.size
+
 
 @dataclass
 class RoceParams:

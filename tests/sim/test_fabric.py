@@ -51,9 +51,8 @@ def _fabric(topo: topology.Topology, **kw: Any) -> Fabric:
 
 
 def _attach(fab: Fabric, h: int, ep: Stub, spine: int | None) -> None:
-    def route(dg: Any) -> tuple[int, int, int]:
-        port, cont = fab.path_container(h, dg[3], 0, spine)
-        return port, cont, len(dg[0])
+    def route(dg: Any) -> tuple[int, int]:
+        return fab.path_container(h, dg[3], 0, spine)
 
     fab.attach(h, ep, route)
 
@@ -176,9 +175,8 @@ def test_a_packet_follows_its_container_hop_by_hop(spine: int) -> None:
     topo = topology.load(topology.default_topology_dir() / "default.toml")
     fab = Fabric(topo)
     a, b = Stub(3, 1), Stub()
-    def route(dg: Any) -> tuple[int, int, int]:
-        port, cont = fab.path_container(0, 3, 2, spine)
-        return port, cont, len(dg[0])
+    def route(dg: Any) -> tuple[int, int]:
+        return fab.path_container(0, 3, 2, spine)
     fab.attach(0, a, route)
     fab.attach(3, b, route)
     fab.kick(0, 0)
