@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,7 +14,7 @@ from mrc.ctl.cli import main
 SMALL = ["--planes", "2", "--spines", "2"]
 
 
-def _json(capsys: pytest.CaptureFixture[str], args: list[str]) -> dict:
+def _json(capsys: pytest.CaptureFixture[str], args: list[str]) -> Any:
     rc = main(["sim", "run", *args, "-j"])
     out, err = capsys.readouterr()
     assert rc == 0 and err == "", err
