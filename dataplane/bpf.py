@@ -234,7 +234,8 @@ class Program:
         name = f"{kind}-{os.getpid()}-{int(time.time() * 1000) % 10**9}"
         pdir = pin_root() / name
         record: dict[str, Any] = {
-            "name": name, "kind": kind, "pid": os.getpid(), "created": time.time(), "pin_dir": str(pdir),
+            "name": name, "kind": kind, "pid": os.getpid(), "prog_id": bpfsys.prog_id(prog_fd),
+            "created": time.time(), "pin_dir": str(pdir),
             "cflags": list(cflags), "persistent": False, "maps": {}, "ids": {}, "attachments": [],
         }
         maps: dict[str, Map] = {}
@@ -549,8 +550,7 @@ def detach_everything(testbed: str | None = None) -> dict[str, Any]:
             if pdir.is_dir() and str(pdir) not in claimed:
                 pins += len(list(pdir.iterdir()))
                 _unpin(pdir)
-        with contextlib.suppress(OSError):
-            pin_root().rmdir()
+    remove_pin_root_if_empty()
     return {"records_removed": recs, "attachments_removed": detached, "pins_removed": pins}
 
 
@@ -574,9 +574,9 @@ def kernel_view(att: dict[str, Any]) -> dict[str, Any]:
         else:
             for f in _tc_egress_filters(ipr, idx):
                 opts = f.get_attr("TCA_OPTIONS")
-                if opts is not None:
-                    out.update(present=True, prog_id=opts.get_attr("TCA_BPF_ID"),
-                               prog_name=opts.get_attr("TCA_BPF_NAME"))
+                name = opts.get_attr("TCA_BPF_NAME") if opts is not None else None
+                # pyroute2 does not decode TCA_BPF_ID; the name says whose filter it is
+                out.update(present=True, prog_name=name)
     return out
 
 

@@ -21,6 +21,7 @@ BPF_PROG_LOAD: Final = 5
 BPF_OBJ_PIN: Final = 6
 BPF_OBJ_GET: Final = 7
 BPF_PROG_TEST_RUN: Final = 10
+BPF_OBJ_GET_INFO_BY_FD: Final = 15
 BPF_ANY: Final = 0
 BPF_F_XDP_HAS_FRAGS: Final = 1 << 5
 BPF_PROG_TYPE_SCHED_CLS: Final = 3
@@ -146,6 +147,17 @@ def test_run(prog_fd: int, data: bytes, repeat: int = 1) -> tuple[int, bytes, in
                         data_in=ct.addressof(inp), data_out=ct.addressof(out), repeat=repeat)
     _bpf(BPF_PROG_TEST_RUN, attr)
     return int(attr.retval), out.raw[: attr.data_size_out], int(attr.duration)
+
+
+class _InfoAttr(ct.Structure):
+    _fields_ = [("bpf_fd", ct.c_uint32), ("info_len", ct.c_uint32), ("info", ct.c_uint64)]
+
+
+def prog_id(fd: int) -> int:
+    """The kernel's id of a loaded program (what `bpftool prog show` lists)."""
+    info = (ct.c_uint8 * 256)()
+    _bpf(BPF_OBJ_GET_INFO_BY_FD, _InfoAttr(bpf_fd=fd, info_len=len(info), info=ct.addressof(info)))
+    return int.from_bytes(bytes(info[4:8]), "little")  # struct bpf_prog_info: type, id, ...
 
 
 @cache

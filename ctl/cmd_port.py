@@ -1,0 +1,120 @@
+"""`mrcctl port`: counters and switch-port settings of the eBPF dataplane (docs/dataplane.md).
+
+    mrcctl port [stats] [NODE] [--name TB] [--ev-buckets]   per plane / reason / action counters
+    mrcctl port set SWITCH PORT [--ecn-k B] [--trim-t B] [--buffer B] [--rate R]
+
+Ports are named as inside the node's namespace: after the node they face (`mrcctl port set p0l1 h1`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from mrc import topology
+from mrc.dataplane import testbed as tbmod
+from mrc.dataplane.fabric import FabricDataplane
+from mrc.errors import MrcError
+
+from .cmd_testbed import json_option, name_option
+from .output import Output, table
+
+
+@click.group(invoke_without_command=True)
+@click.pass_context
+def port(ctx: click.Context) -> None:
+    """Dataplane port counters (hosts and switch ports) and switch-port queue settings."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(stats)
+
+
+def _render_stats(doc: dict[str, Any]) -> str:
+    parts = []
+    hrows = []
+    for h, hs in doc["hosts"].items():
+        for plane, r in hs["planes"].items():
+            hrows.append({"host": h, "plane": plane, "port": r["port"], "tx": r.get("tx_packets"),
+                          "rx": r.get("rx_packets"), "ce": r.get("rx_ce"), "trimmed": r.get("rx_trimmed"),
+                          "rx_drops": " ".join(f"{k}={v}" for k, v in r.get("rx_drops", {}).items()) or "-"})
+        if hs.get("tx_drops"):
+            hrows.append({"host": h, "plane": "all", "port": "mrc0",
+                          "rx_drops": "tx " + " ".join(f"{k}={v}" for k, v in hs["tx_drops"].items())})
+    if hrows:
+        parts.append(table(hrows, [("host", "HOST"), ("plane", "PLANE"), ("port", "PORT"), ("tx", "TX PKTS"),
+                                   ("rx", "RX PKTS"), ("ce", "RX CE"), ("trimmed", "RX TRIMMED"),
+                                   ("rx_drops", "DROPS")]))
+    prows = []
+    for node, ports in doc["ports"].items():
+        for ifname, st in ports.items():
+            a = st["actions"]
+            cfg = st["config"] or {}
+            prows.append({"node": node, "port": ifname, "plane": st["plane"],
+                          **{k: v["packets"] for k, v in a.items()},
+                          "queue": _queue(cfg)})
+    if prows:
+        parts.append(table(prows, [("node", "NODE"), ("port", "PORT"), ("plane", "PLANE"),
+                                   ("forward", "FORWARD"), ("ecn_mark", "ECN"), ("trim", "TRIM"),
+                                   ("drop_buffer", "DROP BUF"), ("drop_fault", "DROP FAULT"),
+                                   ("drop_blackhole", "BLACKHOLE"), ("queue", "QUEUE")]))
+    return "\n\n".join(parts) or "no counters"
+
+
+def _queue(cfg: dict[str, int]) -> str:
+    if not cfg.get("rate_bps"):
+        return "off"
+    return f"{topology.format_rate(cfg['rate_bps'])} K={cfg['ecn_k']} T={cfg['trim_t']} B={cfg['buffer']}"
+
+
+@port.command()
+@click.argument("node", required=False)
+@name_option
+@click.option("--ev-buckets", is_flag=True, help="Also host ingress counters per EV bucket.")
+@json_option
+@click.pass_obj
+def stats(out: Output, node: str | None, name: str | None, ev_buckets: bool) -> None:
+    """Counters of every host (per plane, drops per reason) and switch port (per action), or of NODE."""
+    with FabricDataplane.open(tbmod.resolve_name(name)) as fd:
+        out.emit(fd.stats(node, ev_buckets=ev_buckets), _render_stats)
+
+
+def _size(value: str | None, what: str) -> int | None:
+    if value is None:
+        return None
+    try:
+        return topology.parse_size(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint=what) from None
+
+
+@port.command("set")
+@click.argument("switch")
+@click.argument("port_name", metavar="PORT")
+@click.option("--ecn-k", metavar="BYTES", help="Mark ECN-CE above this many queued bytes.")
+@click.option("--trim-t", metavar="BYTES", help="Trim MRC data packets above this many queued bytes.")
+@click.option("--buffer", metavar="BYTES", help="Drop above this many queued bytes (e.g. 128KiB).")
+@click.option("--rate", metavar="RATE",
+              help="Virtual queue drain rate (100mbit, ...; 0 turns the queue off).")
+@name_option
+@json_option
+@click.pass_obj
+def set_(out: Output, switch: str, port_name: str, ecn_k: str | None, trim_t: str | None, buffer: str | None,
+         rate: str | None, name: str | None) -> None:
+    """Set the virtual queue of SWITCH's port PORT (named after the node it faces)."""
+    if all(v is None for v in (ecn_k, trim_t, buffer, rate)):
+        raise click.UsageError("nothing to set: give --ecn-k, --trim-t, --buffer and/or --rate")
+    rate_bps = None
+    if rate is not None:
+        try:
+            rate_bps = 0 if rate.strip() == "0" else topology.parse_rate(rate)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--rate") from None
+    with FabricDataplane.open(tbmod.resolve_name(name)) as fd:
+        if switch in fd.topo.host_names() and rate_bps:
+            raise MrcError(f"{switch} is a host: its ports take faults only, no queue")
+        cfg = fd.set_port(switch, port_name, ecn_k=_size(ecn_k, "--ecn-k"), trim_t=_size(trim_t, "--trim-t"),
+                          buffer=_size(buffer, "--buffer"), rate_bps=rate_bps)
+    doc = {"node": switch, "port": port_name, **cfg}
+    out.emit(doc, lambda d: f"{d['node']} port {d['port']}: rate {topology.format_rate(d['rate_bps'])} "
+             f"ecn-k {d['ecn_k']} trim-t {d['trim_t']} buffer {d['buffer']}" if d["rate_bps"]
+             else f"{d['node']} port {d['port']}: queue off")
