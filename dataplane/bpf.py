@@ -199,6 +199,7 @@ class Program:
         self._bcc = bcc
         self.persistent = bool(record.get("persistent"))
         self.closed = False
+        self._record_dir = record_dir()  # fixed at load: a later change of $MRC_RUN_DIR moves nothing
 
     # -- loading
     @classmethod
@@ -277,10 +278,10 @@ class Program:
     # -- record
     @property
     def record_path(self) -> Path:
-        return record_dir() / f"{self.name}.json"
+        return self._record_dir / f"{self.name}.json"
 
     def save(self) -> None:
-        d = record_dir()
+        d = self._record_dir
         d.mkdir(parents=True, exist_ok=True)
         tmp = self.record_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.record, indent=1) + "\n")
