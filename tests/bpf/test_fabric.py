@@ -57,7 +57,7 @@ class Pair:
 
     def receive(self, quiet_s: float = 0.3) -> list[tuple[wire.MrcPacket, int, int, bytes]]:
         """(packet, traffic class, source port, raw bytes) until nothing arrives for quiet_s."""
-        out = []
+        out: list[tuple[wire.MrcPacket, int, int, bytes]] = []
         self.rx.settimeout(quiet_s)
         while True:
             try:
@@ -270,7 +270,7 @@ def test_congested_port_marks_then_trims_then_drops(small_fabric: FabricDataplan
     leaf = fd.topo.leaf_name(0, fd.topo.host_leaf("h1"))
     fd.set_port(leaf, "h1", rate_bps=1_000_000, ecn_k=2000, trim_t=12000, buffer=24000)
     try:
-        evs = [ev for ev in range(16) if (p := fd.lookup_path("h0", "h1", ev)) and p.plane == 0]
+        evs = _plane_evs(fd, 0)
         s0 = fd.stats(leaf)["ports"][leaf]["h1"]["actions"]
         h0 = fd.stats("h1")["hosts"]["h1"]["planes"][0]
         sent = pair.paced([evs[i % len(evs)] for i in range(400)], 2000, b"c" * 4096)
@@ -303,7 +303,12 @@ def test_congested_port_marks_then_trims_then_drops(small_fabric: FabricDataplan
 
 
 def _plane_evs(fd: FabricDataplane, plane: int) -> list[int]:
-    return [ev for ev in range(16) if (p := fd.lookup_path("h0", "h1", ev)) and p.plane == plane]
+    out = []
+    for ev in range(16):
+        path = fd.lookup_path("h0", "h1", ev)
+        if path is not None and path.plane == plane:
+            out.append(ev)
+    return out
 
 
 def test_drop_probability_within_tolerance(small_fabric: FabricDataplane, pair: Pair) -> None:

@@ -86,9 +86,15 @@ def drops(prog: Program) -> dict[str, int]:
 GOOD = fabric_frame(mrc_write())
 LAYERS = {"outer": OUTER, "inner": INNER, "udp": UDP, "bth": BTH, "reth": BTH + 12, "mxh": BTH + 28,
           "payload": BTH + 28 + 24, "mid-payload": BTH + 28 + 24 + 50}
+
+
+def _cut(o: int) -> Callable[[], bytes]:
+    """The good frame cut one byte into the header that starts at `o`."""
+    return lambda: GOOD[: o + 1]
+
+
 MALFORMED: dict[str, tuple[Callable[[], bytes], str]] = {
-    **{f"cut before {name}": ((lambda o=o: GOOD[:o + (1 if o < len(GOOD) else 0)]), "truncated")
-       for name, o in LAYERS.items() if o > OUTER},
+    **{f"cut before {name}": (_cut(o), "truncated") for name, o in LAYERS.items() if o > OUTER},
     "outer payload length too small": (lambda: patch(GOOD, OUTER + 4, "!H", len(GOOD) - 62), "bad_length"),
     "inner payload length wrong": (lambda: patch(GOOD, INNER + 4, "!H", len(GOOD) - 94 - 4), "bad_length"),
     "UDP length wrong": (lambda: patch(GOOD, UDP + 4, "!H", len(GOOD) - 94 - 4), "bad_length"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes as ct
 import re
+from typing import Any
 
 from mrc.dataplane import abi, bpf_source
 
@@ -17,10 +18,10 @@ def _header() -> str:
     return re.sub(r"/\*.*?\*/", "", text, flags=re.S)
 
 
-def _structs() -> dict[str, list[tuple[str, object, int | None]]]:
-    out: dict[str, list[tuple[str, object, int | None]]] = {}
+def _structs() -> dict[str, list[tuple[str, Any, int | None]]]:
+    out: dict[str, list[tuple[str, Any, int | None]]] = {}
     for name, body in re.findall(r"struct\s+(\w+)\s*\{(.*?)\};", _header(), re.S):
-        fields = []
+        fields: list[tuple[str, Any, int | None]] = []
         for ctype, fname, arr in re.findall(r"(__u\d+)\s+(\w+)\s*(?:\[(\d+)\])?\s*;", body):
             fields.append((fname, _CTYPES[ctype], int(arr) if arr else None))
         assert fields, name
@@ -28,11 +29,11 @@ def _structs() -> dict[str, list[tuple[str, object, int | None]]]:
     return out
 
 
-def _c_layout(fields: list[tuple[str, object, int | None]]) -> tuple[list[int], int]:
+def _c_layout(fields: list[tuple[str, Any, int | None]]) -> tuple[list[int], int]:
     """Offsets and size by the C rules (natural alignment), independent of ctypes."""
     off, offsets, align = 0, [], 1
     for _n, t, arr in fields:
-        size = ct.sizeof(t)  # type: ignore[arg-type]
+        size = ct.sizeof(t)
         a = size
         align = max(align, a)
         off = (off + a - 1) // a * a
@@ -43,12 +44,12 @@ def _c_layout(fields: list[tuple[str, object, int | None]]) -> tuple[list[int], 
 
 def test_every_header_struct_is_mirrored() -> None:
     structs = _structs()
-    mirrored = {s._c_name_: s for s in abi.STRUCTS}  # type: ignore[attr-defined]
+    mirrored: dict[str, Any] = {vars(s)["_c_name_"]: s for s in abi.STRUCTS}
     assert set(structs) == set(mirrored)
     for cname, fields in structs.items():
         py = mirrored[cname]
-        got = []
-        for fname, ftype in py._fields_:  # type: ignore[misc]
+        got: list[tuple[str, Any, int | None]] = []
+        for fname, ftype in py._fields_:
             if issubclass(ftype, ct.Array):
                 got.append((fname, ftype._type_, ftype._length_))
             else:
