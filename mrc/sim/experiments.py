@@ -279,7 +279,7 @@ def failover(spec: RunSpec, duration_ns: int = 2_000_000, fail_ns: int = 500_000
                 else:
                     run_ = 0
             stall = max(stall, best)
-        last = fab.last_down_data_drop.get(li)
+        last = fab.last_down_drop.get(li)
         res: dict[str, Any] = {
             "goodput_fraction_before": round(sum(pre) / len(pre), 4) if pre else None,
             "goodput_fraction_during_failure": round(sum(during) / len(during), 4) if during else None,
@@ -340,7 +340,8 @@ def incast(spec: RunSpec, senders: int = 16, size: int = 1 << 20, time_limit_ns:
 
         def sample_q(t: int, fab: Fabric = fab, tr: Traffic = tr, occ: list[int] = occ,
                      ports: list[int] = down_ports) -> None:
-            occ.append(sum(max(0, int((fab.busy[k] - t) * fab.rate_Bpns)) for k in ports))
+            # mean backlog of the receiver's downlink ports (one per plane), every microsecond
+            occ.append(sum(max(0, int((fab.busy[k] - t) * fab.rate_Bpns)) for k in ports) // len(ports))
             tr.poll(t)
             if not tr.all_done():
                 fab.at(t + 1_000, lambda t2: sample_q(t2))

@@ -164,7 +164,7 @@ class Fabric:
         self.ecn_marks = 0
         self.lost_on_link: list[int] = [0] * len(self.link_names)
         self.down_data_drops: dict[int, int] = {}
-        self.last_down_data_drop: dict[int, int] = {}
+        self.last_down_drop: dict[int, int] = {}
         #: optional hook per packet delivered to a host: (host, plane, data, now)
         self.on_deliver: Callable[[int, int, Any, int], None] | None = None
 
@@ -248,12 +248,14 @@ class Fabric:
             self.at(end_ns, lambda t: self.set_link(li, True, t))
 
     def _down_drop(self, li: int, data: Any, t: int) -> None:
-        """A packet reached a link that is down: dropped (no route). Data packets are timed per link:
-        the last one tells when senders stopped using the dead link (probes excepted)."""
+        """A packet reached a link that is down: dropped (no route). Per link, data packets are counted
+        and every packet but a probe is timed: the last one tells when the endpoints stopped sending
+        into the dead link (data, and ACKs whose path crosses it)."""
         self._drop("link_down")
         if is_data(data):
             self.down_data_drops[li] = self.down_data_drops.get(li, 0) + 1
-            self.last_down_data_drop[li] = t
+        if not is_probe(data):
+            self.last_down_drop[li] = t
 
     def _drop(self, reason: str) -> None:
         d = self.drops
@@ -506,10 +508,15 @@ def is_data(data: Any) -> bool:
     return getattr(data, "kind", -1) == 0
 
 
+def is_probe(data: Any) -> bool:
+    """An MRC probe or probe reply (they test dead paths on purpose)."""
+    return isinstance(data, bytearray | bytes | memoryview) and len(data) > 0 and data[0] in (0xC2, 0xC3)
+
+
 def spine_of_ev(ev: int, planes: int, spines: int) -> int:
     """The spine an EV value selects in its plane (the controller's path table): EV v on plane v % P
     goes through spine (v // P) % S, so every plane's EVs cover its spines evenly."""
     return (ev // planes) % spines if spines else 0
 
 
-__all__ = ["WIRE_OVERHEAD", "Endpoint", "Fabric", "FabricParams", "is_data", "spine_of_ev"]
+__all__ = ["WIRE_OVERHEAD", "Endpoint", "Fabric", "FabricParams", "is_data", "is_probe", "spine_of_ev"]
