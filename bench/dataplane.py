@@ -19,7 +19,10 @@ Cases (interleaved round by round; each reports the median of its rounds):
 * ``ebpf-xdp-decap``: the same, but host_ingress strips the outer header itself.
 
 ``rx_pps`` is what the receiving socket got per second of sending (the goodput in packets), ``tx_pps``
-what the sender pushed; ``ratio`` = rx_pps / rx_pps of ``kernel``. A second table runs each program on one
+what the sender pushed, ``pkts/cpu-s`` packets delivered per CPU second the sender and receiver used
+(user + system, softirq work done in their context included): the measure least disturbed by other
+load on a shared machine. ``ratio pps`` / ``ratio cpu``: the median over rounds of that round's ratio to
+``kernel`` (noise that hits a whole round cancels). A second table runs each program on one
 frame with BPF_PROG_TEST_RUN (1M repeats) and gives ns per packet: the programs' own cost, without the
 stack around them.
 """
@@ -61,13 +64,17 @@ for i in range(B):
     iovs[i].base, iovs[i].len = ct.addressof(cb), n
     msgs[i].hdr.iov, msgs[i].hdr.iovlen = ct.addressof(iovs[i]), 1
 libc = ct.CDLL(None, use_errno=True)
+import resource
 sent, t0 = 0, time.perf_counter()
+r0 = resource.getrusage(resource.RUSAGE_SELF)
 end = t0 + seconds
 while time.perf_counter() < end:
     r = libc.sendmmsg(sk.fileno(), msgs, B, 0)
     if r > 0:
         sent += r
-print(sent, time.perf_counter() - t0, flush=True)
+r1 = resource.getrusage(resource.RUSAGE_SELF)
+cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+print(sent, time.perf_counter() - t0, cpu, flush=True)
 """
 
 RECEIVER = r"""
@@ -88,8 +95,10 @@ for i in range(B):
     iovs[i].base, iovs[i].len = ct.addressof(bufs[i]), 9216
     msgs[i].hdr.iov, msgs[i].hdr.iovlen = ct.addressof(iovs[i]), 1
 libc = ct.CDLL(None, use_errno=True)
+import resource
 print("ready", flush=True)
 got, first, last = 0, None, None
+r0 = resource.getrusage(resource.RUSAGE_SELF)
 while True:
     r = libc.recvmmsg(sk.fileno(), msgs, B, 0x40, None)
     if r > 0:
@@ -102,7 +111,8 @@ while True:
     if first is None and select.select([sk], [], [], 10)[0] == []:
         break
     select.select([sk], [], [], 0.1)
-print(got, flush=True)
+r1 = resource.getrusage(resource.RUSAGE_SELF)
+print(got, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), flush=True)
 """
 
 
@@ -121,15 +131,17 @@ def run_pair(tbname: str, topo: Any, seconds: float, payload: int) -> dict[str, 
                              str(payload)], capture_output=True, text=True, timeout=seconds + 60)
         if tx.returncode != 0:
             raise RuntimeError(tx.stderr)
-        sent, elapsed = tx.stdout.split()
-        got = int(rx.stdout.readline())
+        sent, elapsed, tx_cpu = tx.stdout.split()
+        got_s, rx_cpu = rx.stdout.readline().split()
+        got = int(got_s)
     finally:
         with contextlib.suppress(Exception):
             rx.wait(timeout=15)
         if rx.poll() is None:
             rx.kill()
+    cpu = float(tx_cpu) + float(rx_cpu)
     return {"tx_pps": int(sent) / float(elapsed), "rx_pps": got / float(elapsed),
-            "delivered": got / max(1, int(sent))}
+            "delivered": got / max(1, int(sent)), "pkts_per_cpu_s": got / cpu if cpu else 0.0}
 
 
 def prog_test_run(payload: int) -> list[dict[str, Any]]:
@@ -219,25 +231,35 @@ def main(argv: list[str] | None = None) -> int:
         bpf.close_all()
         tb.teardown(name)
         bpf.detach_everything()
-    med = {c: {k: statistics.median(s[k] for s in samples[c]) for k in ("rx_pps", "tx_pps", "delivered")}
-           for c in cases}
-    base = med["kernel"]["rx_pps"]
+    keys = ("rx_pps", "tx_pps", "delivered", "pkts_per_cpu_s")
+    med = {c: {k: statistics.median(s[k] for s in samples[c]) for k in keys} for c in cases}
+
+    def paired(case: str, ref: str, key: str) -> float:
+        """Median over rounds of this round's ratio: noise that hits a whole round cancels."""
+        return round(statistics.median(a[key] / b[key] for a, b in zip(samples[case], samples[ref],
+                                                                        strict=True)), 3)
+
     rows = [{"case": c, "rx_pps": round(med[c]["rx_pps"]), "tx_pps": round(med[c]["tx_pps"]),
-             "delivered": round(med[c]["delivered"], 3), "ratio": round(med[c]["rx_pps"] / base, 3)}
+             "delivered": round(med[c]["delivered"], 3), "pkts_per_cpu_s": round(med[c]["pkts_per_cpu_s"]),
+             "ratio_pps": paired(c, "kernel", "rx_pps"), "ratio_cpu": paired(c, "kernel", "pkts_per_cpu_s")}
             for c in cases]
     doc = {"payload": args.payload, "seconds": args.seconds, "rounds": args.rounds, "cpus": os.cpu_count(),
            "kernel": platform.release(), "cases": rows,
-           "xdp_decap_vs_end_dt6": round(med["ebpf-xdp-decap"]["rx_pps"] / med["ebpf"]["rx_pps"], 3),
-           "prog_test_run": micro}
+           "xdp_decap_vs_end_dt6": {"ratio_pps": paired("ebpf-xdp-decap", "ebpf", "rx_pps"),
+                                    "ratio_cpu": paired("ebpf-xdp-decap", "ebpf", "pkts_per_cpu_s")},
+           "samples": samples, "prog_test_run": micro}
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
     print(f"one switch, {args.payload}-byte payloads, {args.seconds} s x {args.rounds} rounds, median; "
           f"{os.cpu_count()} CPUs, kernel {platform.release()}")
-    print(f"{'case':<16}{'rx_pps':>10}{'tx_pps':>10}{'delivered':>11}{'ratio':>8}")
+    print(f"{'case':<16}{'rx_pps':>10}{'tx_pps':>10}{'delivered':>11}{'pkts/cpu-s':>12}{'ratio pps':>11}"
+          f"{'ratio cpu':>11}")
     for row in rows:
-        print(f"{row['case']:<16}{row['rx_pps']:>10}{row['tx_pps']:>10}{row['delivered']:>11}{row['ratio']:>8}")
-    print(f"XDP decap / End.DT6 (rx_pps): {doc['xdp_decap_vs_end_dt6']}")
+        print(f"{row['case']:<16}{row['rx_pps']:>10}{row['tx_pps']:>10}{row['delivered']:>11}"
+              f"{row['pkts_per_cpu_s']:>12}{row['ratio_pps']:>11}{row['ratio_cpu']:>11}")
+    x = doc["xdp_decap_vs_end_dt6"]
+    print(f"XDP decap / End.DT6: {x['ratio_pps']} (pps), {x['ratio_cpu']} (packets per CPU second)")
     print(f"\n{'BPF_PROG_TEST_RUN, 1M repeats':<36}{'ns/pkt':>8}{'Mpps':>8}")
     for m in micro:
         print(f"{m['program']:<36}{m['ns_per_packet']:>8}{m['mpps']!s:>8}")
