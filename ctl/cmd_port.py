@@ -109,11 +109,12 @@ def set_(out: Output, switch: str, port_name: str, ecn_k: str | None, trim_t: st
             rate_bps = 0 if rate.strip() == "0" else topology.parse_rate(rate)
         except ValueError as e:
             raise click.BadParameter(str(e), param_hint="--rate") from None
+    sizes = {"ecn_k": _size(ecn_k, "--ecn-k"), "trim_t": _size(trim_t, "--trim-t"),
+             "buffer": _size(buffer, "--buffer")}
     with FabricDataplane.open(tbmod.resolve_name(name)) as fd:
         if switch in fd.topo.host_names() and rate_bps:
             raise MrcError(f"{switch} is a host: its ports take faults only, no queue")
-        cfg = fd.set_port(switch, port_name, ecn_k=_size(ecn_k, "--ecn-k"), trim_t=_size(trim_t, "--trim-t"),
-                          buffer=_size(buffer, "--buffer"), rate_bps=rate_bps)
+        cfg = fd.set_port(switch, port_name, rate_bps=rate_bps, **sizes)
     doc = {"node": switch, "port": port_name, **cfg}
     out.emit(doc, lambda d: f"{d['node']} port {d['port']}: rate {topology.format_rate(d['rate_bps'])} "
              f"ecn-k {d['ecn_k']} trim-t {d['trim_t']} buffer {d['buffer']}" if d["rate_bps"]
