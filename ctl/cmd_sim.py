@@ -214,8 +214,10 @@ def _fabric_options(
             click.option("--delay", default="500ns", show_default=True, help="Propagation delay per link."),
             click.option("--buffer", "buffer_", default="512K", show_default=True,
                          help="Switch port buffer (drop above)."),
-            click.option("--ecn", default="128K", show_default=True, help="ECN-CE marking threshold."),
-            click.option("--trim-at", default="256K", show_default=True, help="Trimming threshold."),
+            click.option("--ecn", default=None, help="ECN-CE marking threshold [default: buffer / 4]."),
+            click.option("--trim-at", default=None, help="Trimming threshold [default: buffer / 2]."),
+            click.option("--topology", "topo_file", default=None, type=click.Path(dir_okay=False),
+                         help="A topology TOML file (shape, rate, delay, buffer) instead of the options."),
             click.option("--variants", default=None, help=f"Comma-separated, of: {', '.join(VARIANTS)}."),
             click.option("--evs", default=128, show_default=True, type=int, help="EVs per QP profile."),
             click.option("--timeout", default=8, show_default=True, type=int,
@@ -232,35 +234,45 @@ def _fabric_options(
 
 def _spec(
     planes: int, spines: int, hosts_per_leaf: int | None, leaves: int, rate: float, delay: str, buffer_: str,
-    ecn: str, trim_at: str, variants: str | None, default_variants: tuple[str, ...], evs: int, timeout: int,
-    seed: int, reconverge_ns: int = 1_000_000,
+    ecn: str | None, trim_at: str | None, variants: str | None, default_variants: tuple[str, ...], evs: int,
+    timeout: int, seed: int, topo_file: str | None, reconverge_ns: int = 1_000_000,
 ) -> exps.RunSpec:
-    if not 1 <= planes <= 16:
-        raise UsageError("planes must be 1..16")
-    if not 1 <= spines <= 256:
-        raise UsageError("spines must be 1..256")
-    hpl = spines if hosts_per_leaf is None else hosts_per_leaf
-    if hpl < 1:
-        raise UsageError("hosts per leaf must be at least 1")
-    if not 1 <= leaves <= 256 or leaves * hpl > 256:
-        raise UsageError(f"{leaves} leaves x {hpl} hosts: the model holds 2..256 hosts and 1..256 leaves")
-    if rate <= 0:
-        raise UsageError("rate must be positive")
-    if evs < planes or evs > 1 << 14:
-        raise UsageError(f"evs must be {planes}..16384 (at least one per plane)")
-    if not 0 <= timeout <= 24:
-        raise UsageError("timeout must be 0..24")
     vs = tuple(v.strip() for v in variants.split(",")) if variants else default_variants
     bad = [v for v in vs if v not in VARIANTS]
     if bad or not vs:
         raise UsageError(f"unknown variant {', '.join(bad) or '(none)'}: choose from {', '.join(VARIANTS)}")
-    buf, k, trim = parse_size(buffer_), parse_size(ecn), parse_size(trim_at)
-    if not k <= buf or not trim <= buf:
+    if not 0 <= timeout <= 24:
+        raise UsageError("timeout must be 0..24")
+    k = parse_size(ecn) if ecn is not None else None
+    trim = parse_size(trim_at) if trim_at is not None else None
+    if topo_file is not None:
+        try:
+            fs = exps.FabricSpec.from_file(topo_file, k, trim)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        planes = fs.planes
+    else:
+        if not 1 <= planes <= 16:
+            raise UsageError("planes must be 1..16")
+        if not 1 <= spines <= 256:
+            raise UsageError("spines must be 1..256")
+        hpl = spines if hosts_per_leaf is None else hosts_per_leaf
+        if hpl < 1:
+            raise UsageError("hosts per leaf must be at least 1")
+        if not 1 <= leaves <= 256 or leaves * hpl > 256:
+            raise UsageError(f"{leaves} leaves x {hpl} hosts: the model holds 2..256 hosts and 1..256 leaves")
+        if rate <= 0:
+            raise UsageError("rate must be positive")
+        buf = parse_size(buffer_)
+        fs = exps.FabricSpec(
+            planes=planes, leaves=leaves, spines=spines, hosts_per_leaf=hpl, rate_gbps=rate,
+            delay_ns=parse_time(delay), buffer_bytes=buf, ecn_bytes=buf // 4 if k is None else k,
+            trim_bytes=buf // 2 if trim is None else trim,
+        )
+    if not fs.ecn_bytes <= fs.buffer_bytes or not fs.trim_bytes <= fs.buffer_bytes:
         raise UsageError("the ECN and trimming thresholds must not exceed the buffer")
-    fs = exps.FabricSpec(
-        planes=planes, leaves=leaves, spines=spines, hosts_per_leaf=hpl, rate_gbps=rate,
-        delay_ns=parse_time(delay), buffer_bytes=buf, ecn_bytes=k, trim_bytes=trim,
-    )
+    if evs < planes or evs > 1 << 14:
+        raise UsageError(f"evs must be {planes}..16384 (at least one per plane)")
     return exps.RunSpec(fabric=fs, variants=vs, seed=seed, evs=evs, timeout=timeout,
                         reconverge_ns=reconverge_ns)
 
@@ -286,18 +298,21 @@ def _speed_line(doc: dict[str, Any]) -> str:
 @click.pass_obj
 def permutation_cmd(
     out: Output, hosts: int, duration: str, warmup: str, planes: int, spines: int,
-    hosts_per_leaf: int | None, leaves: int | None, rate: float, delay: str, buffer_: str, ecn: str,
-    trim_at: str, variants: str | None, evs: int, timeout: int, seed: int, plot_path: str | None,
+    hosts_per_leaf: int | None, leaves: int | None, rate: float, delay: str, buffer_: str, ecn: str | None,
+    trim_at: str | None, topo_file: str | None, variants: str | None, evs: int, timeout: int, seed: int,
+    plot_path: str | None,
 ) -> None:
     """Every host sends to another (random permutation): per-host throughput as a fraction of capacity."""
     hpl = spines if hosts_per_leaf is None else hosts_per_leaf
-    if hpl < 1 or hosts % hpl:
-        raise UsageError(f"hosts ({hosts}) must be a multiple of hosts per leaf ({hpl})")
-    lv = hosts // hpl if leaves is None else leaves
-    if lv * hpl != hosts:
-        raise UsageError(f"{lv} leaves x {hpl} hosts per leaf is not {hosts} hosts")
+    lv = 1
+    if topo_file is None:
+        if hpl < 1 or hosts % hpl:
+            raise UsageError(f"hosts ({hosts}) must be a multiple of hosts per leaf ({hpl})")
+        lv = hosts // hpl if leaves is None else leaves
+        if lv * hpl != hosts:
+            raise UsageError(f"{lv} leaves x {hpl} hosts per leaf is not {hosts} hosts")
     spec = _spec(planes, spines, hpl, lv, rate, delay, buffer_, ecn, trim_at, variants, ("ecmp", "mrc"),
-                 evs, timeout, seed)
+                 evs, timeout, seed, topo_file)
     dur, wu = parse_time(duration), parse_time(warmup)
     if not 0 <= wu < dur:
         raise UsageError("warmup must be shorter than the duration")
@@ -350,12 +365,12 @@ def _render_permutation(doc: dict[str, Any]) -> str:
 def failover_cmd(
     out: Output, duration: str, link_: str | None, fail_at: str, heal_at: str | None, flap: str, bin_: str,
     reconverge: str, planes: int, spines: int, hosts_per_leaf: int | None, leaves: int | None, rate: float,
-    delay: str, buffer_: str, ecn: str, trim_at: str, variants: str | None, evs: int, timeout: int, seed: int,
-    plot_path: str | None,
+    delay: str, buffer_: str, ecn: str | None, trim_at: str | None, topo_file: str | None,
+    variants: str | None, evs: int, timeout: int, seed: int, plot_path: str | None,
 ) -> None:
     """A bulk transfer leaf 0 -> leaf 1 across a leaf-spine link failure (or a flapping link)."""
     spec = _spec(planes, spines, hosts_per_leaf, leaves or 2, rate, delay, buffer_, ecn, trim_at, variants,
-                 ("ecmp", "mrc"), evs, timeout, seed, parse_time(reconverge))
+                 ("ecmp", "mrc"), evs, timeout, seed, topo_file, parse_time(reconverge))
     if spec.fabric.leaves < 2:
         raise UsageError("failover needs at least two leaves")
     dur, t_fail = parse_time(duration), parse_time(fail_at)
@@ -420,8 +435,9 @@ def _render_failover(doc: dict[str, Any]) -> str:
 @click.pass_obj
 def incast_cmd(
     out: Output, senders: int, size: str, time_limit: str, planes: int, spines: int,
-    hosts_per_leaf: int | None, leaves: int | None, rate: float, delay: str, buffer_: str, ecn: str,
-    trim_at: str, variants: str | None, evs: int, timeout: int, seed: int, plot_path: str | None,
+    hosts_per_leaf: int | None, leaves: int | None, rate: float, delay: str, buffer_: str, ecn: str | None,
+    trim_at: str | None, topo_file: str | None, variants: str | None, evs: int, timeout: int, seed: int,
+    plot_path: str | None,
 ) -> None:
     """N senders on other leaves WRITE to one host at once: completion times, RTOs, queues."""
     if not 1 <= senders <= 255:
@@ -429,7 +445,7 @@ def incast_cmd(
     hpl = hosts_per_leaf or spines
     lv = leaves if leaves is not None else 1 + -(-senders // hpl)
     spec = _spec(planes, spines, hpl, lv, rate, delay, buffer_, ecn, trim_at, variants,
-                 ("mrc", "mrc-notrim", "ecmp"), evs, timeout, seed)
+                 ("mrc", "mrc-notrim", "ecmp"), evs, timeout, seed, topo_file)
     try:
         doc = exps.incast(spec, senders, parse_size(size), parse_time(time_limit), progress=out.progress)
     except ValueError as e:

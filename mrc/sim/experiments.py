@@ -35,8 +35,33 @@ class FabricSpec:
     ecn_bytes: int = 128 * 1024
     trim_bytes: int = 256 * 1024
 
+    file: str | None = None  # a topology TOML file instead of the generated shape
+
     def topology(self) -> topology.Topology:
+        if self.file is not None:
+            return topology.load(self.file)
         return topology.generate(self.planes, self.leaves, self.spines, self.hosts_per_leaf)
+
+    @classmethod
+    def from_file(cls, path: str, ecn_bytes: int | None = None, trim_bytes: int | None = None) -> FabricSpec:
+        """Shape, rate, delay and buffer from a topology file (the testbed's TOML). The experiments
+        need the same number of hosts on every leaf, listed leaf by leaf (host i on leaf i // H).
+        ECN and trimming thresholds default to 1/4 and 1/2 of the file's buffer."""
+        topo = topology.load(path)
+        n = len(topo.hosts)
+        if n % topo.leaves:
+            raise ValueError(f"{path}: {n} hosts on {topo.leaves} leaves: the experiments need the same "
+                             "number of hosts on every leaf")
+        h = n // topo.leaves
+        if any(leaf != i // h for i, (_, leaf) in enumerate(topo.hosts)):
+            raise ValueError(f"{path}: the experiments need the hosts listed leaf by leaf, {h} per leaf")
+        buf = topo.link.buffer_bytes
+        return cls(
+            planes=topo.planes, leaves=topo.leaves, spines=topo.spines, hosts_per_leaf=h,
+            rate_gbps=topo.link.rate_bps / 1e9, delay_ns=topo.link.delay_us * 1000, buffer_bytes=buf,
+            ecn_bytes=buf // 4 if ecn_bytes is None else ecn_bytes,
+            trim_bytes=buf // 2 if trim_bytes is None else trim_bytes, file=path,
+        )
 
     def params(self, trimming: bool) -> FabricParams:
         return FabricParams(

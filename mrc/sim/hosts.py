@@ -129,12 +129,9 @@ class Traffic:
             if sb is None or len(sb) < size:
                 rng = np.random.default_rng(hp.seed + max(key, 0))
                 sb = src_bufs[key] = np.frombuffer(rng.bytes(size), dtype=np.uint8).copy()
-            if f.size is not None:
-                db = np.zeros(size, dtype=np.uint8)
-            else:
-                db = dst_bufs.get(f.dst)
-                if db is None:
-                    db = dst_bufs[f.dst] = np.zeros(size, dtype=np.uint8)
+            db: Any = np.zeros(size, dtype=np.uint8) if f.size is not None else dst_bufs.get(f.dst)
+            if db is None:
+                db = dst_bufs[f.dst] = np.zeros(size, dtype=np.uint8)
             smr, dmr = a.reg_mr(sb), b.reg_mr(db)
             self.bufs.append((sb, db))
             if f.size is not None:

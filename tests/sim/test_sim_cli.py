@@ -55,6 +55,21 @@ def test_incast_text(capsys: pytest.CaptureFixture[str]) -> None:
     assert "P99 US" in out and "mrc-notrim" in out and "hops/s" in out
 
 
+def test_topology_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    small = Path(__file__).resolve().parents[2] / "deploy" / "topologies" / "small.toml"
+    doc = _json(capsys, ["permutation", "--topology", str(small), "--duration", "2ms", "--warmup", "500us",
+                         "--timeout", "13"])
+    f = doc["config"]["fabric"]
+    assert (f["planes"], f["leaves"], f["spines"], f["hosts_per_leaf"]) == (2, 2, 1, 1)
+    assert f["rate_gbps"] == 0.1 and f["buffer_bytes"] == 131072 and f["ecn_bytes"] == 131072 // 4
+    # two hosts on one leaf and none on the other: not an experiment's shape
+    odd = tmp_path / "odd.toml"
+    odd.write_text(small.read_text().replace("leaf = 1", "leaf = 0"))
+    rc = main(["sim", "run", "incast", "--topology", str(odd), "-j"])
+    out, _ = capsys.readouterr()
+    assert rc != 0 and "leaf by leaf" in json.loads(out)["error"]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
                     reason="matplotlib (the optional 'plot' extra) is not installed")
 def test_plot_is_a_png(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
