@@ -77,7 +77,7 @@ def show(out: Output) -> None:
 
 @prog.command()
 @name_option
-@click.option("--decap", type=click.Choice(DECAP_MODES), default="kernel", show_default=True,
+@click.option("--decap", type=click.Choice(DECAP_MODES), default="xdp", show_default=True,
               help="Who strips the outer IPv6 at the host: the kernel's End.DT6 or host_ingress (XDP).")
 @click.option("--evs", type=click.IntRange(1, 1 << 14), default=16, show_default=True,
               help="EV indices 0..N-1 get a path (default map: planes alternate, then spines).")
