@@ -109,3 +109,37 @@ def test_sigterm_cleans_up(env: dict[str, str]) -> None:
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) != 0
     assert_clean(env, info)
+
+
+def mrcctl(env: dict[str, str], *args: str) -> Any:
+    out = subprocess.run([sys.executable, "-m", "mrc.ctl.cli", "-j", *args], env=env, capture_output=True,
+                         text=True, timeout=120)
+    doc = json.loads(out.stdout) if out.stdout.strip() else {}
+    assert out.returncode == 0, (args, out.stdout, out.stderr)
+    return doc
+
+
+def test_operator_commands(env: dict[str, str]) -> None:
+    """attach in one process, then show / port / fault from others through the pinned maps, detach."""
+    name = env["TB"]
+    doc = mrcctl(env, "prog", "attach", "--name", name)
+    assert {p["kind"] for p in doc["programs"]} == {"host_egress", "host_ingress", "switch_port"}
+    shown = mrcctl(env, "prog", "show")["programs"]
+    assert len(shown) == 3 and all(p["persistent"] and not p["loader_alive"] for p in shown)
+    assert all(a["attached"] for p in shown for a in p["attachments"])
+    cfg = mrcctl(env, "port", "set", "p0l1", "h1", "--rate", "10mbit", "--ecn-k", "8KiB", "--trim-t", "16KiB",
+                 "--buffer", "32KiB")
+    assert cfg == {"node": "p0l1", "port": "h1", "rate_bps": 10_000_000, "ecn_k": 8192, "trim_t": 16384,
+                   "buffer": 32768}
+    faults = mrcctl(env, "fault", "set", "p0l0", "p0s0", "--drop", "0.5", "--ev", "4")["faults"]
+    assert {(f["node"], f["port"], f["drop"], f["ev"]) for f in faults} == {
+        ("p0l0", "p0s0", 0.5, 4), ("p0s0", "p0l0", 0.5, 4)}
+    stats = mrcctl(env, "port", "stats", "p0l1")
+    assert stats["ports"]["p0l1"]["h1"]["config"]["buffer"] == 32768
+    assert mrcctl(env, "fault", "clear")["cleared"] == 2
+    assert mrcctl(env, "fault")["faults"] == []
+    gone_ids = [p["prog_id"] for p in shown]
+    out = mrcctl(env, "prog", "detach", "--name", name)
+    assert out["records_removed"] == 3
+    assert mrcctl(env, "prog")["programs"] == []
+    assert gone(gone_ids)
