@@ -48,7 +48,11 @@ _HOST_PORT_BUFFER: Final = 1 << 62
 #: the data backlog, as an ACK/trim class does in a real fabric.
 PRIO_BYTES: Final = 255
 
-# event kinds (third field of a heap entry; >= 0 is "arrival over egress port k")
+#: Calendar queue: events fall into buckets of 2^_SHIFT ns; only the current bucket is a heap (small,
+#: cache-resident), later buckets are plain lists heapified when their time comes.
+_SHIFT: Final = 5
+
+# event kinds (third field of an event tuple; >= 0 is "arrival over egress port k")
 _EV_TIMER: Final = -1
 _EV_CALL: Final = -2
 
@@ -153,7 +157,11 @@ class Fabric:
         self.tables: list[PathTable | None] = [None] * self.nhosts
         self.timer_at = [NEVER] * self.nhosts
         # ---- event loop
-        self.heap: list[tuple[Any, ...]] = []
+        # the event queue: (time, sequence, kind, a, container, data, size, ecn) tuples
+        self.cb = -1  # current bucket
+        self.cur: list[tuple[Any, ...]] = []  # heap of the current bucket's events
+        self.future: dict[int, list[tuple[Any, ...]]] = {}  # bucket -> events (unordered)
+        self.bidx: list[int] = []  # heap of the buckets in `future`
         self._seq = itertools.count(1)  # tie-break: events at the same time run in push order
         self.now = 0
         self.events = 0
@@ -223,7 +231,23 @@ class Fabric:
 
     def at(self, t: int, fn: Callable[[int], None]) -> None:
         """Call fn(t) at virtual time t (failures, samplers, traffic starts)."""
-        heapq.heappush(self.heap, (t, next(self._seq), _EV_CALL, fn, 0, None, 0, False))
+        self._sched((t, next(self._seq), _EV_CALL, fn, 0, None, 0, False))
+
+    def _sched(self, ev: tuple[Any, ...]) -> None:
+        b = ev[0] >> _SHIFT
+        if b <= self.cb:
+            heapq.heappush(self.cur, ev)
+            return
+        lst = self.future.get(b)
+        if lst is None:
+            self.future[b] = [ev]
+            heapq.heappush(self.bidx, b)
+        else:
+            lst.append(ev)
+
+    def pending(self) -> int:
+        """Events queued."""
+        return len(self.cur) + sum(len(v) for v in self.future.values())
 
     def link(self, a: str, b: str) -> int:
         try:
@@ -271,8 +295,7 @@ class Fabric:
         ser = self._ser
         ovh = self.ovh
         delay = self.p.delay_ns
-        heap = self.heap
-        push = heapq.heappush
+        sched = self._sched
         seq = self._seq.__next__
         link_of = self.port_link
         epoch = self.link_epoch
@@ -304,7 +327,7 @@ class Fabric:
                 end = b + s
                 busy[port] = end
             tx[port] += w
-            push(heap, (end + delay, seq(), port, epoch[li], cont, data, n, False))
+            sched((end + delay, seq(), port, epoch[li], cont, data, n, False))
 
     # ------------------------------------------------------------------ the event loop
 
@@ -316,11 +339,16 @@ class Fabric:
         progress: Callable[[Fabric], None] | None = None,
         progress_every_s: float = 2.0,
     ) -> int:
-        """Process events until the heap is empty, `until_ns` passes or `stop()` is true (checked every
+        """Process events until none is left, `until_ns` passes or `stop()` is true (checked every
         `check_every` events). `progress(self)` is called about every `progress_every_s` wall seconds."""
-        heap = self.heap
         pop = heapq.heappop
         push = heapq.heappush
+        heapify = heapq.heapify
+        sched = self._sched
+        future = self.future
+        bidx = self.bidx
+        cur = self.cur
+        cb = self.cb
         endpoints = self.endpoints
         timer_at = self.timer_at
         nhosts = self.nhosts
@@ -352,13 +380,23 @@ class Fabric:
         hops = 0
         t0 = time.perf_counter()
         next_progress = t0 + progress_every_s
-        while heap:
-            ev = heap[0]
+        while True:
+            if not cur:
+                if not bidx:
+                    if until_ns < NEVER:
+                        self.now = max(self.now, until_ns)
+                    break
+                cb = pop(bidx)
+                self.cb = cb
+                cur = future.pop(cb)
+                heapify(cur)
+                self.cur = cur
+            ev = cur[0]
             t = ev[0]
             if t > until_ns:
                 self.now = until_ns
                 break
-            pop(heap)
+            pop(cur)
             kind = ev[2]
             events += 1
             if kind >= 0:
@@ -387,7 +425,7 @@ class Fabric:
                     dl = eng.next_deadline()
                     if dl is not None and dl < timer_at[node]:
                         timer_at[node] = dl
-                        push(heap, (dl if dl > t else t, seq(), _EV_TIMER, node, 0, None, 0, False))
+                        sched((dl if dl > t else t, seq(), _EV_TIMER, node, 0, None, 0, False))
                     continue
                 # a switch: End with NEXT-C-SID (shift the container), then the static route
                 cont = (ev[4] << 16) & _M96
@@ -422,7 +460,17 @@ class Fabric:
                         s = serf(w)
                     busy[port] = b + s
                     tx[port] += w
-                    push(heap, (t + s + delay, seq(), port, link_epoch[li], cont, data, n, ecn))
+                    ev = (t + s + delay, seq(), port, link_epoch[li], cont, data, n, ecn)
+                    bk = ev[0] >> _SHIFT
+                    if bk <= cb:
+                        push(cur, ev)
+                    else:
+                        lst = future.get(bk)
+                        if lst is None:
+                            future[bk] = [ev]
+                            push(bidx, bk)
+                        else:
+                            lst.append(ev)
                     continue
                 s = ser.get(w)
                 if s is None:
@@ -430,7 +478,17 @@ class Fabric:
                 if n <= PRIO_BYTES:  # control packets: the priority queue
                     busy[port] = b + s
                     tx[port] += w
-                    push(heap, (t + s + delay, seq(), port, link_epoch[li], cont, data, n, ecn))
+                    ev = (t + s + delay, seq(), port, link_epoch[li], cont, data, n, ecn)
+                    bk = ev[0] >> _SHIFT
+                    if bk <= cb:
+                        push(cur, ev)
+                    else:
+                        lst = future.get(bk)
+                        if lst is None:
+                            future[bk] = [ev]
+                            push(bidx, bk)
+                        else:
+                            lst.append(ev)
                     continue
                 if q + w > port_buffer[port]:
                     self._drop("buffer" if trimming else "buffer_no_trim")
@@ -438,7 +496,17 @@ class Fabric:
                 b += s
                 busy[port] = b
                 tx[port] += w
-                push(heap, (b + delay, seq(), port, link_epoch[li], cont, data, n, ecn))
+                ev = (b + delay, seq(), port, link_epoch[li], cont, data, n, ecn)
+                bk = ev[0] >> _SHIFT
+                if bk <= cb:
+                    push(cur, ev)
+                else:
+                    lst = future.get(bk)
+                    if lst is None:
+                        future[bk] = [ev]
+                        push(bidx, bk)
+                    else:
+                        lst.append(ev)
             elif kind == _EV_TIMER:
                 node = ev[3]
                 if timer_at[node] != t:
@@ -454,7 +522,7 @@ class Fabric:
                 dl = eng.next_deadline()
                 if dl is not None and dl < timer_at[node]:
                     timer_at[node] = dl
-                    push(heap, (dl if dl > t else t, seq(), _EV_TIMER, node, 0, None, 0, False))
+                    sched((dl if dl > t else t, seq(), _EV_TIMER, node, 0, None, 0, False))
             else:
                 self.now = t
                 ev[3](t)
@@ -471,9 +539,6 @@ class Fabric:
                         t0 = now_w
                         next_progress = now_w + progress_every_s
                         progress(self)
-        else:
-            if until_ns < NEVER:
-                self.now = max(self.now, until_ns)
         self.events += events
         self.hops += hops
         self.wall_s += time.perf_counter() - t0
@@ -489,7 +554,7 @@ class Fabric:
         dl = eng.next_deadline()
         if dl is not None and dl < self.timer_at[h]:
             self.timer_at[h] = dl
-            heapq.heappush(self.heap, (max(dl, now), next(self._seq), _EV_TIMER, h, 0, None, 0, False))
+            self._sched((max(dl, now), next(self._seq), _EV_TIMER, h, 0, None, 0, False))
 
     # ------------------------------------------------------------------ introspection
 
