@@ -287,7 +287,8 @@ def _finish(out: Output, doc: dict[str, Any], plot_path: str | None, render: Cal
 
 def _speed_line(doc: dict[str, Any]) -> str:
     return (f"speed: {doc['packet_hops']:,} packet-hops in {doc['sim_wall_s']:.1f} s of event loop = "
-            f"{doc['hops_per_s']:,} hops/s ({doc['events_per_s']:,} events/s)")
+            f"{doc['hops_per_s']:,} hops/s ({doc['events_per_s']:,} events/s); "
+            f"{doc['hops_per_cpu_s']:,} hops per CPU second")
 
 
 @run_group.command("permutation")

@@ -102,16 +102,19 @@ class _Speed:
         self.events = 0
         self.hops = 0
         self.wall = 0.0
+        self.cpu = 0.0
 
     def add(self, fab: Fabric) -> None:
         self.events += fab.events
         self.hops += fab.hops
         self.wall += fab.wall_s
+        self.cpu += fab.cpu_s
 
     def doc(self) -> dict[str, Any]:
         w = self.wall or 1e-9
         return {"events": self.events, "packet_hops": self.hops, "sim_wall_s": round(self.wall, 3),
-                "events_per_s": round(self.events / w), "hops_per_s": round(self.hops / w)}
+                "sim_cpu_s": round(self.cpu, 3), "events_per_s": round(self.events / w),
+                "hops_per_s": round(self.hops / w), "hops_per_cpu_s": round(self.hops / (self.cpu or 1e-9))}
 
 
 def _reporter(progress: Progress | None, label: str, until: int) -> Callable[[Fabric], None] | None:
@@ -185,6 +188,7 @@ def permutation(spec: RunSpec, duration_ns: int = 200_000, warmup_ns: int = 50_0
             "wall_s": round(wall, 2),
             "packet_hops": fab.hops,
             "hops_per_s": round(fab.hops / fab.wall_s) if fab.wall_s else None,
+            "hops_per_cpu_s": round(fab.hops / fab.cpu_s) if fab.cpu_s else None,
             "drops": dict(fab.drops),
             "trims": fab.trims,
             "ecn_marks": fab.ecn_marks,
