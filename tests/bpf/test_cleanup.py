@@ -76,9 +76,21 @@ def gone(ids: list[int], timeout: float = 5.0) -> bool:
     return False
 
 
+def clsacts(name: str) -> list[str]:
+    """Interfaces of testbed `name` that still have a clsact qdisc."""
+    out = []
+    for ns in tb.Testbed.load(name).namespaces():
+        with netns.ipr(ns) as ipr:
+            for q in ipr.get_qdiscs():
+                if q.get_attr("TCA_KIND") == "clsact":
+                    out.append(f"{ns}/{q['index']}")
+    return out
+
+
 def assert_clean(env: dict[str, str], info: dict[str, Any]) -> None:
     for att in info["attachments"]:
         assert not bpf.kernel_view(att)["present"], att
+    assert clsacts(env["TB"]) == []
     with netns.ipr(f"{env['TB']}-h0") as ipr:
         assert not ipr.link_lookup(ifname="mrc0")
         assert not [r for r in ipr.get_rules(family=10) if r.get_attr("FRA_TABLE") == 4791]
@@ -90,6 +102,7 @@ def assert_clean(env: dict[str, str], info: dict[str, Any]) -> None:
 def test_detach_all_after_a_crash(env: dict[str, str]) -> None:
     proc, info = start(env)
     assert len(info["prog_ids"]) == 3
+    assert len(clsacts(env["TB"])) == 16 + 2  # switch_port on 16 fabric ports, host_egress on 2 x mrc0
     proc.kill()
     proc.wait()
     # the crash left everything in place: attachments, pins, records
