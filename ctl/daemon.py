@@ -1,0 +1,818 @@
+"""`mrcd`: the MRC controller of one host (DESIGN.md §7, docs/daemon.md).
+
+One per host (on a testbed: one per host namespace, started by ``mrcctl testbed up --with-daemons``).
+It runs the host's engine (`mrc.transport.Context`) on the host's MRC socket (`SocketDriver`), and:
+
+* computes the host's paths from the topology: EV index i toward peer P is plane ``i mod planes``,
+  ``(i div planes)``-th path of that plane; fills one EXP EV profile per peer and the host egress path
+  map with exactly that table;
+* keeps the ingress allowed-QP map in step with its QPs;
+* consumes the EV events of every QP, correlates ASSUMED_BAD EVs across QPs and peers to a failed link
+  (`Controller`), DENYs every EV through it (a host access link: the port is disabled and peers get
+  PORT_STATUS), probes the denied link through one EV and restores it when the probes answer;
+* serves the control socket (``$MRC_RUN_DIR/<host>.sock``, mode 0600, root only: other users are
+  refused with a clear error) for applications (client library `mrc.dataplane.client`) and `mrcctl`;
+* exports Prometheus metrics (`mrc.ctl.metrics`) on ``--metrics ADDR:PORT``.
+
+SIGTERM / SIGINT end it cleanly: its path-map and allowed-QP entries are removed, the socket unlinked.
+A SIGKILLed mrcd leaves map entries only; ``mrcctl prog detach --all`` removes them with the programs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import contextlib
+import ipaddress
+import json
+import mmap
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from mrc import __version__ as mrc_version
+from mrc.dataplane import abi
+from mrc.dataplane import testbed as tbmod
+from mrc.dataplane.client import socket_path
+from mrc.dataplane.driver import SocketDriver, wait
+from mrc.dataplane.fabric import FabricDataplane
+from mrc.dataplane.udp import mrc_socket
+from mrc.errors import MrcError
+from mrc.topology import Path as TopoPath
+from mrc.transport import (
+    Context,
+    EvEntry,
+    EvEvent,
+    EvMode,
+    EvProfile,
+    EvState,
+    MemoryRegion,
+    NsccConfig,
+    QpAttr,
+    QueuePair,
+    WorkCompletion,
+)
+
+DEFAULT_EVS: Final = 64
+SO_PEERCRED_FMT: Final = "3i"
+CTRL_PERIOD_NS: Final = 2_000_000  # controller pass at most every 2 ms
+RESTORE_PROBE_NS: Final = 100_000_000  # probe a denied link every 100 ms
+MAX_LOG: Final = 1000
+
+Link = frozenset[str]
+
+
+def link_name(lk: Link) -> str:
+    return "-".join(sorted(lk))
+
+
+@dataclass
+class Action:
+    time_ns: int
+    kind: str  # deny | restore | port_down | port_up | probe
+    link: str
+    evs: int
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"time_ns": self.time_ns, "kind": self.kind, "link": self.link, "evs": self.evs,
+                "detail": self.detail}
+
+
+@dataclass
+class PeerTable:
+    """EV index -> path toward one peer, and the EXP profile made from it."""
+
+    peer: str
+    gid: bytes
+    paths: list[TopoPath]
+    profile: EvProfile
+    by_link: dict[Link, list[int]] = field(default_factory=dict)
+
+
+@dataclass
+class Client:
+    sock: socket.socket
+    uid: int
+    rbuf: bytearray = field(default_factory=bytearray)
+    fds: deque[int] = field(default_factory=deque)
+    qps: set[int] = field(default_factory=set)
+    mrs: dict[int, tuple[MemoryRegion, mmap.mmap]] = field(default_factory=dict)
+    wbuf: bytearray = field(default_factory=bytearray)
+
+
+class Controller:
+    """Failure localisation from EV events (docs/daemon.md, "Controller"): a link all (>= `share`) of
+    whose EVs toward active peers are ASSUMED_BAD, with at least `min_bad` of them, is failed; every EV
+    through it is DENIED; one EV through it is probed every `RESTORE_PROBE_NS`; a probe that comes back
+    GOOD restores the link."""
+
+    def __init__(self, d: Daemon, *, share: float = 0.75, min_bad: int = 2) -> None:
+        self.d = d
+        self.share = share
+        self.min_bad = min_bad
+        self.bad: dict[tuple[str, int], int] = {}  # (peer, ev index) -> time it went bad
+        self.denied: dict[Link, dict[str, list[int]]] = {}
+        self.denied_at: dict[Link, int] = {}
+        self.probing: dict[tuple[int, int], Link] = {}  # (qpn, ev index) -> link under test
+        self.next_probe: dict[Link, int] = {}
+        self.ports_down: set[int] = set()
+        self.log: deque[Action] = deque(maxlen=MAX_LOG)
+        self.events: deque[dict[str, Any]] = deque(maxlen=MAX_LOG)
+        self.counts: dict[str, int] = {}
+        self.event_counts: dict[str, int] = {}
+        self._dirty = False
+
+    def act(self, a: Action) -> None:
+        self.log.append(a)
+        self.counts[a.kind] = self.counts.get(a.kind, 0) + 1
+
+    def on_events(self, evs: list[EvEvent]) -> None:
+        d = self.d
+        for e in evs:
+            qp = d.ctx.qps.get(e.qpn)
+            peer = d.qp_peer.get(e.qpn)
+            self.event_counts[e.state.name] = self.event_counts.get(e.state.name, 0) + 1
+            self.events.append({"time_ns": e.time_ns, "qpn": e.qpn, "peer": peer, "ev_index": e.ev_index,
+                                "port": e.port, "state": e.state.name, "drop_count": e.drop_count})
+            if peer is None or qp is None or e.qpn in d.pinned_qps:
+                continue
+            key = (e.qpn, e.ev_index)
+            if e.state == EvState.GOOD and key in self.probing:
+                self.restore(self.probing.pop(key), e.time_ns)
+                continue
+            if e.state == EvState.ASSUMED_BAD:
+                self.bad[(peer, e.ev_index)] = e.time_ns
+                self._dirty = True
+            elif e.state == EvState.GOOD:
+                self.bad.pop((peer, e.ev_index), None)
+
+    def tick(self, now: int) -> None:
+        if self._dirty:
+            self._dirty = False
+            self.localise(now)
+        for lk in list(self.denied):
+            if now >= self.next_probe.get(lk, 0):
+                self.next_probe[lk] = now + RESTORE_PROBE_NS
+                self.probe(lk, now)
+
+    def localise(self, now: int) -> None:
+        d = self.d
+        active = {p for q, p in d.qp_peer.items() if q not in d.pinned_qps}
+        candidates: set[Link] = set()
+        for peer, i in self.bad:
+            t = d.peers.get(peer)
+            if t is not None:
+                candidates.update(frozenset(x) for x in t.paths[i].links)
+        failed = []
+        for lk in candidates:
+            if lk in self.denied:
+                continue
+            total = bad = 0
+            for peer in active:
+                for i in d.peers[peer].by_link.get(lk, []):
+                    total += 1
+                    bad += (peer, i) in self.bad
+            if total and bad >= self.min_bad and bad >= self.share * total:
+                failed.append(lk)
+        for lk in failed:
+            self.deny(lk, now)
+
+    def deny(self, lk: Link, now: int) -> None:
+        d = self.d
+        per_peer: dict[str, list[int]] = {}
+        n = 0
+        for peer, t in d.peers.items():
+            idx = t.by_link.get(lk, [])
+            if idx:
+                t.profile.deny(idx, now)
+                per_peer[peer] = idx
+                n += len(idx)
+                for i in idx:
+                    self.bad.pop((peer, i), None)
+        self.denied[lk] = per_peer
+        self.denied_at[lk] = now
+        self.next_probe[lk] = now + RESTORE_PROBE_NS
+        self.act(Action(now, "deny", link_name(lk), n))
+        plane = d.access_plane(lk)
+        if plane is not None and plane not in self.ports_down:
+            self.ports_down.add(plane)
+            d.ctx.modify_port(plane, False, now)
+            self.act(Action(now, "port_down", link_name(lk), 0, f"plane {plane}: PORT_STATUS to peers"))
+
+    def probe(self, lk: Link, now: int) -> None:
+        """Move one EV through the denied link to ASSUMED_BAD on one QP: the engine probes it."""
+        d = self.d
+        for key, other in list(self.probing.items()):
+            if other == lk:  # the previous attempt did not come back: deny it again
+                qp = d.ctx.qps.get(key[0])
+                if qp is not None:
+                    qp.paths.set_state(key[1], EvState.DENIED, now)
+                del self.probing[key]
+        for peer, idx in self.denied[lk].items():
+            for qpn, p in d.qp_peer.items():
+                qp = d.ctx.qps.get(qpn)
+                if p == peer and qp is not None and qpn not in d.pinned_qps and qp.state.name == "RTS":
+                    qp.paths.set_state(idx[0], EvState.ASSUMED_BAD, now)
+                    self.probing[(qpn, idx[0])] = lk
+                    self.counts["probe"] = self.counts.get("probe", 0) + 1
+                    return
+
+    def restore(self, lk: Link, now: int) -> None:
+        d = self.d
+        per_peer = self.denied.pop(lk, {})
+        self.next_probe.pop(lk, None)
+        self.denied_at.pop(lk, None)
+        n = 0
+        for peer, idx in per_peer.items():
+            d.peers[peer].profile.allow(idx, now)
+            n += len(idx)
+        for key in [k for k, v in self.probing.items() if v == lk]:
+            del self.probing[key]
+        self.act(Action(now, "restore", link_name(lk), n))
+        plane = d.access_plane(lk)
+        if plane is not None and plane in self.ports_down:
+            self.ports_down.discard(plane)
+            d.ctx.modify_port(plane, True, now)
+            self.act(Action(now, "port_up", link_name(lk), 0, f"plane {plane}"))
+
+    # -- operator
+    def deny_manual(self, peer: str, indices: list[int], now: int) -> int:
+        self.d.peers[peer].profile.deny(indices, now)
+        self.act(Action(now, "deny", f"manual:{peer}", len(indices)))
+        return len(indices)
+
+    def restore_manual(self, peer: str, indices: list[int], now: int) -> int:
+        self.d.peers[peer].profile.allow(indices, now)
+        self.act(Action(now, "restore", f"manual:{peer}", len(indices)))
+        return len(indices)
+
+
+class Daemon:
+    def __init__(self, testbed: str, host: str, *, evs: int = DEFAULT_EVS, socket_file: Path | None = None,
+                 metrics: tuple[str, int] | None = None, seed: int = 0) -> None:
+        self.tb = tbmod.Testbed.load(testbed)
+        self.topo = self.tb.topo
+        if host not in self.topo.host_names():
+            hosts = ", ".join(self.topo.host_names())
+            raise MrcError(f"testbed {testbed}: no host {host!r} (hosts: {hosts})")
+        if evs < self.topo.planes:
+            raise MrcError(f"--evs {evs}: need at least one EV per plane ({self.topo.planes})")
+        self.host = host
+        self.ns = self.tb.ns(host)
+        self.evs = evs
+        self.socket_file = socket_file or socket_path(self.ns)
+        self.metrics_addr = metrics
+        self.started = time.time()
+        self.lock = threading.Lock()
+        self.stop = False
+        self.fd = FabricDataplane.open(testbed)
+        if self.fd.egress is None or self.fd.ingress is None:
+            raise MrcError(f"testbed {testbed}: host_egress/host_ingress not attached (mrcctl prog attach)")
+        self.gid = self.topo.mrc_address(host).packed
+        self.ctx = Context(self.gid, ports=self.topo.planes, seed=seed or os.getpid(), name=host)
+        leaf = self.topo.host_leaf(host)
+        self.port_ifname = [self.topo.link_between(host, self.topo.leaf_name(p, leaf)).a_ifname
+                            for p in range(self.topo.planes)]
+        self.peers: dict[str, PeerTable] = {}
+        self.qp_peer: dict[int, str] = {}
+        self.pinned_qps: set[int] = set()
+        self.qp_owner: dict[int, Client] = {}
+        self.cq = self.ctx.create_cq(1 << 20)
+        self.cc_nscc = self.ctx.create_cc_profile(self._nscc())
+        self.cc_null = self.ctx.create_cc_profile(None)
+        self.mrs: dict[int, MemoryRegion] = {}
+        # counters of destroyed QPs, so that the exported totals never go down
+        self.gone: dict[str, int] = {}
+        self.gone_c: dict[str, int] = {}
+        self.gone_port = [0] * self.topo.planes
+        self._next_mr = 1
+        self._next_profile = 1000
+        self.controller = Controller(self)
+        self.sock: socket.socket | None = None
+        self.driver: SocketDriver | None = None
+        self.server: socket.socket | None = None
+        self.sel = selectors.DefaultSelector()
+        self.clients: dict[int, Client] = {}
+        self.hid = self.fd.ingress.allocate_id("host", f"{self.tb.name}/{host}")
+        self.http: Any = None
+
+    def _nscc(self) -> NsccConfig:
+        # the testbed's fabric: per plane a link of link.rate; the host's window covers about half of the
+        # plane queues' buffers together, so the queues ECN-mark but rarely drop (docs/daemon.md)
+        buf = self.topo.link.buffer_bytes
+        return NsccConfig.for_path(500_000, self.topo.planes * buf // 3)
+
+    # -- paths
+    def access_plane(self, lk: Link) -> int | None:
+        if self.host not in lk:
+            return None
+        other = next(iter(lk - {self.host}))
+        for p in range(self.topo.planes):
+            if self.topo.leaf_name(p, self.topo.host_leaf(self.host)) == other:
+                return p
+        return None
+
+    def peer_table(self, peer: str) -> PeerTable:
+        t = self.peers.get(peer)
+        if t is not None:
+            return t
+        if peer not in self.topo.host_names() or peer == self.host:
+            raise MrcError(f"no peer host {peer!r} (hosts: "
+                           f"{', '.join(h for h in self.topo.host_names() if h != self.host)})")
+        planes = self.topo.planes
+        by_plane = [sorted(self.topo.paths(self.host, peer, plane=p), key=lambda x: x.spine or 0)
+                    for p in range(planes)]
+        paths = [by_plane[i % planes][(i // planes) % len(by_plane[i % planes])] for i in range(self.evs)]
+        entries = [EvEntry(i, i % planes) for i in range(self.evs)]
+        prof = EvProfile(len(self.peers) + 1, entries, mode=EvMode.EXP)
+        self.ctx.create_ev_profile(prof)
+        t = PeerTable(peer, self.topo.mrc_address(peer).packed, paths, prof)
+        for i, p in enumerate(paths):
+            for a, b in p.links:
+                t.by_link.setdefault(frozenset((a, b)), []).append(i)
+            self.fd.set_path(self.host, peer, i, p)
+        for plane in self.controller.ports_down:
+            prof.deny([i for i in range(self.evs) if i % planes == plane])
+        for lk, per in self.controller.denied.items():
+            idx = t.by_link.get(lk, [])
+            if idx:
+                prof.deny(idx)
+                per[peer] = idx
+        self.peers[peer] = t
+        return t
+
+    # -- lifecycle
+    def start(self) -> None:
+        for h in self.topo.host_names():
+            if h != self.host:
+                self.peer_table(h)
+        self.sock = mrc_socket(self.ns, str(self.topo.mrc_address(self.host)), rcvbuf=32 << 20)
+        pmap = {self.fd.ifindex(self.host, ifn): p for p, ifn in enumerate(self.port_ifname)}
+        self.driver = SocketDriver(self.ctx, self.sock, pmap)
+        self.sel.register(self.sock, selectors.EVENT_READ, "udp")
+        path = self.socket_file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            srv.bind(str(path))
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o600)
+        srv.listen(64)
+        srv.setblocking(False)
+        self.server = srv
+        self.sel.register(srv, selectors.EVENT_READ, "listen")
+        if self.metrics_addr is not None:
+            from .metrics import serve
+
+            self.http = serve(self, *self.metrics_addr)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            if self.http is not None:
+                self.http.shutdown()
+        for c in list(self.clients.values()):
+            self._drop_client(c)
+        for peer in list(self.peers):
+            for i in range(self.evs):
+                with contextlib.suppress(Exception):
+                    self.fd.delete_path(self.host, peer, i)
+        for q in list(self.qp_peer):
+            self._disallow(q)
+        if self.server is not None:
+            self.server.close()
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_file.unlink()
+        if self.sock is not None:
+            self.sock.close()
+        self.fd.close()
+
+    def _allow(self, qpn: int) -> None:
+        self.fd.allow_qps(self.host, [qpn])
+
+    def _disallow(self, qpn: int) -> None:
+        assert self.fd.ingress is not None
+        with contextlib.suppress(Exception):
+            self.fd.ingress.maps["mrc_allowed_qps"].delete(abi.QpKey(self.hid, qpn))
+
+    # -- main loop
+    def run(self, ready: Any = None) -> None:
+        drv = self.driver
+        assert drv is not None
+        ctx = self.ctx
+        ctrl = self.controller
+        next_ctrl = 0
+        if ready is not None:
+            ready()
+        lock = self.lock
+        while not self.stop:
+            to = drv.timeout()
+            if to is None or to > 0.05:
+                to = 0.05
+            if drv.want_write:
+                to = min(to, 0.0005)
+            events = wait(to, self.sel.select)
+            with lock:
+                udp = False
+                for key, mask in events:  # type: ignore[attr-defined]
+                    tag = key.data
+                    if tag == "udp":
+                        udp = True
+                    elif tag == "listen":
+                        self._accept()
+                    else:
+                        self._client_io(tag, mask)
+                drv.turn(udp)
+                self._deliver_wcs()
+                now = time.monotonic_ns()
+                evs = ctx.poll_ev_events()
+                if evs:
+                    ctrl.on_events(evs)
+                if now >= next_ctrl:
+                    next_ctrl = now + CTRL_PERIOD_NS
+                    ctrl.tick(now)
+                    drv.flush(now)
+                for c in list(self.clients.values()):
+                    if c.wbuf:
+                        self._flush_client(c)
+
+    def _deliver_wcs(self) -> None:
+        for wc in self.cq.poll(1 << 16):
+            owner = self.qp_owner.get(wc.qp_num)
+            if owner is not None:
+                self._push(owner, _wc_doc(wc))
+
+    # -- control socket
+    def _accept(self) -> None:
+        assert self.server is not None
+        try:
+            conn, _ = self.server.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize(SO_PEERCRED_FMT))
+        _pid, uid, _gid = struct.unpack(SO_PEERCRED_FMT, cred)
+        if uid != 0:
+            with contextlib.suppress(OSError):
+                conn.sendall((json.dumps({"id": 0, "error": f"permission denied: the MRC control socket is "
+                                          f"root-only (uid {uid})"}) + "\n").encode())
+            conn.close()
+            return
+        conn.setblocking(False)
+        c = Client(conn, uid)
+        self.clients[conn.fileno()] = c
+        self.sel.register(conn, selectors.EVENT_READ, c)
+
+    def _client_io(self, c: Client, mask: int) -> None:
+        if mask & selectors.EVENT_READ:
+            try:
+                data, anc, _f, _a = c.sock.recvmsg(1 << 20, socket.CMSG_SPACE(16 * 4))
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data = b""
+                anc = []
+            for level, kind, value in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    a = array.array("i")
+                    a.frombytes(value[: len(value) - len(value) % a.itemsize])
+                    c.fds.extend(a)
+            if not data:
+                self._drop_client(c)
+                return
+            c.rbuf += data
+            while True:
+                i = c.rbuf.find(b"\n")
+                if i < 0:
+                    break
+                line = bytes(c.rbuf[:i])
+                del c.rbuf[: i + 1]
+                self._request(c, line)
+                if c.sock.fileno() < 0:
+                    return
+
+    def _push(self, c: Client, doc: dict[str, Any]) -> None:
+        c.wbuf += (json.dumps(doc, separators=(",", ":")) + "\n").encode()
+
+    def _flush_client(self, c: Client) -> None:
+        try:
+            n = c.sock.send(c.wbuf)
+            del c.wbuf[:n]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            self._drop_client(c)
+
+    def _drop_client(self, c: Client) -> None:
+        if c.sock.fileno() >= 0:
+            with contextlib.suppress(Exception):
+                self.sel.unregister(c.sock)
+            self.clients.pop(c.sock.fileno(), None)
+            with contextlib.suppress(OSError):
+                c.sock.setblocking(True)
+                c.sock.settimeout(1.0)
+                if c.wbuf:
+                    c.sock.sendall(c.wbuf)
+            c.sock.close()
+        for q in list(c.qps):
+            self._destroy_qp(q)
+        for h, (mr, mm) in list(c.mrs.items()):
+            self.ctx.dereg_mr(mr)
+            self.mrs.pop(h, None)
+            with contextlib.suppress(BufferError):
+                mm.close()
+        c.mrs.clear()
+        while c.fds:
+            with contextlib.suppress(OSError):
+                os.close(c.fds.popleft())
+
+    def _request(self, c: Client, line: bytes) -> None:
+        rid: Any = None
+        try:
+            req = json.loads(line)
+            rid = req.get("id")
+            op = str(req.get("op"))
+            fn = getattr(self, f"op_{op}", None)
+            if fn is None:
+                raise MrcError(f"unknown operation {op!r}")
+            res = fn(c, req)
+            self._push(c, {"id": rid, "ok": res})
+        except (MrcError, ValueError, KeyError, TypeError, IndexError) as e:
+            msg = str(e) if isinstance(e, (MrcError, ValueError)) else f"bad request: {type(e).__name__}: {e}"
+            self._push(c, {"id": rid, "error": msg})
+
+    # -- operations: applications
+    def op_hello(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
+        return {"host": self.host, "testbed": self.tb.name, "gid": str(ipaddress.IPv6Address(self.gid)),
+                "planes": self.topo.planes, "evs": self.evs, "pid": os.getpid(), "version": mrc_version,
+                "peers": [h for h in self.topo.host_names() if h != self.host],
+                "link_rate_bps": self.topo.link.rate_bps}
+
+    def op_reg_mr(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
+        if not c.fds:
+            raise MrcError("reg_mr: no file descriptor came with the request")
+        fd = c.fds.popleft()
+        try:
+            length = int(req["length"])
+            mm = mmap.mmap(fd, length)
+        finally:
+            os.close(fd)
+        mr = self.ctx.reg_mr(mm)
+        h = self._next_mr
+        self._next_mr += 1
+        self.mrs[h] = mr
+        c.mrs[h] = (mr, mm)
+        return {"handle": h, "rkey": mr.rkey, "addr": mr.addr, "length": length}
+
+    def op_create_qp(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
+        peer = str(req["peer"])
+        t = self.peer_table(peer)
+        evs = req.get("evs")
+        planes = req.get("planes")
+        profile = t.profile
+        pinned = False
+        if evs is not None or planes is not None:
+            keep_planes = set(range(self.topo.planes)) if planes is None else {int(p) for p in planes}
+            bad = keep_planes - set(range(self.topo.planes))
+            if bad:
+                raise MrcError(f"no plane {min(bad)} (planes 0..{self.topo.planes - 1})")
+            chosen = [i for i in range(self.evs) if i % self.topo.planes in keep_planes]
+            if evs is not None:
+                chosen = chosen[: int(evs)]
+            if not chosen:
+                raise MrcError("the EV restriction leaves no EV")
+            self._next_profile += 1
+            profile = EvProfile(self._next_profile, list(t.profile.entries), mode=EvMode.EXP,
+                                ev_min_active=1)
+            self.ctx.create_ev_profile(profile)
+            profile.deny([i for i in range(self.evs) if i not in set(chosen)])
+            pinned = True
+        cc = self.cc_null if req.get("cc") == "null" else self.cc_nscc
+        qp = self.ctx.create_qp(self.cq, ev_profile=profile, cc_profile=cc, attr=QpAttr(timeout=14))
+        self.qp_peer[qp.qpn] = peer
+        self.qp_owner[qp.qpn] = c
+        if pinned:
+            self.pinned_qps.add(qp.qpn)
+        c.qps.add(qp.qpn)
+        self._allow(qp.qpn)
+        return {"qpn": qp.qpn, "peer_gid": str(ipaddress.IPv6Address(t.gid))}
+
+    def _qp(self, c: Client | None, req: dict[str, Any]) -> QueuePair:
+        qpn = int(req["qpn"])
+        qp = self.ctx.qps.get(qpn)
+        if qp is None or (c is not None and qpn not in c.qps):
+            raise MrcError(f"no QP {qpn} of this client")
+        return qp
+
+    def op_connect(self, c: Client, req: dict[str, Any]) -> None:
+        qp = self._qp(c, req)
+        qp.connect(self.peers[self.qp_peer[qp.qpn]].gid, int(req["peer_qpn"]))
+
+    def op_destroy_qp(self, c: Client, req: dict[str, Any]) -> None:
+        qp = self._qp(c, req)
+        c.qps.discard(qp.qpn)
+        self._destroy_qp(qp.qpn)
+
+    def _destroy_qp(self, qpn: int) -> None:
+        qp = self.ctx.qps.pop(qpn, None)
+        if qp is not None:
+            for k, v in qp.c.items():
+                self.gone_c[k] = self.gone_c.get(k, 0) + int(v)
+            for a in ("serial", "rx_packets", "tx_bytes", "rx_bytes"):
+                self.gone[a] = self.gone.get(a, 0) + int(getattr(qp, a))
+            for p in range(self.topo.planes):
+                self.gone_port[p] += int(qp.paths.port_bytes[p])
+            with contextlib.suppress(ValueError):
+                self.ctx._active.remove(qp)
+            with contextlib.suppress(ValueError):
+                qp.paths.profile.paths.remove(qp.paths)
+        self.qp_peer.pop(qpn, None)
+        self.qp_owner.pop(qpn, None)
+        self.pinned_qps.discard(qpn)
+        for key in [k for k in self.controller.probing if k[0] == qpn]:
+            del self.controller.probing[key]
+        self._disallow(qpn)
+
+    def op_post_send(self, c: Client, req: dict[str, Any]) -> None:
+        qp = self._qp(c, req)
+        h = int(req["mr"])
+        if h not in c.mrs:
+            raise MrcError(f"no memory region {h} of this client")
+        imm = req.get("imm")
+        qp.post_send(int(req["wr_id"]), c.mrs[h][0], int(req["offset"]), int(req["length"]),
+                     int(req["remote_addr"]), int(req["rkey"]), imm=None if imm is None else int(imm))
+
+    def op_post_recv(self, c: Client, req: dict[str, Any]) -> None:
+        self._qp(c, req).post_recv(int(req["wr_id"]))
+
+    # -- operations: operator
+    def op_qp_stats(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
+        qp = self._qp(None, req)
+        return {"qpn": qp.qpn, "peer": self.qp_peer.get(qp.qpn), "time_ns": time.monotonic_ns(), **qp.stats()}
+
+    def op_qp_show(self, c: Client, req: dict[str, Any]) -> list[dict[str, Any]]:
+        out = []
+        for qpn, qp in sorted(self.ctx.qps.items()):
+            st = qp.paths.state
+            out.append({"host": self.host, "qpn": qpn, "peer": self.qp_peer.get(qpn), "state": qp.state.name,
+                        "peer_qpn": getattr(qp, "peer_qpn", None), "cwnd": qp.cc.cwnd, "srtt_ns": qp.srtt,
+                        "inflight": qp.inflight, "data_tx": qp.serial, "data_rx": qp.rx_packets,
+                        "evs": {s.name.lower(): sum(1 for x in st if x == int(s)) for s in EvState},
+                        "restricted": qpn in self.pinned_qps})
+        return out
+
+    def op_ev_show(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
+        want = req.get("state")
+        peers = {}
+        for peer, t in sorted(self.peers.items()):
+            qps = [q for q, p in self.qp_peer.items() if p == peer and q not in self.pinned_qps]
+            rows = []
+            for i, path in enumerate(t.paths):
+                if i in t.profile.denied:
+                    state = "DENIED"
+                else:
+                    states = {EvState(self.ctx.qps[q].paths.state[i]).name for q in qps if q in self.ctx.qps}
+                    state = "ASSUMED_BAD" if "ASSUMED_BAD" in states else ("GOOD" if states or not qps else
+                                                                            "UNKNOWN")
+                    if "DENIED" in states and "ASSUMED_BAD" not in states:
+                        state = "DENIED"
+                if want and state.lower() != str(want).lower():
+                    continue
+                rows.append({"ev_index": i, "port": i % self.topo.planes, "plane": path.plane,
+                             "spine": path.spine, "via": "-".join(path.hops[1:-1]), "state": state})
+            peers[peer] = rows
+        return {"host": self.host, "peers": peers,
+                "denied_links": sorted(link_name(lk) for lk in self.controller.denied)}
+
+    def _indices(self, req: dict[str, Any]) -> tuple[str, list[int]]:
+        peer = str(req["peer"])
+        t = self.peer_table(peer)
+        idx: list[int] = []
+        if req.get("evs"):
+            idx = [int(i) for i in req["evs"]]
+        if req.get("plane") is not None:
+            idx += [i for i, p in enumerate(t.paths) if p.plane == int(req["plane"])]
+        if req.get("link"):
+            a, b = str(req["link"]).split("-", 1) if "-" in str(req["link"]) else (req["link"], "")
+            idx += t.by_link.get(frozenset((a, b)), [])
+        if not idx:
+            raise MrcError("nothing selected: give EV indices, a plane or a link A-B")
+        for i in idx:
+            if not 0 <= i < self.evs:
+                raise MrcError(f"EV index {i} out of range 0..{self.evs - 1}")
+        return peer, sorted(set(idx))
+
+    def op_ev_deny(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
+        peer, idx = self._indices(req)
+        return {"host": self.host, "peer": peer, "denied": self.controller.deny_manual(peer, idx,
+                                                                                        time.monotonic_ns())}
+
+    def op_ev_restore(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
+        peer, idx = self._indices(req)
+        return {"host": self.host, "peer": peer, "restored": self.controller.restore_manual(peer, idx,
+                                                                                           time.monotonic_ns())}
+
+    def op_port_show(self, c: Client, req: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"host": self.host, "port": p, "ifname": self.port_ifname[p],
+                 "enabled": self.ctx.port_enabled[p],
+                 "failed": p in self.controller.ports_down} for p in range(self.topo.planes)]
+
+    def op_port_set(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
+        p = int(req["port"])
+        if not 0 <= p < self.topo.planes:
+            raise MrcError(f"no port {p} (ports 0..{self.topo.planes - 1})")
+        enabled = bool(req["enabled"])
+        self.ctx.modify_port(p, enabled, time.monotonic_ns())
+        self.controller.act(Action(time.monotonic_ns(), "port_up" if enabled else "port_down",
+                                   self.port_ifname[p], 0, "operator"))
+        return {"host": self.host, "port": p, "enabled": enabled}
+
+    def op_actions(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
+        since = int(req.get("since_ns", 0))
+        return {"actions": [a.to_dict() for a in self.controller.log if a.time_ns >= since],
+                "events": [e for e in self.controller.events if e["time_ns"] >= since]}
+
+    def op_stats(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
+        assert self.driver is not None
+        return {"host": self.host, "engine_drops": dict(self.ctx.drops), "driver": self.driver.stats(),
+                "qps": len(self.ctx.qps), "controller": dict(self.controller.counts),
+                "ev_events": dict(self.controller.event_counts),
+                "denied_links": sorted(link_name(lk) for lk in self.controller.denied),
+                "dataplane": self.fd._host_stats(self.host, False)}
+
+
+def _wc_doc(wc: WorkCompletion) -> dict[str, Any]:
+    return {"push": "wc", "qpn": wc.qp_num, "wr_id": wc.wr_id, "status": wc.status.name,
+            "opcode": wc.opcode.name, "byte_len": wc.byte_len, "imm": wc.imm_data,
+            "time_ns": time.monotonic_ns()}
+
+
+def _addr(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"{value!r}: expected ADDRESS:PORT")
+    return host.strip("[]"), int(port)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="mrcd",
+                                 description="MRC controller daemon for one host (docs/daemon.md).")
+    ap.add_argument("--testbed", default=None, help="testbed name (default: the only one up)")
+    ap.add_argument("--host", required=True, help="the host this mrcd serves (e.g. h0)")
+    ap.add_argument("--evs", type=int, default=DEFAULT_EVS, help="EVs per peer (split over the planes)")
+    ap.add_argument("--metrics", type=_addr, default=None, metavar="ADDR:PORT", help="serve /metrics here")
+    ap.add_argument("--socket", type=Path, default=None, help="control socket (default /run/mrc/<host>.sock)")
+    ap.add_argument("--ready-fd", type=int, default=None, help="write 'ready\\n' to this fd when serving")
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        print("mrcd: error: needs root (CAP_NET_ADMIN, CAP_BPF)", file=sys.stderr)
+        return 1
+    d: Daemon | None = None
+
+    def _stop(signum: int, _frame: Any) -> None:
+        if d is not None:
+            d.stop = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGHUP, _stop)
+    try:
+        d = Daemon(tbmod.resolve_name(args.testbed), args.host, evs=args.evs, socket_file=args.socket,
+                   metrics=args.metrics)
+        d.start()
+    except (MrcError, OSError) as e:
+        print(f"mrcd: error: {e}", file=sys.stderr)
+        if d is not None:
+            d.close()
+        return 1
+
+    def ready() -> None:
+        print(f"mrcd: {d.host} serving {d.socket_file}"
+              + (f", metrics on {args.metrics[0]}:{args.metrics[1]}" if args.metrics else ""),
+              file=sys.stderr)
+        if args.ready_fd is not None:
+            with contextlib.suppress(OSError):
+                os.write(args.ready_fd, b"ready\n")
+                os.close(args.ready_fd)
+
+    try:
+        d.run(ready)
+    finally:
+        d.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""The MRC client library: how an application (bench, all-reduce rank) uses MRC on a host where `mrcd` runs.
+
+The engine runs inside `mrcd` (one per host, docs/daemon.md). An application talks to it over the
+host's control socket (``/run/mrc/<host>.sock``, root-only) with one JSON object per line; memory
+regions are shared memory (a memfd the application creates, maps, and passes to mrcd with SCM_RIGHTS),
+so payload bytes never cross the socket: mrcd's engine reads and places them in the same pages the
+application sees. Opening a QP to a peer host::
+
+    with MrcClient.for_host("h0") as c:                   # /run/mrc/<host>.sock
+        mr = c.reg_mr(64 << 20)                           # mr.buf: a writable mmap shared with mrcd
+        qp = c.create_qp("h2")                            # QPN unique on this host
+        ... exchange (qp.qpn, mr.addr, mr.rkey) with the peer application out of band ...
+        c.connect(qp, peer_qpn)
+        c.post_send(qp, wr_id=1, mr=mr, offset=0, length=n, remote_addr=raddr, rkey=rkey, imm=7)
+        wc = c.wait_wc(qp, wr_id=1)                       # completions are pushed by mrcd
+
+Errors from mrcd come back as `MrcError` with mrcd's one-line message.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import errno
+import json
+import mmap
+import os
+import select
+import socket
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from mrc.errors import MrcError
+
+MAX_LINE: Final = 1 << 24
+
+
+def socket_dir() -> Path:
+    return Path(os.environ.get("MRC_RUN_DIR", "/run/mrc"))
+
+
+def socket_path(host: str) -> Path:
+    """The control socket of host `host` (on a testbed: the host's namespace name, e.g. mrc-h0)."""
+    return socket_dir() / f"{host}.sock"
+
+
+@dataclass
+class RemoteMr:
+    """A memory region registered with mrcd: `buf` is this process's view of the shared pages."""
+
+    handle: int
+    rkey: int
+    addr: int
+    length: int
+    buf: mmap.mmap
+    fd: int
+
+    def close(self) -> None:
+        with contextlib.suppress(BufferError):  # a numpy view still holds it: the pages go with the process
+            self.buf.close()
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+@dataclass(frozen=True)
+class ClientQp:
+    qpn: int
+    peer: str
+    gid: str
+
+
+def _connect(path: Path, timeout: float) -> socket.socket:
+    sk = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sk.settimeout(timeout)
+    try:
+        sk.connect(str(path))
+    except PermissionError:
+        sk.close()
+        raise MrcError(f"{path}: permission denied: the MRC control socket is root-only "
+                       f"(uid {os.geteuid()})") from None
+    except (FileNotFoundError, ConnectionRefusedError):
+        sk.close()
+        raise MrcError(f"{path}: no mrcd is listening "
+                       "(start it, or 'mrcctl testbed up --with-daemons')") from None
+    except OSError as e:
+        sk.close()
+        raise MrcError(f"{path}: {os.strerror(e.errno or errno.EIO)}") from None
+    return sk
+
+
+class MrcClient:
+    """One connection to one host's mrcd. Not thread-safe: one thread per client."""
+
+    def __init__(self, path: str | Path, *, timeout: float = 30.0) -> None:
+        self.path = Path(path)
+        self.timeout = timeout
+        self.sk = _connect(self.path, timeout)
+        self._rbuf = bytearray()
+        self._id = 0
+        self.pushes: deque[dict[str, Any]] = deque()
+        self._wcs: dict[int, deque[dict[str, Any]]] = {}
+        self.mrs: list[RemoteMr] = []
+        hello = self.call("hello")
+        self.host: str = hello["host"]
+        self.gid: str = hello["gid"]
+        self.info = hello
+
+    @classmethod
+    def for_host(cls, host: str, **kw: Any) -> MrcClient:
+        return cls(socket_path(host), **kw)
+
+    # -- wire
+    def _send(self, doc: dict[str, Any], fds: list[int] | None = None) -> None:
+        data = (json.dumps(doc, separators=(",", ":")) + "\n").encode()
+        if fds:
+            self.sk.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        else:
+            self.sk.sendall(data)
+
+    def _read_line(self, timeout: float | None) -> dict[str, Any] | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            i = self._rbuf.find(b"\n")
+            if i >= 0:
+                line = bytes(self._rbuf[:i])
+                del self._rbuf[: i + 1]
+                doc: dict[str, Any] = json.loads(line)
+                return doc
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            r, _, _ = select.select([self.sk], [], [], left)
+            if not r:
+                return None
+            chunk = self.sk.recv(1 << 20)
+            if not chunk:
+                raise MrcError(f"{self.path}: mrcd closed the connection")
+            self._rbuf += chunk
+            if len(self._rbuf) > MAX_LINE:
+                raise MrcError(f"{self.path}: oversized message from mrcd")
+
+    def _dispatch_push(self, doc: dict[str, Any]) -> None:
+        if doc.get("push") == "wc":
+            self._wcs.setdefault(int(doc["qpn"]), deque()).append(doc)
+        else:
+            self.pushes.append(doc)
+
+    def call(self, op: str, fds: list[int] | None = None, **args: Any) -> Any:
+        """One request; returns mrcd's answer, raises MrcError with its error line."""
+        self._id += 1
+        rid = self._id
+        self._send({"id": rid, "op": op, **args}, fds)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            doc = self._read_line(max(0.0, deadline - time.monotonic()))
+            if doc is None:
+                raise MrcError(f"{self.path}: mrcd did not answer {op!r} within {self.timeout} s")
+            if "push" in doc:
+                self._dispatch_push(doc)
+                continue
+            if doc.get("id") != rid:
+                continue
+            if "error" in doc:
+                raise MrcError(str(doc["error"]))
+            return doc.get("ok")
+
+    # -- verbs
+    def reg_mr(self, length: int) -> RemoteMr:
+        """A shared-memory region of `length` bytes registered with mrcd (remote write allowed)."""
+        fd = os.memfd_create("mrc-mr", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, length)
+            buf = mmap.mmap(fd, length)
+            r = self.call("reg_mr", fds=[fd], length=length)
+        except BaseException:
+            os.close(fd)
+            raise
+        mr = RemoteMr(int(r["handle"]), int(r["rkey"]), int(r["addr"]), length, buf, fd)
+        self.mrs.append(mr)
+        return mr
+
+    def create_qp(self, peer: str, *, evs: int | None = None, planes: list[int] | None = None,
+                  cc: str = "nscc") -> ClientQp:
+        """A QP toward host `peer`; `evs` / `planes` restrict its EV profile (e.g. 1 EV on plane 0: the
+        single-path baseline)."""
+        r = self.call("create_qp", peer=peer, evs=evs, planes=planes, cc=cc)
+        return ClientQp(int(r["qpn"]), peer, str(r["peer_gid"]))
+
+    def connect(self, qp: ClientQp, peer_qpn: int) -> None:
+        self.call("connect", qpn=qp.qpn, peer_qpn=peer_qpn)
+
+    def destroy_qp(self, qp: ClientQp) -> None:
+        self.call("destroy_qp", qpn=qp.qpn)
+
+    def post_send(self, qp: ClientQp, *, wr_id: int, mr: RemoteMr, offset: int, length: int, remote_addr: int,
+                  rkey: int, imm: int | None = None) -> None:
+        self.call("post_send", qpn=qp.qpn, wr_id=wr_id, mr=mr.handle, offset=offset, length=length,
+                  remote_addr=remote_addr, rkey=rkey, imm=imm)
+
+    def post_recv(self, qp: ClientQp, wr_id: int) -> None:
+        self.call("post_recv", qpn=qp.qpn, wr_id=wr_id)
+
+    def poll_wc(self, qp: ClientQp, timeout: float = 0.0) -> list[dict[str, Any]]:
+        """Completions of `qp` pushed by mrcd so far (waiting up to `timeout` for the first)."""
+        q = self._wcs.setdefault(qp.qpn, deque())
+        deadline = time.monotonic() + timeout
+        while not q:
+            left = deadline - time.monotonic()
+            doc = self._read_line(max(0.0, left))
+            if doc is None:
+                break
+            if "push" in doc:
+                self._dispatch_push(doc)
+            if left <= 0:
+                break
+        out = list(q)
+        q.clear()
+        return out
+
+    def wait_wc(self, qp: ClientQp, wr_id: int, timeout: float = 600.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            for wc in self.poll_wc(qp, timeout=min(0.5, max(0.0, deadline - time.monotonic()))):
+                if int(wc["wr_id"]) == wr_id:
+                    if wc["status"] != "SUCCESS":
+                        raise MrcError(f"QP {qp.qpn}: work request {wr_id} failed: {wc['status']}")
+                    return wc
+            if time.monotonic() > deadline:
+                raise MrcError(f"QP {qp.qpn}: no completion for work request {wr_id} in {timeout} s")
+
+    def close(self) -> None:
+        for mr in self.mrs:
+            mr.close()
+        self.mrs.clear()
+        self.sk.close()
+
+    def __enter__(self) -> MrcClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,163 @@
+"""The socket driver: runs the sans-I/O engine (`mrc.transport.Context`) on a real UDP socket.
+
+One MRC socket per host (`udp.mrc_socket`: the host's MRC address, port 4791, UDP checksum 0 both ways,
+ECT(0), large buffers). Per loop turn (`SocketDriver.turn`):
+
+* receive: drain the socket without blocking (up to `batch` datagrams), each with its traffic class (ECN-CE
+  -> `ecn=True`) and the interface it arrived on (IPV6_PKTINFO: the plane port after End.DT6), and hand
+  it to `Context.receive`;
+* timers: `handle_timer(now)` once `now >= next_deadline()`;
+* send: `datagrams_to_send(now)` -> `sendto(MRC(dst), 4791)`; the host egress program picks the path from
+  the EV index in MXH. A full socket buffer keeps the rest queued (sent when the socket is writable).
+
+The caller waits with `selectors` on `fileno()` (and its own fds) for at most `timeout(now)` seconds:
+sub-millisecond timers without a busy spin when idle (epoll's timeout has 1 ms granularity, so a
+deadline closer than that is slept with `time.sleep`, which uses a high-resolution timer).
+
+Python has no sendmmsg/recvmmsg; measured on the testbed, a loop of non-blocking `recvmsg_into` /
+`sendto` calls per turn is what the standard library offers (docs/daemon.md).
+"""
+
+from __future__ import annotations
+
+import collections
+import ipaddress
+import socket
+import struct
+import time
+from collections.abc import Callable
+from typing import Final
+
+from mrc.transport import Context, Datagram
+from mrc.wire import ROCEV2_UDP_PORT
+
+from .udp import ECN_CE, ECN_MASK
+
+IPV6_RECVPKTINFO: Final = 49
+IPV6_PKTINFO: Final = 50
+_ANC: Final = socket.CMSG_SPACE(4) + socket.CMSG_SPACE(20)
+_BUF: Final = 9216
+
+
+class SocketDriver:
+    """Drive `ctx` on `sock` (bound, non-blocking after construction). `port_of_ifindex` maps the
+    interface a datagram arrived on to the engine's plane port (unknown interfaces: port 0)."""
+
+    def __init__(self, ctx: Context, sock: socket.socket, port_of_ifindex: dict[int, int] | None = None, *,
+                 batch: int = 256, clock: Callable[[], int] = time.monotonic_ns,
+                 sndbuf: int = 8 << 20) -> None:
+        self.ctx = ctx
+        self.sock = sock
+        self.port_of_ifindex = dict(port_of_ifindex or {})
+        self.batch = batch
+        self.clock = clock
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_IPV6, IPV6_RECVPKTINFO, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+        self._pending: collections.deque[Datagram] = collections.deque()
+        self._dst: dict[bytes, tuple[str, int]] = {}
+        self._buf = bytearray(_BUF)
+        self.rx_datagrams = 0
+        self.tx_datagrams = 0
+        self.rx_ce = 0
+        self.send_blocked = 0
+        self.send_errors = 0
+        self.turns = 0
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    @property
+    def want_write(self) -> bool:
+        return bool(self._pending)
+
+    # -- receive
+    def receive(self, now: int | None = None) -> int:
+        """Drain up to `batch` datagrams into the engine; returns how many."""
+        sk = self.sock
+        ctx = self.ctx
+        buf = self._buf
+        ports = self.port_of_ifindex
+        n = 0
+        t = self.clock() if now is None else now
+        while n < self.batch:
+            try:
+                nbytes, anc, _flags, _addr = sk.recvmsg_into([buf], _ANC)
+            except (BlockingIOError, InterruptedError):
+                break
+            ecn = False
+            port = 0
+            for level, kind, value in anc:
+                if level == socket.IPPROTO_IPV6:
+                    if kind == socket.IPV6_TCLASS and len(value) >= 4:
+                        ecn = (int.from_bytes(value[:4], "little") & ECN_MASK) == ECN_CE
+                    elif kind == IPV6_PKTINFO and len(value) >= 20:
+                        port = ports.get(struct.unpack_from("=I", value, 16)[0], 0)
+            if ecn:
+                self.rx_ce += 1
+            ctx.receive(bytes(buf[:nbytes]), t, ecn, port)
+            n += 1
+        self.rx_datagrams += n
+        return n
+
+    # -- send
+    def _addr(self, dst: bytes) -> tuple[str, int]:
+        a = self._dst.get(dst)
+        if a is None:
+            a = self._dst[dst] = (str(ipaddress.IPv6Address(dst)), ROCEV2_UDP_PORT)
+        return a
+
+    def flush(self, now: int | None = None) -> int:
+        """Send what is pending, then what the engine has to send now; returns datagrams sent."""
+        t = self.clock() if now is None else now
+        pend = self._pending
+        pend.extend(self.ctx.datagrams_to_send(t))
+        sk = self.sock
+        n = 0
+        while pend:
+            dg = pend[0]
+            try:
+                sk.sendto(dg.data, self._addr(dg.dst))
+            except (BlockingIOError, InterruptedError):
+                self.send_blocked += 1
+                break
+            except OSError:
+                # e.g. ENOBUFS / no route: the datagram is lost, the engine recovers it like a fabric loss
+                self.send_errors += 1
+            pend.popleft()
+            n += 1
+        self.tx_datagrams += n
+        return n
+
+    # -- timers
+    def timeout(self, now: int | None = None) -> float | None:
+        """Seconds until the engine's next deadline (0 when due), or None when no timer is armed."""
+        d = self.ctx.next_deadline()
+        if d is None:
+            return None
+        t = self.clock() if now is None else now
+        return max(0.0, (d - t) / 1e9)
+
+    def turn(self, readable: bool = True) -> None:
+        """One loop turn: receive (when readable), expired timers, send."""
+        self.turns += 1
+        if readable:
+            self.receive()
+        now = self.clock()
+        d = self.ctx.next_deadline()
+        if d is not None and d <= now:
+            self.ctx.handle_timer(now)
+        self.flush(now)
+
+    def stats(self) -> dict[str, int]:
+        return {"rx_datagrams": self.rx_datagrams, "tx_datagrams": self.tx_datagrams, "rx_ce": self.rx_ce,
+                "send_blocked": self.send_blocked, "send_errors": self.send_errors, "turns": self.turns,
+                "pending": len(self._pending)}
+
+
+def wait(sel_timeout: float | None, select: Callable[[float | None], object]) -> object:
+    """Wait with `select(timeout)`: below 1 ms (epoll's granularity) sleep precisely instead."""
+    if sel_timeout is not None and 0 < sel_timeout < 0.001:
+        time.sleep(sel_timeout)
+        return select(0)
+    return select(sel_timeout)
