@@ -320,9 +320,17 @@ class FabricDataplane:
             raise MrcError(f"testbed {self.name}: no link between {a} and {b}") from None
         return [(lk.a, lk.a_ifname), (lk.b, lk.b_ifname)]
 
-    def set_fault(self, a: str, b: str, *, drop: float = 0.0, blackhole: bool = False,
-                  ev: int | None = None) -> None:
-        """A fault on the link a-b, both directions (the egress of both ends)."""
+    def plane_ports(self, plane: int) -> list[tuple[str, str]]:
+        if not 0 <= plane < self.topo.planes:
+            raise MrcError(f"testbed {self.name}: no plane {plane} (planes are 0..{self.topo.planes - 1})")
+        return [(p.node, p.ifname) for p in ports(self.topo) if p.plane == plane]
+
+    def set_fault(self, a: str | None = None, b: str | None = None, *, plane: int | None = None,
+                  drop: float = 0.0, blackhole: bool = False, ev: int | None = None) -> None:
+        """A fault on the link a-b, both directions (the egress of both ends), or on every port of
+        `plane` (the whole plane fails, or loses a fraction, or loses one EV)."""
+        if (plane is None) == (a is None or b is None):
+            raise MrcError("a fault is on one link (A B) or on one plane (--plane P)")
         if not blackhole and drop <= 0.0:
             raise MrcError("a fault needs --drop P (0 < P <= 1) or --blackhole")
         try:
@@ -330,15 +338,18 @@ class FabricDataplane:
                           ev_index=abi.FAULT_ANY_EV if ev is None else ev)
         except ValueError as e:
             raise MrcError(str(e)) from None
-        for node, ifname in self.link_ports(a, b):
+        targets = self.plane_ports(plane) if plane is not None else self.link_ports(str(a), str(b))
+        for node, ifname in targets:
             _key, cfg = self._sw_port(node, ifname)
             assert self.switch is not None
             self.switch.maps["mrc_sw_faults"].set(ct_u32(cfg.port_id), f)
 
-    def clear_faults(self, a: str | None = None, b: str | None = None) -> int:
+    def clear_faults(self, a: str | None = None, b: str | None = None, plane: int | None = None) -> int:
         if self.switch is None:
             raise MrcError(f"testbed {self.name}: switch_port is not attached")
-        if a is not None and b is not None:
+        if plane is not None:
+            targets = self.plane_ports(plane)
+        elif a is not None and b is not None:
             targets = self.link_ports(a, b)
         else:
             targets = [(p.node, p.ifname) for p in ports(self.topo)]

@@ -356,3 +356,10 @@ def test_blackhole_and_single_ev_faults(small_fabric: FabricDataplane, pair: Pai
         assert got == sorted(set(p0 + p1) - {p0[0]})  # only that EV is dropped
     finally:
         fd.clear_faults()
+    fd.set_fault(plane=1, drop=1.0)  # a whole plane loses everything
+    try:
+        for ev in p0 + p1:
+            pair.send(ev)
+        assert sorted(p.ev_index for p, *_ in pair.receive()) == sorted(p0)
+    finally:
+        assert fd.clear_faults(plane=1) == 8  # 4 links of plane 1, both ends

@@ -56,6 +56,10 @@ def test_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     capsys.readouterr()
     assert main(["fault", "clear", "a"]) == 2
     assert "both ends" in capsys.readouterr().err
+    assert main(["fault", "set", "--blackhole"]) == 2
+    assert "name a link (A B) or a plane" in capsys.readouterr().err
+    assert main(["fault", "set", "a", "b", "--plane", "1", "--blackhole"]) == 2
+    assert "not both" in capsys.readouterr().err
     assert main(["port", "set", "p0l1", "h1"]) == 2
     assert "nothing to set" in capsys.readouterr().err
     assert main(["port", "set", "p0l1", "h1", "--buffer", "lots"]) == 2
