@@ -12,14 +12,6 @@ from pathlib import Path
 
 import pytest
 
-if os.geteuid() != 0:
-    pytest.skip("needs root: loads eBPF programs", allow_module_level=True)
-
-try:
-    import bcc  # noqa: F401
-except ImportError:
-    pytest.skip("BCC (python3-bpfcc) is not importable", allow_module_level=True)
-
 from mrc import topology
 from mrc.dataplane import bpf
 from mrc.dataplane import testbed as tb
@@ -31,6 +23,9 @@ TOPOS = ROOT / "deploy" / "topologies"
 
 @pytest.fixture(scope="session", autouse=True)
 def private_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    if os.geteuid() != 0:
+        yield {}
+        return
     env = {"MRC_RUN_DIR": str(tmp_path_factory.mktemp("mrc-run")),
            "MRC_BPF_PIN_ROOT": f"/sys/fs/bpf/mrc-test-{secrets.token_hex(4)}"}
     old = {k: os.environ.get(k) for k in env}
@@ -48,6 +43,12 @@ def private_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str
 @pytest.fixture(scope="session")
 def programs(private_state: dict[str, str]) -> Iterator[dict[str, bpf.Program]]:
     """The three programs, compiled and loaded once for the whole session."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: loads eBPF programs")
+    try:
+        import bcc  # noqa: F401
+    except ImportError:
+        pytest.skip("BCC (python3-bpfcc) is not importable")
     try:
         progs = {k: bpf.program(k) for k in bpf.PROGRAMS}
     except OSError as e:

@@ -23,6 +23,9 @@ from mrc.dataplane import testbed as tb
 
 pytestmark = [pytest.mark.root, pytest.mark.netns, pytest.mark.bpf, pytest.mark.slow]
 
+if os.geteuid() != 0:
+    pytest.skip("needs root: loads eBPF programs, builds namespaces", allow_module_level=True)
+
 TOPOS = Path(__file__).resolve().parents[2] / "deploy" / "topologies"
 
 CHILD = """

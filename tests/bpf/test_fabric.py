@@ -8,6 +8,7 @@ counters and captures show."""
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
 import time
@@ -24,6 +25,9 @@ from mrc.dataplane.fabric import FabricDataplane
 from mrc.wire import ip
 
 pytestmark = [pytest.mark.root, pytest.mark.netns, pytest.mark.bpf]
+
+if os.geteuid() != 0:
+    pytest.skip("needs root: loads eBPF programs, builds namespaces", allow_module_level=True)
 
 
 class Pair:
