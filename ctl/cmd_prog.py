@@ -19,7 +19,6 @@ import click
 from mrc.dataplane import bpf
 from mrc.dataplane import testbed as tbmod
 from mrc.dataplane.fabric import DECAP_MODES, FabricDataplane
-from mrc.errors import MrcError
 
 from .cmd_testbed import json_option, name_option
 from .output import Output, table
@@ -91,8 +90,6 @@ def attach(out: Output, name: str | None, decap: str, evs: int, qp_filter: bool,
            switch: bool) -> None:
     """Load the programs (one BCC compile each) and attach them to testbed NAME; they stay attached."""
     tb = tbmod.resolve_name(name)
-    if any(a.get("testbed") == tb for r in bpf.records() for a in r.get("attachments", [])):
-        raise MrcError(f"testbed {tb} already has mrc programs attached (mrcctl prog detach --name {tb})")
     t0 = time.monotonic()
     out.progress(f"testbed {tb}: compiling and attaching host_egress, host_ingress, switch_port")
     fd = FabricDataplane.attach(tb, egress=egress, ingress=ingress, switch=switch, decap=decap,

@@ -312,9 +312,11 @@ class Program:
         crash half-way still leaves something `detach_everything()` can remove."""
         if self.prog_fd < 0:
             raise MrcError(f"{self.name} was opened from its pins: only its loader attaches it")
-        att = {"netns": ns, "ifname": ifname, "hook": self.spec.hook, **meta}
+        att = {"netns": ns, "ifname": ifname, "hook": self.spec.hook, "prog_name": self.kind,
+               "prog_id": self.record.get("prog_id"), "created_clsact": False, **meta}
         self.record["attachments"].append(att)
         self.save()
+        ours = False  # whether anything at the hook is ours to undo if this fails half-way
         try:
             with contextlib.closing(netns.ipr(ns)) as ipr:
                 found = ipr.link_lookup(ifname=ifname)
@@ -331,9 +333,12 @@ class Program:
                             raise MrcError(f"{ns}/{ifname} already has an XDP program "
                                            "(mrcctl prog show)") from None
                         raise
+                    ours = True
                 else:
                     try:
                         ipr.tc("add", "clsact", idx)
+                        att["created_clsact"] = ours = True
+                        self.save()
                     except Exception as e:
                         if getattr(e, "code", None) != errno.EEXIST:
                             raise
@@ -342,9 +347,11 @@ class Program:
                                            "(mrcctl prog show)") from None
                     ipr.tc("add-filter", "bpf", idx, ":1", fd=self.prog_fd, name=self.kind,
                            parent=TC_EGRESS_PARENT, classid=1, direct_action=True)
+                    ours = True
         except BaseException:
-            with contextlib.suppress(Exception):
-                _detach_one(att)
+            if ours:
+                with contextlib.suppress(Exception):
+                    _detach_one(att)
             self.record["attachments"].remove(att)
             self.save()
             raise
@@ -409,7 +416,9 @@ def _tc_egress_filters(ipr: Any, idx: int) -> list[Any]:
 
 
 def _detach_one(att: dict[str, Any]) -> None:
-    """Undo one attachment (idempotent; a namespace or interface that is gone is fine)."""
+    """Undo one attachment (idempotent; a namespace or interface that is gone is fine). Only what is
+    ours goes: an XDP program only if it is the recorded one, a clsact only if we created it (else just
+    our filter), a device and rule only if we made them."""
     ns = att["netns"]
     if not netns.exists(ns):
         return
@@ -418,14 +427,24 @@ def _detach_one(att: dict[str, Any]) -> None:
         if found:
             idx = int(found[0])
             if att["hook"] == "xdp":
-                with contextlib.suppress(Exception):
-                    ipr.link("set", index=idx, xdp_fd=-1, xdp_flags=XDP_FLAGS_DRV_MODE)
+                xdp = ipr.get_links(idx)[0].get_attr("IFLA_XDP")
+                kid = xdp.get_attr("IFLA_XDP_PROG_ID") if xdp is not None else None
+                if kid and (att.get("prog_id") is None or kid == att["prog_id"]):
+                    with contextlib.suppress(Exception):
+                        ipr.link("set", index=idx, xdp_fd=-1, xdp_flags=XDP_FLAGS_DRV_MODE)
             elif att.get("created_dev"):
                 with contextlib.suppress(Exception):
                     ipr.link("del", index=idx)  # takes its clsact and routes along
-            else:
+            elif att.get("created_clsact", True):
                 with contextlib.suppress(Exception):
                     ipr.tc("del", "clsact", idx)
+            else:
+                for f in _tc_egress_filters(ipr, idx):
+                    opts = f.get_attr("TCA_OPTIONS")
+                    if opts is not None and opts.get_attr("TCA_BPF_NAME") == att.get("prog_name"):
+                        with contextlib.suppress(Exception):
+                            ipr.tc("del-filter", "bpf", idx, f["handle"], parent=TC_EGRESS_PARENT,
+                                   prio=f["info"] >> 16)
         rule = att.get("rule")
         if rule:
             with contextlib.suppress(Exception):

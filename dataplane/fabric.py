@@ -32,7 +32,7 @@ from mrc.topology import Topology
 from mrc.wire.ip import mac6
 
 from . import abi, netns
-from .bpf import Program, netns_cookie, open_programs, program
+from .bpf import Program, netns_cookie, open_programs, program, records
 from .testbed import Testbed
 
 MRC_DEV: Final = "mrc0"
@@ -123,6 +123,9 @@ class FabricDataplane:
         if decap not in DECAP_MODES:
             raise MrcError(f"decap must be one of {', '.join(DECAP_MODES)}, got {decap!r}")
         tb = Testbed.load(name)
+        if any(a.get("testbed") == name for r in records() for a in r.get("attachments", [])):
+            raise MrcError(f"testbed {name} already has mrc programs attached (mrcctl prog show; "
+                           f"mrcctl prog detach --name {name})")
         fd = cls(tb, program("host_egress") if egress else None, program("host_ingress") if ingress else None,
                  program("switch_port") if switch else None)
         try:

@@ -22,6 +22,7 @@ from mrc.dataplane import fabric as fab
 from mrc.dataplane import netns, udp
 from mrc.dataplane import testbed as tb
 from mrc.dataplane.fabric import FabricDataplane
+from mrc.errors import MrcError
 from mrc.wire import ip
 
 pytestmark = [pytest.mark.root, pytest.mark.netns, pytest.mark.bpf]
@@ -184,6 +185,14 @@ def test_unknown_ev_is_dropped_and_counted(small_fabric: FabricDataplane, pair: 
     # nothing was redirected to a plane port (and mrc0 swallows what is not redirected)
     for plane, row in s1["hosts"]["h0"]["planes"].items():
         assert row["tx_packets"] == s0["hosts"]["h0"]["planes"][plane]["tx_packets"]
+
+
+def test_second_attach_is_refused_and_harmless(small_fabric: FabricDataplane, pair: Pair) -> None:
+    with pytest.raises(MrcError, match="already has mrc programs attached"):
+        FabricDataplane.attach(small_fabric.name)
+    for ev in range(4):
+        pair.send(ev)
+    assert len(pair.receive()) == 4
 
 
 def test_non_mrc_traffic_still_uses_the_kernel_paths(small_fabric: FabricDataplane) -> None:
