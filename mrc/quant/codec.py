@@ -55,7 +55,7 @@ DTYPES: dict[int, np.dtype[Any]] = {1: np.dtype(np.float16), 2: np.dtype(np.floa
 DTYPE_CODES: dict[np.dtype[Any], int] = {v: k for k, v in DTYPES.items()}
 FLAG_AUTO = 0x01
 MAX_NDIM = 32
-MAX_PADDED = 1 << 36
+MAX_PADDED = 1 << 34
 
 _FIXED = struct.Struct("<4sBBBBBBHdQQQ")
 _U64 = struct.Struct("<Q")
@@ -257,6 +257,30 @@ def parse(buf: bytes | bytearray | memoryview) -> Header:
     )
 
 
+def _check_payload_bounds(h: Header) -> None:
+    """The payload size a header allows, bounded without the masks: a Bernoulli(p) group of D
+    coordinates has p D +- 8 sd members (a legitimate buffer falls outside with probability ~1e-15), so
+    a header claiming a huge D over a small payload is refused before anything D-sized is allocated."""
+    n = h.padded
+    bits = h.bits if h.scheme != "turboquant-prod" else h.bits - 1
+    extra = bitpack.packed_size(n, 1) if h.scheme == "turboquant-prod" else 0
+    if bits == 0:
+        lo_b = hi_b = extra
+    else:
+        sp = eden.split(bits)
+        if not sp.masked:
+            lo_b = hi_b = bitpack.packed_size(n, sp.lo) + extra
+        else:
+            slack = 8.0 * math.sqrt(n * sp.p * (1.0 - sp.p)) + 8.0
+            m_lo = max(0, math.floor(n * sp.p - slack))
+            m_hi = min(n, math.ceil(n * sp.p + slack))
+            # bytes grow with the member count m (hi > lo); each group rounds up by < 1 byte
+            lo_b = ((n - m_lo) * sp.lo + m_lo * sp.hi) // 8 + extra
+            hi_b = -(-((n - m_hi) * sp.lo + m_hi * sp.hi) // 8) + 2 + extra
+    if not lo_b <= h.payload_length <= hi_b:
+        raise CodecError(f"payload of {h.payload_length} bytes cannot hold {n} coordinates at b={h.bits:g}")
+
+
 def decode(buf: bytes | bytearray | memoryview) -> npt.NDArray[np.floating]:
     """Reconstruct the array (original shape and dtype) from `encode`'s output."""
     h = parse(buf)
@@ -264,6 +288,7 @@ def decode(buf: bytes | bytearray | memoryview) -> npt.NDArray[np.floating]:
     payload = np.frombuffer(mv, np.uint8, h.payload_length, h.payload_offset)
     cdt = compute_dtype(h.dtype)
     n = h.padded
+    _check_payload_bounds(h)  # before regenerating any D-sized mask
     if h.scheme == "turboquant-prod":
         mse_bits = int(h.bits) - 1
         layout = eden.section_sizes(mse_bits, h.seed, n) if mse_bits else []

@@ -186,6 +186,18 @@ def test_rejects_inconsistent_fields(good: bytes) -> None:
     assert "payload length" in _reason(_rebuild(f, bytes(rest)))
 
 
+def test_huge_claimed_size_is_refused_before_allocating() -> None:
+    """A header claiming D = 2^34 over a few bytes of payload (fractional and sparse budgets regenerate
+    D-sized masks) must fail fast on the size bounds, not try to allocate."""
+    for bits in (0.5, 2.5):
+        buf = codec.encode(np.ones(16), "eden-unbiased", bits, seed=1)
+        f = _fields(buf)
+        f[10], f[11] = 2**34, 2**34  # d and D
+        rest = bytearray(buf[_FIXED.size : -4])
+        struct.pack_into("<Q", rest, 0, 2**34)  # the 1-D shape
+        assert "cannot hold" in _reason(_rebuild(f, bytes(rest)))
+
+
 def test_rejects_nonzero_padding_bits() -> None:
     buf = codec.encode(np.ones(8), "eden-biased", 3, seed=1)  # 8 coords x 3 bits = 3 bytes, no padding
     buf5 = codec.encode(np.ones(4), "eden-biased", 3, seed=1)  # 4 x 3 = 12 bits: 4 padding bits
