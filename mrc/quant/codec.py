@@ -24,6 +24,10 @@ One compressed vector, all integers little-endian::
                  TurboQuant_prod: the (b-1)-bit indices (b >= 2), then D QJL sign bits
     ..     4     CRC-32 (zlib) of everything before it
 
+Everything random is regenerated from the seed with PCG64(SeedSequence((seed, stream, i))).random_raw:
+stream 1 = the signs of rotation i (rht.py), 2 = the Bernoulli group mask of fractional / b < 1 budgets
+(eden.py), 3 = the QJL Gaussian (turboquant.py). Indices are the Lloyd–Max cell numbers, 0 = most negative.
+
 Decoding checks every field against the others and raises `CodecError(reason)` on the first
 inconsistency — never returns an array from a malformed buffer. Only seeds and scalars travel.
 """
