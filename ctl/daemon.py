@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from mrc import __version__ as mrc_version
-from mrc.dataplane import abi
+from mrc.dataplane import abi, netns
 from mrc.dataplane import testbed as tbmod
 from mrc.dataplane.client import socket_path
 from mrc.dataplane.driver import SocketDriver, wait
@@ -62,11 +62,13 @@ from mrc.transport import (
     WorkCompletion,
 )
 
+from .metrics import MetricsServer
+
 DEFAULT_EVS: Final = 64
 SO_PEERCRED_FMT: Final = "3i"
 CTRL_PERIOD_NS: Final = 2_000_000  # controller pass at most every 2 ms
-RESTORE_PROBE_NS: Final = 100_000_000  # probe a denied link every 100 ms
-MAX_LOG: Final = 1000
+RESTORE_PROBE_NS: Final = 50_000_000  # probe a denied link every 50 ms
+MAX_LOG: Final = 100_000
 
 Link = frozenset[str]
 
@@ -116,13 +118,15 @@ class Controller:
     through it is DENIED; one EV through it is probed every `RESTORE_PROBE_NS`; a probe that comes back
     GOOD restores the link."""
 
-    def __init__(self, d: Daemon, *, share: float = 0.75, min_bad: int = 2) -> None:
+    def __init__(self, d: Daemon, *, share: float = 0.75, min_bad: int = 2, quiet: float = 0.2) -> None:
         self.d = d
         self.share = share
+        self.quiet = quiet
         self.min_bad = min_bad
-        self.bad: dict[tuple[str, int], int] = {}  # (peer, ev index) -> time it went bad
+        self.bad: dict[tuple[int, int], int] = {}  # (qpn, ev index) -> time it went bad
         self.denied: dict[Link, dict[str, list[int]]] = {}
         self.denied_at: dict[Link, int] = {}
+        self.remote: dict[Link, set[str]] = {}  # links denied because these peers' mrcds reported them
         self.probing: dict[tuple[int, int], Link] = {}  # (qpn, ev index) -> link under test
         self.next_probe: dict[Link, int] = {}
         self.ports_down: set[int] = set()
@@ -148,46 +152,66 @@ class Controller:
                 continue
             key = (e.qpn, e.ev_index)
             if e.state == EvState.GOOD and key in self.probing:
-                self.restore(self.probing.pop(key), e.time_ns)
+                # the probed path works: so does every denied link on it
+                del self.probing[key]
+                on_path = {frozenset(x) for x in d.peers[peer].paths[e.ev_index].links}
+                self.restore([lk for lk in self.denied if lk in on_path and lk not in self.remote], e.time_ns)
                 continue
             if e.state == EvState.ASSUMED_BAD:
-                self.bad[(peer, e.ev_index)] = e.time_ns
+                self.bad[key] = e.time_ns
                 self._dirty = True
             elif e.state == EvState.GOOD:
-                self.bad.pop((peer, e.ev_index), None)
+                self.bad.pop(key, None)
+
+    def forget_qp(self, qpn: int) -> None:
+        for key in [k for k in self.bad if k[0] == qpn]:
+            del self.bad[key]
+        for key in [k for k in self.probing if k[0] == qpn]:
+            del self.probing[key]
 
     def tick(self, now: int) -> None:
         if self._dirty:
             self._dirty = False
             self.localise(now)
         for lk in list(self.denied):
+            if lk in self.remote:
+                continue  # the reporting peer probes it and tells us when it is back
             if now >= self.next_probe.get(lk, 0):
                 self.next_probe[lk] = now + RESTORE_PROBE_NS
                 self.probe(lk, now)
 
     def localise(self, now: int) -> None:
         d = self.d
-        active = {p for q, p in d.qp_peer.items() if q not in d.pinned_qps}
+        active = {q: p for q, p in d.qp_peer.items() if q not in d.pinned_qps}
         candidates: set[Link] = set()
-        for peer, i in self.bad:
-            t = d.peers.get(peer)
-            if t is not None:
-                candidates.update(frozenset(x) for x in t.paths[i].links)
+        for q, i in self.bad:
+            peer = active.get(q)
+            if peer is not None:
+                candidates.update(frozenset(x) for x in d.peers[peer].paths[i].links)
+        # all usable EVs of the active QPs: a link failure makes its EVs bad and leaves the others alone;
+        # EVs bad everywhere at once are a stalled or congested host, not a link
+        usable = [(q, i) for q, peer in active.items() for i in range(self.d.evs)
+                  if i not in d.peers[peer].profile.denied]
+        all_bad = sum(1 for k in usable if k in self.bad)
         failed = []
         for lk in candidates:
             if lk in self.denied:
                 continue
             total = bad = 0
-            for peer in active:
+            for q, peer in active.items():
                 for i in d.peers[peer].by_link.get(lk, []):
+                    if i in d.peers[peer].profile.denied:
+                        continue
                     total += 1
-                    bad += (peer, i) in self.bad
-            if total and bad >= self.min_bad and bad >= self.share * total:
+                    bad += (q, i) in self.bad
+            others = len(usable) - total
+            other_share = (all_bad - bad) / others if others else 0.0
+            if total and bad >= self.min_bad and bad >= self.share * total and other_share <= self.quiet:
                 failed.append(lk)
         for lk in failed:
             self.deny(lk, now)
 
-    def deny(self, lk: Link, now: int) -> None:
+    def deny(self, lk: Link, now: int, reporter: str | None = None) -> None:
         d = self.d
         per_peer: dict[str, list[int]] = {}
         n = 0
@@ -197,12 +221,18 @@ class Controller:
                 t.profile.deny(idx, now)
                 per_peer[peer] = idx
                 n += len(idx)
-                for i in idx:
-                    self.bad.pop((peer, i), None)
+                for q, p in d.qp_peer.items():
+                    if p == peer:
+                        for i in idx:
+                            self.bad.pop((q, i), None)
         self.denied[lk] = per_peer
         self.denied_at[lk] = now
         self.next_probe[lk] = now + RESTORE_PROBE_NS
-        self.act(Action(now, "deny", link_name(lk), n))
+        self.act(Action(now, "deny", link_name(lk), n, "" if reporter is None else f"reported by {reporter}"))
+        if reporter is not None:
+            self.remote[lk] = {reporter}
+            return
+        d.tell_peers(lk, "down")
         plane = d.access_plane(lk)
         if plane is not None and plane not in self.ports_down:
             self.ports_down.add(plane)
@@ -227,23 +257,48 @@ class Controller:
                     self.counts["probe"] = self.counts.get("probe", 0) + 1
                     return
 
-    def restore(self, lk: Link, now: int) -> None:
+    def restore(self, links: list[Link], now: int) -> None:
+        """Allow the EVs of `links` again, except those another still-denied link also covers."""
         d = self.d
-        per_peer = self.denied.pop(lk, {})
-        self.next_probe.pop(lk, None)
-        self.denied_at.pop(lk, None)
-        n = 0
-        for peer, idx in per_peer.items():
-            d.peers[peer].profile.allow(idx, now)
-            n += len(idx)
-        for key in [k for k, v in self.probing.items() if v == lk]:
-            del self.probing[key]
-        self.act(Action(now, "restore", link_name(lk), n))
-        plane = d.access_plane(lk)
-        if plane is not None and plane in self.ports_down:
-            self.ports_down.discard(plane)
-            d.ctx.modify_port(plane, True, now)
-            self.act(Action(now, "port_up", link_name(lk), 0, f"plane {plane}"))
+        gone = {lk: self.denied.pop(lk, {}) for lk in links}
+        for lk in links:
+            self.next_probe.pop(lk, None)
+            self.denied_at.pop(lk, None)
+            for key in [k for k, v in self.probing.items() if v == lk]:
+                del self.probing[key]
+        for lk, per_peer in gone.items():
+            n = 0
+            for peer, idx in per_peer.items():
+                still = {i for other in self.denied.values() for i in other.get(peer, [])}
+                ok = [i for i in idx if i not in still]
+                d.peers[peer].profile.allow(ok, now)
+                n += len(ok)
+            self.act(Action(now, "restore", link_name(lk), n))
+            if self.remote.pop(lk, None) is not None:
+                continue
+            d.tell_peers(lk, "up")
+            plane = d.access_plane(lk)
+            if plane is not None and plane in self.ports_down:
+                self.ports_down.discard(plane)
+                d.ctx.modify_port(plane, True, now)
+                self.act(Action(now, "port_up", link_name(lk), 0, f"plane {plane}"))
+
+    def peer_report(self, lk: Link, state: str, reporter: str, now: int) -> str:
+        """A peer's mrcd localised a failed fabric link (or saw it return): our control packets toward
+        it (SACKs, probe replies) must avoid it too."""
+        if state == "down":
+            if lk in self.denied:
+                if lk in self.remote:
+                    self.remote[lk].add(reporter)
+                return "known"
+            self.deny(lk, now, reporter)
+            return "denied"
+        if lk in self.remote:
+            self.remote[lk].discard(reporter)
+            if not self.remote[lk]:
+                self.restore([lk], now)
+                return "restored"
+        return "ignored"
 
     # -- operator
     def deny_manual(self, peer: str, indices: list[int], now: int) -> int:
@@ -259,7 +314,7 @@ class Controller:
 
 class Daemon:
     def __init__(self, testbed: str, host: str, *, evs: int = DEFAULT_EVS, socket_file: Path | None = None,
-                 metrics: tuple[str, int] | None = None, seed: int = 0) -> None:
+                 metrics: MetricsServer | None = None, seed: int = 0, reorder_ns: int = 2_000_000) -> None:
         self.tb = tbmod.Testbed.load(testbed)
         self.topo = self.tb.topo
         if host not in self.topo.host_names():
@@ -270,8 +325,9 @@ class Daemon:
         self.host = host
         self.ns = self.tb.ns(host)
         self.evs = evs
+        self.reorder_ns = reorder_ns
         self.socket_file = socket_file or socket_path(self.ns)
-        self.metrics_addr = metrics
+        self.metrics = metrics
         self.started = time.time()
         self.lock = threading.Lock()
         self.stop = False
@@ -304,7 +360,12 @@ class Daemon:
         self.sel = selectors.DefaultSelector()
         self.clients: dict[int, Client] = {}
         self.hid = self.fd.ingress.allocate_id("host", f"{self.tb.name}/{host}")
-        self.http: Any = None
+
+    def qp_attr(self) -> QpAttr:
+        """QP attributes for this testbed: an ACK timeout of 1.024 us x 2^14 = 16.8 ms and a reordering
+        tolerance of `reorder_ns` (the engines run in Python processes that share two CPUs: a SACK can
+        be late by milliseconds without any loss; docs/daemon.md)."""
+        return QpAttr(timeout=14, reorder_ns=self.reorder_ns)
 
     def _nscc(self) -> NsccConfig:
         # the testbed's fabric: per plane a link of link.rate; the host's window covers about half of the
@@ -358,7 +419,8 @@ class Daemon:
                 self.peer_table(h)
         self.sock = mrc_socket(self.ns, str(self.topo.mrc_address(self.host)), rcvbuf=32 << 20)
         pmap = {self.fd.ifindex(self.host, ifn): p for p, ifn in enumerate(self.port_ifname)}
-        self.driver = SocketDriver(self.ctx, self.sock, pmap)
+        self.driver = SocketDriver(self.ctx, self.sock, pmap,
+                                   port_rate_bps=[self.topo.link.rate_bps] * self.topo.planes)
         self.sel.register(self.sock, selectors.EVENT_READ, "udp")
         path = self.socket_file
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -375,15 +437,13 @@ class Daemon:
         srv.setblocking(False)
         self.server = srv
         self.sel.register(srv, selectors.EVENT_READ, "listen")
-        if self.metrics_addr is not None:
-            from .metrics import serve
-
-            self.http = serve(self, *self.metrics_addr)
+        if self.metrics is not None:
+            self.metrics.start(self)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
-            if self.http is not None:
-                self.http.shutdown()
+            if self.metrics is not None:
+                self.metrics.shutdown()
         for c in list(self.clients.values()):
             self._drop_client(c)
         for peer in list(self.peers):
@@ -399,6 +459,23 @@ class Daemon:
         if self.sock is not None:
             self.sock.close()
         self.fd.close()
+
+    def tell_peers(self, lk: Link, state: str) -> None:
+        """Tell the other hosts' mrcds that fabric link `lk` failed / returned (one line on each peer's
+        control socket; on a real fabric this is the controllers' own channel). Access links go by
+        PORT_STATUS instead."""
+        if self.access_plane(lk) is not None:
+            return
+        msg = (json.dumps({"id": 0, "op": "link_status", "link": sorted(lk), "state": state,
+                           "from": self.host}) + "\n").encode()
+        for peer in self.topo.host_names():
+            if peer == self.host:
+                continue
+            path = self.socket_file.parent / f"{self.tb.ns(peer)}.sock"
+            with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(0.05)
+                s.connect(str(path))
+                s.sendall(msg)
 
     def _allow(self, qpn: int) -> None:
         self.fd.allow_qps(self.host, [qpn])
@@ -600,7 +677,7 @@ class Daemon:
             profile.deny([i for i in range(self.evs) if i not in set(chosen)])
             pinned = True
         cc = self.cc_null if req.get("cc") == "null" else self.cc_nscc
-        qp = self.ctx.create_qp(self.cq, ev_profile=profile, cc_profile=cc, attr=QpAttr(timeout=14))
+        qp = self.ctx.create_qp(self.cq, ev_profile=profile, cc_profile=cc, attr=self.qp_attr())
         self.qp_peer[qp.qpn] = peer
         self.qp_owner[qp.qpn] = c
         if pinned:
@@ -641,8 +718,7 @@ class Daemon:
         self.qp_peer.pop(qpn, None)
         self.qp_owner.pop(qpn, None)
         self.pinned_qps.discard(qpn)
-        for key in [k for k in self.controller.probing if k[0] == qpn]:
-            del self.controller.probing[key]
+        self.controller.forget_qp(qpn)
         self._disallow(qpn)
 
     def op_post_send(self, c: Client, req: dict[str, Any]) -> None:
@@ -739,6 +815,15 @@ class Daemon:
                                    self.port_ifname[p], 0, "operator"))
         return {"host": self.host, "port": p, "enabled": enabled}
 
+    def op_link_status(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
+        a, b = (str(x) for x in req["link"])
+        state = str(req["state"])
+        if state not in ("down", "up"):
+            raise MrcError(f"link_status: state must be down or up, got {state!r}")
+        res = self.controller.peer_report(frozenset((a, b)), state, str(req.get("from", "?")),
+                                          time.monotonic_ns())
+        return {"host": self.host, "result": res}
+
     def op_actions(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
         since = int(req.get("since_ns", 0))
         return {"actions": [a.to_dict() for a in self.controller.log if a.time_ns >= since],
@@ -772,9 +857,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--testbed", default=None, help="testbed name (default: the only one up)")
     ap.add_argument("--host", required=True, help="the host this mrcd serves (e.g. h0)")
     ap.add_argument("--evs", type=int, default=DEFAULT_EVS, help="EVs per peer (split over the planes)")
+    ap.add_argument("--reorder-us", type=int, default=2000, help="QP reordering tolerance (microseconds)")
     ap.add_argument("--metrics", type=_addr, default=None, metavar="ADDR:PORT", help="serve /metrics here")
     ap.add_argument("--socket", type=Path, default=None, help="control socket (default /run/mrc/<host>.sock)")
     ap.add_argument("--ready-fd", type=int, default=None, help="write 'ready\\n' to this fd when serving")
+    ap.add_argument("--no-netns", action="store_true",
+                    help="stay in the current network namespace (default: move into the host's after "
+                         "binding the metrics address here, so 'testbed down' ends mrcd with its namespace)")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         print("mrcd: error: needs root (CAP_NET_ADMIN, CAP_BPF)", file=sys.stderr)
@@ -788,14 +877,22 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGHUP, _stop)
+    metrics: MetricsServer | None = None
     try:
-        d = Daemon(tbmod.resolve_name(args.testbed), args.host, evs=args.evs, socket_file=args.socket,
-                   metrics=args.metrics)
+        name = tbmod.resolve_name(args.testbed)
+        if args.metrics is not None:
+            metrics = MetricsServer(*args.metrics)
+        if not args.no_netns:
+            netns.enter_for_exec(tbmod.Testbed.load(name).ns(args.host))
+        d = Daemon(name, args.host, evs=args.evs, socket_file=args.socket, metrics=metrics,
+                   reorder_ns=args.reorder_us * 1000)
         d.start()
     except (MrcError, OSError) as e:
         print(f"mrcd: error: {e}", file=sys.stderr)
         if d is not None:
             d.close()
+        elif metrics is not None:
+            metrics.srv.server_close()
         return 1
 
     def ready() -> None:

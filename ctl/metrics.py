@@ -8,6 +8,7 @@ Names: ``mrc_`` prefix, base units, ``_total`` on counters; labels only from sma
 from __future__ import annotations
 
 import platform
+import socket
 import threading
 from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
@@ -43,7 +44,7 @@ METRICS: Final = (
 
 
 class MrcCollector(Collector):
-    def __init__(self, d: Daemon) -> None:
+    def __init__(self, d: Daemon | None = None) -> None:
         self.d = d
 
     def describe(self) -> list[Any]:  # no collect() at registration
@@ -51,6 +52,8 @@ class MrcCollector(Collector):
 
     def collect(self) -> Iterator[Any]:
         d = self.d
+        if d is None:
+            return
         h = d.host
         info = InfoMetricFamily("mrc_build", "mrc version and platform")
         info.add_metric([], {"version": mrc_version, "kernel": platform.release(),
@@ -94,6 +97,7 @@ class MrcCollector(Collector):
 
     def _engine(self) -> Iterator[Any]:
         d = self.d
+        assert d is not None
         h = d.host
         ctx = d.ctx
         planes = d.topo.planes
@@ -178,18 +182,34 @@ class MrcCollector(Collector):
         yield rt
 
 
-def registry(d: Daemon) -> CollectorRegistry:
+def registry(collector: MrcCollector) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(MrcCollector(d))
+    reg.register(collector)
     return reg
 
 
-def serve(d: Daemon, addr: str, port: int) -> ThreadingHTTPServer:
-    """/metrics on addr:port in a daemon thread (prometheus_client's handler, our registry)."""
-    from prometheus_client.exposition import MetricsHandler
+class MetricsServer:
+    """/metrics on addr:port. Bound at construction (mrcd binds it in the root namespace, before it moves
+    into its host's namespace), served from a thread by `start(daemon)`."""
 
-    handler = MetricsHandler.factory(registry(d))
-    srv = ThreadingHTTPServer((addr, port), handler)
-    srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, name="mrcd-metrics", daemon=True).start()
-    return srv
+    def __init__(self, addr: str, port: int) -> None:
+        from prometheus_client.exposition import MetricsHandler
+
+        self.collector = MrcCollector()
+        handler = MetricsHandler.factory(registry(self.collector))
+        cls = ThreadingHTTPServer
+        if ":" in addr:
+            class _V6(ThreadingHTTPServer):
+                address_family = socket.AF_INET6
+            cls = _V6
+        self.srv = cls((addr, port), handler)
+        self.srv.daemon_threads = True
+        self.addr = (addr, port)
+
+    def start(self, d: Daemon) -> None:
+        self.collector.d = d
+        threading.Thread(target=self.srv.serve_forever, name="mrcd-metrics", daemon=True).start()
+
+    def shutdown(self) -> None:
+        self.srv.shutdown()
+        self.srv.server_close()

@@ -9,6 +9,11 @@ ECT(0), large buffers). Per loop turn (`SocketDriver.turn`):
 * timers: `handle_timer(now)` once `now >= next_deadline()`;
 * send: `datagrams_to_send(now)` -> `sendto(MRC(dst), 4791)`; the host egress program picks the path from
   the EV index in MXH. A full socket buffer keeps the rest queued (sent when the socket is writable).
+* pacing (`port_rate_bps`): a NIC serialises each port at its line rate and never drops its own
+  packets; the egress program's `bpf_redirect` into a full port queue does drop them, and the engine
+  would read those drops as path failures. So each plane port has a token bucket at its rate (bytes
+  counted as on the wire: the datagram + UDP, both IPv6 headers and Ethernet) and what exceeds it
+  waits in the driver, in order, until the port may send.
 
 The caller waits with `selectors` on `fileno()` (and its own fds) for at most `timeout(now)` seconds:
 sub-millisecond timers without a busy spin when idle (epoll's timeout has 1 ms granularity, so a
@@ -37,6 +42,10 @@ IPV6_RECVPKTINFO: Final = 49
 IPV6_PKTINFO: Final = 50
 _ANC: Final = socket.CMSG_SPACE(4) + socket.CMSG_SPACE(20)
 _BUF: Final = 9216
+#: bytes a datagram occupies at the plane port besides its UDP payload: Ethernet 14, outer + inner
+#: IPv6 80, UDP 8
+WIRE_OVERHEAD: Final = 102
+PACE_BURST: Final = 16 << 10
 
 
 class SocketDriver:
@@ -45,7 +54,7 @@ class SocketDriver:
 
     def __init__(self, ctx: Context, sock: socket.socket, port_of_ifindex: dict[int, int] | None = None, *,
                  batch: int = 256, clock: Callable[[], int] = time.monotonic_ns,
-                 sndbuf: int = 8 << 20) -> None:
+                 sndbuf: int = 8 << 20, port_rate_bps: list[int] | None = None) -> None:
         self.ctx = ctx
         self.sock = sock
         self.port_of_ifindex = dict(port_of_ifindex or {})
@@ -55,6 +64,13 @@ class SocketDriver:
         sock.setsockopt(socket.IPPROTO_IPV6, IPV6_RECVPKTINFO, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
         self._pending: collections.deque[Datagram] = collections.deque()
+        # pacing: bytes per ns per port, tokens (bytes) and when they were last filled
+        self._rate = [r / 8e9 for r in (port_rate_bps or [])]
+        self._tokens = [float(PACE_BURST)] * len(self._rate)
+        self._filled = [clock()] * len(self._rate)
+        self._portq: list[collections.deque[Datagram]] = [collections.deque() for _ in self._rate]
+        self._pace_at: int | None = None
+        self.paced = 0
         self._dst: dict[bytes, tuple[str, int]] = {}
         self._buf = bytearray(_BUF)
         self.rx_datagrams = 0
@@ -70,6 +86,10 @@ class SocketDriver:
     @property
     def want_write(self) -> bool:
         return bool(self._pending)
+
+    @property
+    def queued(self) -> int:
+        return len(self._pending) + sum(len(q) for q in self._portq)
 
     # -- receive
     def receive(self, now: int | None = None) -> int:
@@ -107,11 +127,45 @@ class SocketDriver:
             a = self._dst[dst] = (str(ipaddress.IPv6Address(dst)), ROCEV2_UDP_PORT)
         return a
 
+    def _pace(self, t: int, new: list[Datagram]) -> None:
+        """Move what each port's token bucket allows from the port queues to `_pending`."""
+        pend = self._pending
+        nports = len(self._rate)
+        for dg in new:
+            p = dg.port
+            if p < nports:
+                self._portq[p].append(dg)
+            else:
+                pend.append(dg)
+        self._pace_at = None
+        for p in range(nports):
+            q = self._portq[p]
+            if not q:
+                continue
+            tok = min(float(PACE_BURST), self._tokens[p] + (t - self._filled[p]) * self._rate[p])
+            self._filled[p] = t
+            while q:
+                need = len(q[0].data) + WIRE_OVERHEAD
+                if tok < need and tok < PACE_BURST:
+                    wait_ns = t + int((need - tok) / self._rate[p]) + 1
+                    if self._pace_at is None or wait_ns < self._pace_at:
+                        self._pace_at = wait_ns
+                    break
+                tok -= need
+                pend.append(q.popleft())
+            if q:
+                self.paced += 1
+            self._tokens[p] = tok
+
     def flush(self, now: int | None = None) -> int:
-        """Send what is pending, then what the engine has to send now; returns datagrams sent."""
+        """Send what is pending, then what the engine has to send now (paced per port); returns
+        datagrams sent."""
         t = self.clock() if now is None else now
         pend = self._pending
-        pend.extend(self.ctx.datagrams_to_send(t))
+        if self._rate:
+            self._pace(t, self.ctx.datagrams_to_send(t))
+        else:
+            pend.extend(self.ctx.datagrams_to_send(t))
         sk = self.sock
         n = 0
         while pend:
@@ -133,6 +187,8 @@ class SocketDriver:
     def timeout(self, now: int | None = None) -> float | None:
         """Seconds until the engine's next deadline (0 when due), or None when no timer is armed."""
         d = self.ctx.next_deadline()
+        if self._pace_at is not None and (d is None or self._pace_at < d):
+            d = self._pace_at
         if d is None:
             return None
         t = self.clock() if now is None else now
@@ -152,7 +208,7 @@ class SocketDriver:
     def stats(self) -> dict[str, int]:
         return {"rx_datagrams": self.rx_datagrams, "tx_datagrams": self.tx_datagrams, "rx_ce": self.rx_ce,
                 "send_blocked": self.send_blocked, "send_errors": self.send_errors, "turns": self.turns,
-                "pending": len(self._pending)}
+                "pending": self.queued, "paced": self.paced}
 
 
 def wait(sel_timeout: float | None, select: Callable[[float | None], object]) -> object:

@@ -1,0 +1,397 @@
+"""`mrcctl bench write`: perftest-style RDMA WRITE host to host through the testbed's mrcds.
+
+The bench is an MRC application (client library): it registers one shared-memory region on each side,
+opens a QP pair, and for each size runs `iters` WRITE-with-immediate of a seeded random buffer; each
+iteration's time runs from the post to the responder's completion (both clocks are CLOCK_MONOTONIC on the
+one machine). Before each iteration the destination is zeroed and after it compared with the source
+(outside the timing): `bit_exact`.
+
+With ``--fail-link A:B@S`` the link A-B is taken down S seconds into the (last) transfer and, with
+``--heal-after H``, brought back H seconds later; the source mrcd's EV events and controller actions
+give detect (first ASSUMED_BAD on an EV through the link), deny (mrcd's DENY of the link) and restore
+(mrcd's restore after the link returned) times, and the acknowledged-byte timeline of the QP (sampled
+every 10 ms) the goodput while the link is down and after it is restored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+
+from mrc.dataplane import netns
+from mrc.dataplane import testbed as tbmod
+from mrc.dataplane.client import ClientQp, MrcClient, RemoteMr
+from mrc.dataplane.fabric import FabricDataplane
+from mrc.errors import MrcError
+
+MTU: Final = 4096
+SAMPLE_S: Final = 0.01
+
+
+@dataclass
+class BenchConfig:
+    testbed: str
+    src: str
+    dst: str
+    sizes: list[int]
+    iters: int = 1
+    planes: list[int] | None = None
+    evs: int | None = None
+    fail_link: tuple[str, str, float] | None = None
+    heal_after: float | None = None
+    baseline: str | None = None
+    fail_mode: str = "down"  # down: the link is set down (carrier lost); blackhole: switch_port drops all
+    seed: int = 1
+    timeout_s: float = 600.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"testbed": self.testbed, "src": self.src, "dst": self.dst, "sizes": self.sizes,
+                "iters": self.iters, "planes": self.planes, "evs": self.evs,
+                "fail_link": None if self.fail_link is None else
+                {"a": self.fail_link[0], "b": self.fail_link[1], "at_s": self.fail_link[2]},
+                "heal_after_s": self.heal_after, "fail_mode": self.fail_mode, "baseline": self.baseline,
+                "seed": self.seed}
+
+
+@dataclass
+class Side:
+    client: MrcClient
+    mr: RemoteMr
+    qp: ClientQp
+    view: np.ndarray[Any, np.dtype[np.uint8]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.view = np.frombuffer(self.mr.buf, dtype=np.uint8)
+
+
+def parse_fail_link(value: str) -> tuple[str, str, float]:
+    try:
+        link, _, at = value.partition("@")
+        a, b = link.split(":")
+        return a, b, float(at or "1")
+    except ValueError:
+        raise MrcError(f"--fail-link {value!r}: expected A:B@SECONDS (e.g. p0l0:p0s0@1)") from None
+
+
+def _retx(st: dict[str, Any]) -> int:
+    return sum(int(st.get(f"retx_{c}", 0)) for c in ("sack", "trim", "timeout", "nack"))
+
+
+class WriteBench:
+    def __init__(self, cfg: BenchConfig, progress: Callable[[str], None] = lambda _m: None) -> None:
+        self.cfg = cfg
+        self.progress = progress
+        self.tb = tbmod.Testbed.load(cfg.testbed)
+        topo = self.tb.topo
+        for h in (cfg.src, cfg.dst):
+            if h not in topo.host_names():
+                raise MrcError(f"testbed {cfg.testbed}: no host {h!r}")
+        if cfg.src == cfg.dst:
+            raise MrcError("--src and --dst must differ")
+        if cfg.planes is not None:
+            bad = [p for p in cfg.planes if not 0 <= p < topo.planes]
+            if bad:
+                raise MrcError(f"no plane {bad[0]} (planes 0..{topo.planes - 1})")
+        if cfg.fail_link is not None:
+            tbmod.Testbed.load(cfg.testbed).link(cfg.fail_link[0], cfg.fail_link[1])
+        self.planes = cfg.planes if cfg.planes is not None else list(range(topo.planes))
+        self.capacity_bps = len(self.planes) * topo.link.rate_bps
+        self.cwnd: list[int] = []
+
+    # -- set-up
+    def _open(self, size: int, evs: int | None, planes: list[int] | None) -> tuple[Side, Side]:
+        a = MrcClient.for_host(self.tb.ns(self.cfg.src))
+        b = MrcClient.for_host(self.tb.ns(self.cfg.dst))
+        try:
+            amr = a.reg_mr(size)
+            bmr = b.reg_mr(size)
+            qa = a.create_qp(self.cfg.dst, evs=evs, planes=planes)
+            qb = b.create_qp(self.cfg.src, evs=evs, planes=planes)
+            a.connect(qa, qb.qpn)
+            b.connect(qb, qa.qpn)
+        except BaseException:
+            a.close()
+            b.close()
+            raise
+        sa, sb = Side(a, amr, qa), Side(b, bmr, qb)
+        rng = np.random.default_rng(self.cfg.seed)
+        sa.view[:] = rng.integers(0, 256, size, dtype=np.uint8)
+        return sa, sb
+
+    @staticmethod
+    def _close(*sides: Side) -> None:
+        for s in sides:
+            with contextlib.suppress(Exception):
+                s.client.destroy_qp(s.qp)
+            del s.view
+            s.client.close()
+
+    def _one(self, a: Side, b: Side, size: int, wr: int, sampler: list[tuple[int, int]] | None,
+             on_start: Callable[[int], None] | None = None) -> tuple[float, bool]:
+        b.view[:size] = 0
+        b.client.post_recv(b.qp, wr)
+        stop = threading.Event()
+        th = None
+        if sampler is not None:
+            th = threading.Thread(target=self._sample, args=(a, stop, sampler), daemon=True)
+        t0 = time.monotonic_ns()
+        a.client.post_send(a.qp, wr_id=wr, mr=a.mr, offset=0, length=size, remote_addr=b.mr.addr,
+                           rkey=b.mr.rkey, imm=wr & 0xFFFFFFFF)
+        if on_start is not None:
+            on_start(t0)
+        if th is not None:
+            th.start()
+        try:
+            wc = b.client.wait_wc(b.qp, wr, timeout=self.cfg.timeout_s)
+            a.client.wait_wc(a.qp, wr, timeout=self.cfg.timeout_s)
+        finally:
+            stop.set()
+            if th is not None:
+                th.join()
+        dt = (int(wc["time_ns"]) - t0) / 1e9
+        exact = int(wc["byte_len"]) == size and bool(np.array_equal(a.view[:size], b.view[:size]))
+        return dt, exact
+
+    def _sample(self, a: Side, stop: threading.Event, out: list[tuple[int, int]]) -> None:
+        c = MrcClient.for_host(self.tb.ns(self.cfg.src))
+        try:
+            while not stop.is_set():
+                st = c.call("qp_stats", qpn=a.qp.qpn)
+                out.append((int(st["time_ns"]), int(st["snd_una"])))
+                self.cwnd.append(int(st["cwnd"]))
+                stop.wait(SAMPLE_S)
+        finally:
+            c.close()
+
+    # -- runs
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        rows = []
+        exact_all = True
+        total_bytes = 0
+        total_s = 0.0
+        failure = None
+        biggest = max(cfg.sizes)
+        a, b = self._open(biggest, cfg.evs, cfg.planes)
+        try:
+            wr = 0
+            for size in cfg.sizes:
+                times = []
+                st0 = a.client.call("qp_stats", qpn=a.qp.qpn)
+                for it in range(cfg.iters):
+                    wr += 1
+                    last = size == cfg.sizes[-1] and it == cfg.iters - 1
+                    if cfg.fail_link is not None and last:
+                        dt, exact, failure = self._with_failure(a, b, size, wr)
+                    else:
+                        dt, exact = self._one(a, b, size, wr, None)
+                    times.append(dt)
+                    exact_all &= exact
+                    if not exact:
+                        self.progress(f"  {size} B iteration {it}: destination differs from the source")
+                st1 = a.client.call("qp_stats", qpn=a.qp.qpn)
+                t = sum(times)
+                pb0, pb1 = st0["port_bytes"], st1["port_bytes"]
+                rows.append({
+                    "bytes": size, "iters": cfg.iters,
+                    "bw_peak_gbps": round(size * 8 / min(times) / 1e9, 6),
+                    "bw_avg_gbps": round(size * cfg.iters * 8 / t / 1e9, 6),
+                    "bw_min_gbps": round(size * 8 / max(times) / 1e9, 6),
+                    "msg_rate": round(cfg.iters / t, 3),
+                    "plane_gbps": {str(p): round((pb1[p] - pb0[p]) * 8 / t / 1e9, 6)
+                                   for p in range(len(pb1))},
+                    "retransmits": _retx(st1) - _retx(st0),
+                    "trims": int(st1["nack_trim_rx"]) - int(st0["nack_trim_rx"]),
+                    "rto": int(st1["rto"]) - int(st0["rto"]),
+                    "seconds": round(t, 4),
+                })
+                total_bytes += size * cfg.iters
+                total_s += t
+                self.progress(f"  {size} B x {cfg.iters}: {rows[-1]['bw_avg_gbps']:.4f} Gb/s")
+        finally:
+            self._close(a, b)
+        goodput = total_bytes * 8 / total_s / 1e9
+        doc: dict[str, Any] = {
+            "config": cfg.to_dict(), "capacity_gbps": self.capacity_bps / 1e9, "bit_exact": exact_all,
+            "goodput_gbps": round(goodput, 6),
+            "goodput_fraction": round(goodput * 1e9 / self.capacity_bps, 4),
+            "rows": rows,
+        }
+        if failure is not None:
+            doc["failure"] = failure
+        if cfg.baseline == "single-path":
+            doc["baseline"] = self._single_path(biggest)
+        elif cfg.baseline == "tcp":
+            doc["baseline"] = self._tcp(biggest)
+        if "baseline" in doc and doc["baseline"]["goodput_gbps"]:
+            doc["baseline"]["ratio"] = round(goodput / doc["baseline"]["goodput_gbps"], 3)
+        return doc
+
+    def _single_path(self, size: int) -> dict[str, Any]:
+        self.progress(f"  baseline single-path: 1 EV on plane {self.planes[0]}")
+        a, b = self._open(size, 1, [self.planes[0]])
+        try:
+            dt, exact = self._one(a, b, size, 1, None)
+        finally:
+            self._close(a, b)
+        g = size * 8 / dt / 1e9
+        return {"kind": "single-path", "bytes": size, "seconds": round(dt, 4), "goodput_gbps": round(g, 6),
+                "goodput_fraction_of_one_plane": round(g * 1e9 / self.tb.topo.link.rate_bps, 4),
+                "bit_exact": exact}
+
+    def _tcp(self, size: int) -> dict[str, Any]:
+        if shutil.which("iperf3") is None:
+            raise MrcError("--baseline tcp needs iperf3")
+        self.progress("  baseline tcp: iperf3 over the testbed's default route (one plane)")
+        dst_addr = str(self.tb.topo.mrc_address(self.cfg.dst))
+        server = subprocess.Popen(["iperf3", "-s", "-1", "-B", dst_addr], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL,
+                                  preexec_fn=lambda: netns.enter_for_exec(self.tb.ns(self.cfg.dst)))
+        try:
+            time.sleep(0.3)
+            res = subprocess.run(["iperf3", "-c", dst_addr, "-n", str(size), "-J"], capture_output=True,
+                                 text=True, timeout=self.cfg.timeout_s,
+                                 preexec_fn=lambda: netns.enter_for_exec(self.tb.ns(self.cfg.src)))
+        finally:
+            if server.poll() is None:
+                server.terminate()
+            server.wait(5)
+        import json
+
+        try:
+            end = json.loads(res.stdout)["end"]
+            bps = float(end["sum_received"]["bits_per_second"])
+        except (ValueError, KeyError) as e:
+            raise MrcError(f"iperf3 failed: {res.stderr.strip() or e}") from None
+        return {"kind": "tcp", "bytes": size, "goodput_gbps": round(bps / 1e9, 6),
+                "goodput_fraction_of_one_plane": round(bps / self.tb.topo.link.rate_bps, 4)}
+
+    def _with_failure(self, a: Side, b: Side, size: int, wr: int) -> tuple[float, bool, dict[str, Any]]:
+        assert self.cfg.fail_link is not None
+        la, lb, at_s = self.cfg.fail_link
+        heal = self.cfg.heal_after
+        marks: dict[str, int] = {}
+        timers: list[threading.Timer] = []
+
+        # the link goes down through a netlink socket opened beforehand, so the failure instant is known
+        # to within the one call (set_link, which records the state, opens a socket per namespace)
+        lk = self.tb.link(la, lb)
+        ipr = netns.ipr(self.tb.ns(lk.b))
+        idx = int(ipr.link_lookup(ifname=lk.b_ifname)[0])
+        blackhole = self.cfg.fail_mode == "blackhole"
+        fab = FabricDataplane.open(self.cfg.testbed) if blackhole else None
+
+        def fail() -> None:
+            marks["fail"] = time.monotonic_ns()
+            if fab is not None:
+                fab.set_fault(la, lb, blackhole=True)  # two map updates: the failure instant is exact
+            else:
+                ipr.link("set", index=idx, state="down")
+            marks["fail_done"] = time.monotonic_ns()
+            if fab is None:
+                tbmod.set_link(self.cfg.testbed, la, lb, up=False)
+            self.progress(f"  link {la}-{lb} {'blackholed' if blackhole else 'down'} at {at_s} s")
+
+        def restore() -> None:
+            marks["heal"] = time.monotonic_ns()
+            if fab is not None:
+                fab.clear_faults(la, lb)
+            else:
+                tbmod.set_link(self.cfg.testbed, la, lb, up=True)  # link up and the node's routes back
+            marks["heal_done"] = time.monotonic_ns()
+            self.progress(f"  link {la}-{lb} up again at {at_s + (heal or 0)} s")
+
+        def on_start(_t0: int) -> None:
+            timers.append(threading.Timer(at_s, fail))
+            if heal is not None:
+                timers.append(threading.Timer(at_s + heal, restore))
+            for t in timers:
+                t.start()
+
+        samples: list[tuple[int, int]] = []
+        try:
+            dt, exact = self._one(a, b, size, wr, samples, on_start)
+        finally:
+            for t in timers:
+                t.cancel()
+                with contextlib.suppress(RuntimeError):
+                    t.join()
+            if "fail" in marks and "heal_done" not in marks:
+                if fab is not None:
+                    fab.clear_faults(la, lb)
+                else:
+                    tbmod.set_link(self.cfg.testbed, la, lb, up=True)
+            ipr.close()
+            if fab is not None:
+                fab.close()
+        end_ns = samples[-1][0] if samples else time.monotonic_ns()
+        return dt, exact, self._failure_doc(a, marks, samples, end_ns, (la, lb))
+
+    def _failure_doc(self, a: Side, marks: dict[str, int], samples: list[tuple[int, int]], end_ns: int,
+                     link: tuple[str, str]) -> dict[str, Any]:
+        doc: dict[str, Any] = {"link": f"{link[0]}-{link[1]}", "detect_ms": None, "deny_ms": None,
+                               "restore_ms": None, "goodput_fraction_during": None,
+                               "goodput_fraction_after": None,
+                               "completed_before_failure": "fail" not in marks}
+        if "fail" not in marks:
+            return doc
+        tf = marks["fail"]
+        doc["fail_call_ms"] = round((marks.get("fail_done", tf) - tf) / 1e6, 3)
+        log = a.client.call("actions", since_ns=tf)
+        ev = a.client.call("ev_show")
+        rows = ev["peers"].get(self.cfg.dst, [])
+        through = set()
+        for r in rows:
+            hops = [self.cfg.src, *[x for x in r["via"].split("-") if x], self.cfg.dst]
+            if any({x, y} == set(link) for x, y in itertools.pairwise(hops)):
+                through.add(int(r["ev_index"]))
+        bad = [e for e in log["events"] if e["qpn"] == a.qp.qpn and e["state"] == "ASSUMED_BAD"
+               and e["ev_index"] in through]
+        lname = "-".join(sorted(link))
+        denies = [x for x in log["actions"] if x["kind"] == "deny" and x["link"] == lname]
+        doc["evs_through_link"] = len(through)
+        doc["evs_assumed_bad"] = len({e["ev_index"] for e in bad})
+        if bad:
+            doc["detect_ms"] = round((bad[0]["time_ns"] - tf) / 1e6, 3)
+        if denies:
+            doc["deny_ms"] = round((denies[0]["time_ns"] - tf) / 1e6, 3)
+            doc["denied_evs"] = denies[0]["evs"]
+        # goodput per 100 ms from the failure on (fraction of capacity), and the window then
+        bins: list[float] = []
+        t = samples[0][0] if samples else tf
+        while samples and t < end_ns:
+            f = self._fraction(samples, t, t + 100_000_000)
+            bins.append(-1.0 if f is None else f)
+            t += 100_000_000
+        doc["timeline_fraction_100ms"] = bins
+        doc["timeline_start_ms"] = round(((samples[0][0] if samples else tf) - tf) / 1e6, 1)
+        doc["cwnd_min_bytes"] = min(self.cwnd) if self.cwnd else None
+        th = marks.get("heal")
+        if th is not None:
+            doc["heal_call_ms"] = round((marks.get("heal_done", th) - th) / 1e6, 3)
+        t_down_end = th if th is not None else end_ns
+        doc["goodput_fraction_during"] = self._fraction(samples, tf, t_down_end)
+        if th is not None:
+            restores = [x for x in log["actions"] if x["kind"] == "restore" and x["link"] == lname
+                        and x["time_ns"] >= th]
+            if restores:
+                tr = restores[0]["time_ns"]
+                doc["restore_ms"] = round((tr - th) / 1e6, 3)
+                doc["goodput_fraction_after"] = self._fraction(samples, tr, end_ns)
+        return doc
+
+    def _fraction(self, samples: list[tuple[int, int]], t0: int, t1: int) -> float | None:
+        pts = [(t, u) for t, u in samples if t0 <= t <= t1]
+        if len(pts) < 2 or pts[-1][0] <= pts[0][0]:
+            return None
+        bits = (pts[-1][1] - pts[0][1]) * MTU * 8
+        return round(bits / ((pts[-1][0] - pts[0][0]) / 1e9) / self.capacity_bps, 4)

@@ -1,0 +1,136 @@
+"""`mrcctl bench`: perftest-style measurements over the testbed's mrcds (docs/daemon.md).
+
+    mrcctl bench write --src H --dst H [--size S | -b MIN -e MAX -f FACTOR] [--iters N] [--planes LIST]
+                       [--evs N] [--fail-link A:B@SECONDS] [--heal-after SECONDS]
+                       [--baseline single-path|tcp] [-j | --jsonl]
+
+The table has one row per size (bytes, iterations, BW peak / average / min in Gb/s, message rate, Gb/s
+per plane, retransmits, trims); ``-j`` gives one JSON document (``config``, ``capacity_gbps``,
+``bit_exact``, ``goodput_gbps``, ``goodput_fraction``, ``rows``, ``failure``, ``baseline``), ``--jsonl``
+one row per line.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from mrc import topology
+from mrc.dataplane import testbed as tbmod
+from mrc.errors import MrcError
+
+from .bench import BenchConfig, WriteBench, parse_fail_link
+from .cmd_testbed import json_option, name_option
+from .output import Output, table
+
+
+@click.group()
+def bench() -> None:
+    """Benchmarks over the testbed's mrcds: write."""
+
+
+def _size(v: str, what: str) -> int:
+    try:
+        n = topology.parse_size(v)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint=what) from None
+    if n <= 0:
+        raise click.BadParameter("must be > 0", param_hint=what)
+    return n
+
+
+def _render(doc: dict[str, Any]) -> str:
+    rows = []
+    planes = sorted({p for r in doc["rows"] for p in r["plane_gbps"]}, key=int)
+    for r in doc["rows"]:
+        rows.append({**r, **{f"p{p}": r["plane_gbps"].get(p) for p in planes}})
+    cols = [("bytes", "#bytes"), ("iters", "#iterations"), ("bw_peak_gbps", "BW peak[Gb/s]"),
+            ("bw_avg_gbps", "BW average[Gb/s]"), ("bw_min_gbps", "BW min[Gb/s]"), ("msg_rate", "MsgRate[/s]")]
+    cols += [(f"p{p}", f"plane{p}[Gb/s]") for p in planes]
+    cols += [("retransmits", "retx"), ("trims", "trims"), ("rto", "rto")]
+    lines = [table(rows, cols), "",
+             f"capacity {doc['capacity_gbps']:.3f} Gb/s  goodput {doc['goodput_gbps']:.4f} Gb/s "
+             f"({doc['goodput_fraction'] * 100:.1f} %)  bit-exact: {'yes' if doc['bit_exact'] else 'NO'}"]
+    f = doc.get("failure")
+    if f:
+        def ms(v: Any) -> str:
+            return "-" if v is None else f"{v} ms"
+
+        def pct(v: Any) -> str:
+            return "-" if v is None else f"{v * 100:.1f} %"
+
+        lines.append(f"failure {f['link']}: detect {ms(f['detect_ms'])}, deny {ms(f['deny_ms'])}, "
+                     f"goodput while down {pct(f['goodput_fraction_during'])}, "
+                     f"restore {ms(f['restore_ms'])}, "
+                     f"goodput after {pct(f.get('goodput_fraction_after'))}")
+    b = doc.get("baseline")
+    if b:
+        lines.append(f"baseline {b['kind']}: {b['goodput_gbps']:.4f} Gb/s; MRC = {b.get('ratio', '-')} x")
+    return "\n".join(lines)
+
+
+@bench.command()
+@click.option("--src", required=True, help="Source host (runs the requester QP).")
+@click.option("--dst", required=True, help="Destination host.")
+@click.option("--size", "-s", default=None, metavar="BYTES", help="One message size (e.g. 256M).")
+@click.option("-b", "min_size", default=None, metavar="BYTES", help="Smallest size of a sweep.")
+@click.option("-e", "max_size", default=None, metavar="BYTES", help="Largest size of a sweep.")
+@click.option("-f", "factor", type=click.IntRange(2, 1024), default=2, show_default=True,
+              help="Sweep factor.")
+@click.option("--iters", type=click.IntRange(1, 100000), default=1, show_default=True)
+@click.option("--planes", default=None, metavar="LIST", help="Restrict the QP to these planes (0,2).")
+@click.option("--evs", type=click.IntRange(1, 1 << 14), default=None, help="Restrict the QP to N EVs.")
+@click.option("--fail-link", default=None, metavar="A:B@SECONDS", help="Take link A-B down SECONDS in.")
+@click.option("--fail-mode", type=click.Choice(["down", "blackhole"]), default="down", show_default=True,
+              help="down: set the link down (carrier lost); blackhole: its switch ports drop everything.")
+@click.option("--heal-after", type=float, default=None, metavar="SECONDS", help="Bring it back after this.")
+@click.option("--baseline", type=click.Choice(["single-path", "tcp"]), default=None)
+@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--jsonl", is_flag=True, help="One JSON row per size, one per line.")
+@name_option
+@json_option
+@click.pass_obj
+def write(out: Output, src: str, dst: str, size: str | None, min_size: str | None, max_size: str | None,
+          factor: int, iters: int, planes: str | None, evs: int | None, fail_link: str | None,
+          fail_mode: str, heal_after: float | None, baseline: str | None, seed: int, jsonl: bool,
+          name: str | None) -> None:
+    """RDMA WRITE from SRC to DST through their mrcds: bandwidth, message rate, per-plane spread."""
+    if size is not None and (min_size or max_size):
+        raise click.UsageError("give --size or -b/-e, not both")
+    if size is not None:
+        sizes = [_size(size, "--size")]
+    elif min_size or max_size:
+        lo = _size(min_size or "4K", "-b")
+        hi = _size(max_size or min_size or "4K", "-e")
+        if hi < lo:
+            raise click.UsageError("-e must be >= -b")
+        sizes = []
+        s = lo
+        while s <= hi:
+            sizes.append(s)
+            s *= factor
+    else:
+        sizes = [64 << 20]
+    plane_list = None
+    if planes is not None:
+        try:
+            plane_list = sorted({int(p) for p in planes.split(",") if p.strip()})
+        except ValueError:
+            raise click.BadParameter(f"{planes!r}: expected a list like 0,2", param_hint="--planes") from None
+    if heal_after is not None and fail_link is None:
+        raise click.UsageError("--heal-after needs --fail-link")
+    cfg = BenchConfig(tbmod.resolve_name(name), src, dst, sizes, iters=iters, planes=plane_list, evs=evs,
+                      fail_link=parse_fail_link(fail_link) if fail_link else None, heal_after=heal_after,
+                      baseline=baseline, fail_mode=fail_mode, seed=seed)
+    out.progress(f"bench write {src} -> {dst} on testbed {cfg.testbed}: sizes {sizes}, {iters} iteration(s)")
+    doc = WriteBench(cfg, out.progress).run()
+    if jsonl:
+        for r in doc["rows"]:
+            out.out.write(json.dumps(r) + "\n")
+        out.out.flush()
+    else:
+        out.emit(doc, _render)
+    if not doc["bit_exact"]:
+        raise MrcError("the destination buffer differs from the source (not bit-exact)")

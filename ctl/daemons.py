@@ -1,0 +1,162 @@
+"""Starting and stopping one `mrcd` per host of a testbed (``mrcctl testbed up --with-daemons``).
+
+Each mrcd is started with ``--ready-fd`` and waited for; its PID, control socket, metrics address and log
+file are recorded in ``$MRC_RUN_DIR/mrcd/<testbed>.json`` so that ``testbed down``, the tests and
+``mrcctl`` find them. Stopping is by recorded PID only (SIGTERM, then SIGKILL after a grace period).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Final
+
+from mrc.dataplane import bpf
+from mrc.dataplane import testbed as tbmod
+from mrc.dataplane.client import socket_path
+from mrc.dataplane.fabric import FabricDataplane
+from mrc.errors import MrcError
+
+DEFAULT_METRICS_BASE: Final = 9470
+READY_TIMEOUT_S: Final = 60.0
+
+
+def record_path(name: str) -> Path:
+    return Path(os.environ.get("MRC_RUN_DIR", "/run/mrc")) / "mrcd" / f"{name}.json"
+
+
+def records(name: str) -> dict[str, Any]:
+    try:
+        doc: dict[str, Any] = json.loads(record_path(name).read_text())
+        return doc
+    except (OSError, ValueError):
+        return {"testbed": name, "daemons": {}, "attached": False}
+
+
+def _save(name: str, doc: dict[str, Any]) -> None:
+    p = record_path(name)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(p)
+
+
+def attach_dataplane(name: str) -> bool:
+    """The three programs on the testbed, persistent, with the allowed-QP filter on; False when some
+    are attached already (then they are used as they are)."""
+    if any(a.get("testbed") == name for r in bpf.records() for a in r.get("attachments", [])):
+        return False
+    fd = FabricDataplane.attach(name, qp_filter=True)
+    for p in (fd.egress, fd.ingress, fd.switch):
+        if p is not None:
+            p.persist()
+    return True
+
+
+def start(name: str, hosts: list[str] | None = None, *, metrics_base: int | None = DEFAULT_METRICS_BASE,
+          metrics_addr: str = "127.0.0.1", evs: int | None = None, attach: bool = True) -> dict[str, Any]:
+    """Start one mrcd per host (all hosts by default) and wait until each serves its socket."""
+    tb = tbmod.Testbed.load(name)
+    doc = records(name)
+    if attach and attach_dataplane(name):
+        doc["attached"] = True
+        _save(name, doc)
+    logdir = record_path(name).parent
+    logdir.mkdir(parents=True, exist_ok=True)
+    started: list[tuple[str, subprocess.Popen[bytes], int]] = []
+    try:
+        for h in hosts or tb.topo.host_names():
+            old = doc["daemons"].get(h)
+            if old and bpf.pid_alive(int(old["pid"])):
+                raise MrcError(f"testbed {name}: mrcd for {h} runs already (pid {old['pid']})")
+            r, w = os.pipe()
+            cmd = [sys.executable, "-m", "mrc.ctl.daemon", "--testbed", name, "--host", h,
+                   "--ready-fd", str(w)]
+            metrics = None
+            if metrics_base is not None:
+                metrics = f"{metrics_addr}:{metrics_base + tb.topo.host_index(h)}"
+                cmd += ["--metrics", metrics]
+            if evs is not None:
+                cmd += ["--evs", str(evs)]
+            log = logdir / f"{tb.ns(h)}.log"
+            with open(log, "ab") as lf:
+                p = subprocess.Popen(cmd, pass_fds=(w,), stdout=lf, stderr=lf, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+            os.close(w)
+            started.append((h, p, r))
+            doc["daemons"][h] = {"pid": p.pid, "socket": str(socket_path(tb.ns(h))), "metrics": metrics,
+                                 "log": str(log), "started": time.time()}
+            _save(name, doc)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        for h, p, r in started:
+            ok = False
+            while time.monotonic() < deadline:
+                rl, _, _ = select.select([r], [], [], 0.2)
+                if rl:
+                    ok = os.read(r, 64).startswith(b"ready")
+                    break
+                if p.poll() is not None:
+                    break
+            os.close(r)
+            if not ok:
+                tail = Path(doc["daemons"][h]["log"]).read_text(errors="replace").strip().splitlines()[-3:]
+                raise MrcError(f"mrcd for {h} did not become ready: {' | '.join(tail) or 'no output'}")
+    except BaseException:
+        stop(name)
+        raise
+    return doc
+
+
+def stop(name: str, grace_s: float = 5.0, *, detach: bool = True) -> dict[str, Any]:
+    """Stop the testbed's mrcds by recorded PID; detach the programs if `start` attached them."""
+    doc = records(name)
+    stopped = []
+    for h, d in doc.get("daemons", {}).items():
+        pid = int(d["pid"])
+        if _is_mrcd(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            stopped.append((h, pid))
+    deadline = time.monotonic() + grace_s
+    for _h, pid in stopped:
+        while time.monotonic() < deadline and _is_mrcd(pid):
+            _reap(pid)
+            time.sleep(0.02)
+        if _is_mrcd(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        _reap(pid)
+    detached = False
+    if detach and doc.get("attached"):
+        bpf.detach_everything(name)
+        detached = True
+    with contextlib.suppress(FileNotFoundError):
+        record_path(name).unlink()
+    return {"testbed": name, "stopped": [h for h, _ in stopped], "detached": detached}
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _is_mrcd(pid: int) -> bool:
+    """`pid` is alive and is an mrcd (so a recycled PID is never signalled)."""
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return b"mrc.ctl.daemon" in cmd and stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def hosts_with_daemons(name: str) -> list[str]:
+    tb = tbmod.Testbed.load(name)
+    return [h for h in tb.topo.host_names() if socket_path(tb.ns(h)).exists()]
