@@ -68,19 +68,41 @@ def testbed(ctx: click.Context) -> None:
 @click.argument("file", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("-n", "--name", default=tbmod.DEFAULT_NAME, show_default=True, metavar="NAME",
               help="Testbed name: namespaces are NAME-<node>.")
+@click.option("--with-daemons", is_flag=True,
+              help="Also attach the eBPF dataplane and start one mrcd per host (waits until they serve).")
+@click.option("--metrics-base", type=click.IntRange(1, 65535 - 256), default=9470, show_default=True,
+              help="With --with-daemons: host i's mrcd serves /metrics on 127.0.0.1:BASE+i.")
 @json_option
 @click.pass_obj
-def up(out: Output, file: Path | None, name: str) -> None:
+def up(out: Output, file: Path | None, name: str, with_daemons: bool, metrics_base: int) -> None:
     """Build the testbed described by FILE (default: deploy/topologies/default.toml)."""
     path = file if file is not None else topology.default_topology_dir() / "default.toml"
     topo = topology.load(path)
     out.progress(f"testbed {name}: {path} ({topo.planes} planes, {topo.leaves} leaves + {topo.spines} spines "
                  f"per plane, {len(topo.hosts)} hosts, {topology.format_rate(topo.link.rate_bps)} links)")
     tb = tbmod.up(topo, name=name, source=str(path), progress=lambda m: out.progress(f"  {m}"))
-    doc = {"name": tb.name, "source": tb.source, "namespaces": len(tb.namespaces()),
-           "links": len(topo.links()), "paths": len(topo.paths()), "build_seconds": tb.build_seconds}
-    out.emit(doc, lambda d: (f"testbed {d['name']} up in {d['build_seconds']:.2f} s: {d['namespaces']} "
-                             f"namespaces, {d['links']} links, {d['paths']} micro-SID paths"))
+    doc: dict[str, Any] = {"name": tb.name, "source": tb.source, "namespaces": len(tb.namespaces()),
+                           "links": len(topo.links()), "paths": len(topo.paths()),
+                           "build_seconds": tb.build_seconds}
+    if with_daemons:
+        from . import daemons
+
+        out.progress(f"  attaching the eBPF dataplane and starting {len(topo.hosts)} mrcd")
+        try:
+            rec = daemons.start(tb.name, metrics_base=metrics_base)
+        except BaseException:
+            tbmod.teardown(tb.name)
+            raise
+        doc["daemons"] = rec["daemons"]
+
+    def render(d: dict[str, Any]) -> str:
+        s = (f"testbed {d['name']} up in {d['build_seconds']:.2f} s: {d['namespaces']} "
+             f"namespaces, {d['links']} links, {d['paths']} micro-SID paths")
+        for h, r in d.get("daemons", {}).items():
+            s += f"\n  mrcd {h}: pid {r['pid']}, {r['socket']}, metrics {r['metrics']}"
+        return s
+
+    out.emit(doc, render)
 
 
 @testbed.command()
@@ -96,6 +118,10 @@ def down(out: Output, name: str | None, all_: bool) -> None:
     reports = []
     for n in targets:
         out.progress(f"removing testbed {n}")
+        from . import daemons
+
+        if daemons.record_path(n).exists():
+            daemons.stop(n)
         reports.append(tbmod.teardown(n))
     doc: dict[str, Any] = {"removed": reports}
     out.emit(doc, lambda d: "\n".join(
