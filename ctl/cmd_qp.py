@@ -1,0 +1,48 @@
+"""`mrcctl qp`: queue pairs of each host's mrcd (docs/daemon.md).
+
+    mrcctl qp [show] [--host H]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from . import api
+from .cmd_testbed import json_option, name_option
+from .output import Output, table
+
+
+@click.group(invoke_without_command=True)
+@click.pass_context
+def qp(ctx: click.Context) -> None:
+    """Queue pairs: peer, state, window, RTT, EV states."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(show)
+
+
+def _render(doc: dict[str, Any]) -> str:
+    rows = []
+    for q in doc["qps"]:
+        e = q["evs"]
+        rows.append({**q, "srtt_ms": round(q["srtt_ns"] / 1e6, 3),
+                     "ev_states": f"{e['good']}/{e['assumed_bad']}/{e['denied']}"})
+    if not rows:
+        return "no QPs"
+    return table(rows, [("host", "HOST"), ("qpn", "QPN"), ("peer", "PEER"), ("peer_qpn", "PEER QPN"),
+                        ("state", "STATE"), ("cwnd", "CWND"), ("srtt_ms", "SRTT[ms]"),
+                        ("inflight", "INFLIGHT"),
+                        ("data_tx", "DATA TX"), ("data_rx", "DATA RX"), ("ev_states", "EVs GOOD/BAD/DENIED"),
+                        ("restricted", "RESTRICTED")])
+
+
+@qp.command()
+@click.option("--host", default=None, help="Only this host's mrcd.")
+@name_option
+@json_option
+@click.pass_obj
+def show(out: Output, host: str | None, name: str | None) -> None:
+    """Every QP of the selected mrcds."""
+    res = api.ask_all(name, host, "qp_show")
+    out.emit({"qps": [q for qs in res.values() for q in qs]}, _render)

@@ -1,0 +1,52 @@
+"""`mrcctl stats`: per-host counters from each mrcd (engine, driver, controller, eBPF dataplane).
+
+    mrcctl stats [show] [--host H]
+
+The same numbers Prometheus scrapes from /metrics (docs/daemon.md), as one document.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from . import api
+from .cmd_testbed import json_option, name_option
+from .output import Output, table
+
+
+@click.group(invoke_without_command=True)
+@click.pass_context
+def stats(ctx: click.Context) -> None:
+    """Counters of every host's mrcd: packets per plane, drops, retransmits, controller actions."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(show)
+
+
+def _render(doc: dict[str, Any]) -> str:
+    rows = []
+    lines = []
+    for h, s in doc["hosts"].items():
+        for plane, r in s["dataplane"]["planes"].items():
+            rows.append({"host": h, "plane": plane, **{k: r.get(k) for k in (
+                "tx_packets", "tx_bytes", "rx_packets", "rx_bytes", "rx_ce", "rx_trimmed")},
+                "drops": " ".join(f"{k}={v}" for k, v in r.get("rx_drops", {}).items()) or "-"})
+        ctl = " ".join(f"{k}={v}" for k, v in sorted(s["controller"].items())) or "-"
+        drops = " ".join(f"{k}={v}" for k, v in sorted(s["engine_drops"].items())) or "-"
+        lines.append(f"{h}: {s['qps']} QPs; engine drops {drops}; controller {ctl}; denied links "
+                     f"{', '.join(s['denied_links']) or '-'}")
+    return table(rows, [("host", "HOST"), ("plane", "PLANE"), ("tx_packets", "TX PKTS"),
+                        ("tx_bytes", "TX BYTES"),
+                        ("rx_packets", "RX PKTS"), ("rx_bytes", "RX BYTES"), ("rx_ce", "RX CE"),
+                        ("rx_trimmed", "RX TRIMMED"), ("drops", "XDP DROPS")]) + "\n\n" + "\n".join(lines)
+
+
+@stats.command()
+@click.option("--host", default=None, help="Only this host's mrcd.")
+@name_option
+@json_option
+@click.pass_obj
+def show(out: Output, host: str | None, name: str | None) -> None:
+    """Counters of the selected mrcds."""
+    out.emit({"hosts": api.ask_all(name, host, "stats")}, _render)
