@@ -1,7 +1,9 @@
 """`mrcctl port`: counters and switch-port settings of the eBPF dataplane (docs/dataplane.md).
 
     mrcctl port [stats] [NODE] [--name TB] [--ev-buckets]   per plane / reason / action counters
+    mrcctl port show [--host H]                             hosts' plane ports as their mrcd has them
     mrcctl port set SWITCH PORT [--ecn-k B] [--trim-t B] [--buffer B] [--rate R]
+    mrcctl port set HOST PORT --admin up|down               port admin through the host's mrcd
 
 Ports are named as inside the node's namespace: after the node they face (`mrcctl port set p0l1 h1`).
 """
@@ -87,6 +89,22 @@ def _size(value: str | None, what: str) -> int | None:
         raise click.BadParameter(str(e), param_hint=what) from None
 
 
+@port.command()
+@click.option("--host", default=None, help="Only this host's mrcd.")
+@name_option
+@json_option
+@click.pass_obj
+def show(out: Output, host: str | None, name: str | None) -> None:
+    """Hosts' plane ports as their mrcd has them: admin state, failed (access link localised)."""
+    from . import api
+
+    res = api.ask_all(name, host, "port_show")
+    rows = [r for rs in res.values() for r in rs]
+    cols = [("host", "HOST"), ("port", "PORT"), ("ifname", "IFNAME"), ("enabled", "ENABLED"),
+            ("failed", "FAILED")]
+    out.emit({"ports": rows}, lambda d: table(d["ports"], cols))
+
+
 @port.command("set")
 @click.argument("switch")
 @click.argument("port_name", metavar="PORT")
@@ -95,12 +113,18 @@ def _size(value: str | None, what: str) -> int | None:
 @click.option("--buffer", metavar="BYTES", help="Drop above this many queued bytes (e.g. 128KiB).")
 @click.option("--rate", metavar="RATE",
               help="Virtual queue drain rate (100mbit, ...; 0 turns the queue off).")
+@click.option("--admin", type=click.Choice(["up", "down"]), default=None,
+              help="A host's plane port: enable/disable it through the host's mrcd (PORT_STATUS to peers).")
 @name_option
 @json_option
 @click.pass_obj
 def set_(out: Output, switch: str, port_name: str, ecn_k: str | None, trim_t: str | None, buffer: str | None,
-         rate: str | None, name: str | None) -> None:
-    """Set the virtual queue of SWITCH's port PORT (named after the node it faces)."""
+         rate: str | None, admin: str | None, name: str | None) -> None:
+    """Set the virtual queue of SWITCH's port PORT (named after the node it faces), or a host port's
+    admin state (--admin)."""
+    if admin is not None:
+        _set_admin(out, switch, port_name, admin == "up", name)
+        return
     if all(v is None for v in (ecn_k, trim_t, buffer, rate)):
         raise click.UsageError("nothing to set: give --ecn-k, --trim-t, --buffer and/or --rate")
     rate_bps = None
@@ -119,3 +143,19 @@ def set_(out: Output, switch: str, port_name: str, ecn_k: str | None, trim_t: st
     out.emit(doc, lambda d: f"{d['node']} port {d['port']}: rate {topology.format_rate(d['rate_bps'])} "
              f"ecn-k {d['ecn_k']} trim-t {d['trim_t']} buffer {d['buffer']}" if d["rate_bps"]
              else f"{d['node']} port {d['port']}: queue off")
+
+
+def _set_admin(out: Output, host: str, port_name: str, enabled: bool, name: str | None) -> None:
+    from . import api
+
+    tb, _ = api.hosts(name, host)
+    topo = tbmod.Testbed.load(tb).topo
+    planes = {topo.link_between(host, topo.leaf_name(p, topo.host_leaf(host))).a_ifname: p
+              for p in range(topo.planes)}
+    if port_name not in planes:
+        raise MrcError(f"{host} has no plane port {port_name!r} (ports: {', '.join(planes)})")
+    with api.client(tb, host) as c:
+        doc = c.call("port_set", port=planes[port_name], enabled=enabled)
+    out.emit({**doc, "ifname": port_name},
+             lambda d: f"{d['host']} port {d['ifname']} (plane {d['port']}): "
+                       f"{'up' if d['enabled'] else 'down'}")
