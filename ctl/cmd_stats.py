@@ -16,14 +16,6 @@ from .cmd_testbed import json_option, name_option
 from .output import Output, table
 
 
-@click.group(invoke_without_command=True)
-@click.pass_context
-def stats(ctx: click.Context) -> None:
-    """Counters of every host's mrcd: packets per plane, drops, retransmits, controller actions."""
-    if ctx.invoked_subcommand is None:
-        ctx.invoke(show)
-
-
 def _render(doc: dict[str, Any]) -> str:
     rows = []
     lines = []
@@ -42,11 +34,12 @@ def _render(doc: dict[str, Any]) -> str:
                         ("rx_trimmed", "RX TRIMMED"), ("drops", "XDP DROPS")]) + "\n\n" + "\n".join(lines)
 
 
-@stats.command()
+@click.command()
+@click.argument("verb", required=False, type=click.Choice(["show"]))
 @click.option("--host", default=None, help="Only this host's mrcd.")
 @name_option
 @json_option
 @click.pass_obj
-def show(out: Output, host: str | None, name: str | None) -> None:
-    """Counters of the selected mrcds."""
+def stats(out: Output, verb: str | None, host: str | None, name: str | None) -> None:
+    """Counters of every host's mrcd: packets per plane, drops, retransmits, controller actions."""
     out.emit({"hosts": api.ask_all(name, host, "stats")}, _render)

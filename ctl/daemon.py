@@ -551,6 +551,7 @@ class Daemon:
         c = Client(conn, uid)
         self.clients[conn.fileno()] = c
         self.sel.register(conn, selectors.EVENT_READ, c)
+        self._push(c, {"id": 0, "ok": {"mrcd": mrc_version, "host": self.host}})
 
     def _client_io(self, c: Client, mask: int) -> None:
         if mask & selectors.EVENT_READ:
@@ -590,7 +591,9 @@ class Daemon:
         except (BlockingIOError, InterruptedError):
             pass
         except OSError:
-            self._drop_client(c)
+            # the peer stopped reading (e.g. a one-line link_status sender): what it sent is still read
+            # and handled; the read side sees its EOF and drops it
+            c.wbuf.clear()
 
     def _drop_client(self, c: Client) -> None:
         if c.sock.fileno() >= 0:

@@ -104,6 +104,16 @@ class MrcClient:
         self.pushes: deque[dict[str, Any]] = deque()
         self._wcs: dict[int, deque[dict[str, Any]]] = {}
         self.mrs: list[RemoteMr] = []
+        # mrcd speaks first: a greeting, or the reason it refuses us (before we send anything, so that
+        # its closing the connection cannot reset the line away)
+        try:
+            first = self._read_line(timeout)
+        except (OSError, ValueError) as e:
+            self.sk.close()
+            raise MrcError(f"{self.path}: no greeting from mrcd: {e}") from None
+        if first is None or "error" in first:
+            self.sk.close()
+            raise MrcError(str(first["error"]) if first else f"{self.path}: no greeting from mrcd")
         hello = self.call("hello")
         self.host: str = hello["host"]
         self.gid: str = hello["gid"]
@@ -153,7 +163,17 @@ class MrcClient:
         """One request; returns mrcd's answer, raises MrcError with its error line."""
         self._id += 1
         rid = self._id
-        self._send({"id": rid, "op": op, **args}, fds)
+        try:
+            self._send({"id": rid, "op": op, **args}, fds)
+        except (BrokenPipeError, ConnectionResetError):
+            # mrcd refused us and closed: its one line says why
+            try:
+                doc = self._read_line(1.0)
+            except (MrcError, OSError, ValueError):
+                doc = None
+            if doc is not None and "error" in doc:
+                raise MrcError(str(doc["error"])) from None
+            raise MrcError(f"{self.path}: mrcd closed the connection") from None
         deadline = time.monotonic() + self.timeout
         while True:
             doc = self._read_line(max(0.0, deadline - time.monotonic()))

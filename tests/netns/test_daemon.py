@@ -1,0 +1,382 @@
+"""MRC over the real dataplane on default.toml (root): one mrcd per host namespace, applications through
+the client library, the perftest-style bench, failure ride-through, trimming under incast, Prometheus,
+the control socket's access rule, XDP's QPN filter, clean shutdown.
+
+Behaviour only (bytes intact, EV states, counters that moved, targets up); the speed figures come from
+`mrcctl bench write` (docs/daemon.md). Everything made here (namespaces, programs, pins, daemons,
+Prometheus) is removed at the end, also when a test fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.root, pytest.mark.netns, pytest.mark.bpf]
+
+if os.geteuid() != 0:
+    pytest.skip("needs root: namespaces, eBPF programs, daemons", allow_module_level=True)
+try:
+    import bcc  # noqa: F401
+except ImportError:
+    pytest.skip("BCC (python3-bpfcc) is not importable", allow_module_level=True)
+
+from mrc import topology  # noqa: E402
+from mrc.ctl import daemons  # noqa: E402
+from mrc.ctl.bench import BenchConfig, WriteBench  # noqa: E402
+from mrc.ctl.metrics import METRICS  # noqa: E402
+from mrc.dataplane import bpf, netns  # noqa: E402
+from mrc.dataplane import testbed as tbmod  # noqa: E402
+from mrc.dataplane.client import MrcClient, socket_path  # noqa: E402
+from mrc.dataplane.fabric import FabricDataplane  # noqa: E402
+from mrc.dataplane.udp import mrc_socket  # noqa: E402
+from mrc.errors import MrcError  # noqa: E402
+from mrc.wire.icrc import IcrcContext  # noqa: E402
+from mrc.wire.packet import WRITE_HDR_LEN, build_write  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+
+
+def _free_base(n: int) -> int:
+    for _ in range(50):
+        base = 20000 + secrets.randbelow(30000)
+        socks = []
+        try:
+            for i in range(n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", base + i))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port range")
+
+
+@pytest.fixture(scope="module")
+def tb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """default.toml with the dataplane attached and one mrcd per host; private run dir and pin root."""
+    env = {"MRC_RUN_DIR": str(tmp_path_factory.mktemp("mrc-run")),
+           "MRC_BPF_PIN_ROOT": f"/sys/fs/bpf/mrc-test-{secrets.token_hex(4)}"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    name = "t" + secrets.token_hex(4)
+    base = _free_base(4)
+    try:
+        tbmod.up(topology.load(DEPLOY / "topologies" / "default.toml"), name=name, source="default.toml")
+        rec = daemons.start(name, metrics_base=base)
+        yield {"name": name, "metrics_base": base, "daemons": rec["daemons"],
+               "tb": tbmod.Testbed.load(name)}
+    finally:
+        with contextlib.suppress(Exception):
+            daemons.stop(name)
+        with contextlib.suppress(Exception):
+            tbmod.teardown(name)
+        bpf.close_all()
+        bpf.detach_everything()
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _client(tb: dict[str, Any], host: str) -> MrcClient:
+    return MrcClient.for_host(tb["tb"].ns(host))
+
+
+def test_write_bit_exact_over_every_plane(tb: dict[str, Any]) -> None:
+    doc = WriteBench(BenchConfig(tb["name"], "h0", "h2", [32 << 20], iters=1, baseline="single-path")).run()
+    assert doc["bit_exact"]
+    row = doc["rows"][0]
+    assert row["bytes"] == 32 << 20
+    assert all(row["plane_gbps"][str(p)] > 0 for p in range(4)), row["plane_gbps"]
+    assert doc["capacity_gbps"] == pytest.approx(0.4)
+    assert 0 < doc["goodput_fraction"] <= 1.0
+    base = doc["baseline"]
+    assert base["kind"] == "single-path" and base["bit_exact"] and base["goodput_gbps"] > 0
+
+
+def test_sweep_and_restricted_planes(tb: dict[str, Any]) -> None:
+    cfg = BenchConfig(tb["name"], "h1", "h3", [4096, 64 << 10, 1 << 20], iters=3, planes=[1, 2])
+    doc = WriteBench(cfg).run()
+    assert doc["bit_exact"]
+    assert [r["bytes"] for r in doc["rows"]] == [4096, 64 << 10, 1 << 20]
+    assert doc["capacity_gbps"] == pytest.approx(0.2)
+    for r in doc["rows"]:
+        assert r["iters"] == 3 and r["bw_min_gbps"] <= r["bw_avg_gbps"] <= r["bw_peak_gbps"]
+        assert r["plane_gbps"]["0"] == 0 and r["plane_gbps"]["3"] == 0
+
+
+def test_link_failure_ride_through(tb: dict[str, Any]) -> None:
+    """A leaf-spine link goes down mid-transfer and comes back: the transfer completes bit-exact, the EVs
+    through it are retired by the engine, DENIED by mrcd (the peer's mrcd too), and restored."""
+    cfg = BenchConfig(tb["name"], "h0", "h2", [96 << 20], fail_link=("p0l0", "p0s0", 0.5), heal_after=1.0)
+    doc = WriteBench(cfg).run()
+    assert doc["bit_exact"]
+    f = doc["failure"]
+    assert not f["completed_before_failure"]
+    assert f["evs_through_link"] == 8 and f["evs_assumed_bad"] >= 1
+    assert f["detect_ms"] is not None and f["detect_ms"] > 0
+    assert f["deny_ms"] is not None and f["deny_ms"] >= f["detect_ms"]
+    assert f["restore_ms"] is not None
+    with _client(tb, "h2") as c:
+        acts = c.call("actions", since_ns=0)["actions"]
+    assert any(a["kind"] == "deny" and a["link"] == "p0l0-p0s0" and "h0" in a["detail"] for a in acts)
+    assert any(a["kind"] == "restore" and a["link"] == "p0l0-p0s0" for a in acts)
+    for h in ("h0", "h2"):
+        with _client(tb, h) as c:
+            assert c.call("ev_show")["denied_links"] == []
+    assert tbmod.Testbed.load(tb["name"]).down_links() == frozenset()
+
+
+def test_incast_trims_and_nacks_without_timeouts(tb: dict[str, Any]) -> None:
+    """Three senders to one host through switch ports configured to trim: every transfer is intact, the
+    switches trimmed, the senders got TRIMMED NACKs and retransmitted on them, and no ACK timeout fired."""
+    name = tb["name"]
+    topo = tb["tb"].topo
+    with FabricDataplane.open(name) as fd:
+        for p in range(topo.planes):
+            fd.set_port(topo.leaf_name(p, topo.host_leaf("h2")), "h2", ecn_k=8 << 10, trim_t=16 << 10,
+                        buffer=256 << 10)
+    size = 8 << 20
+    dst = _client(tb, "h2")
+    senders = []
+    try:
+        for i, h in enumerate(("h0", "h1", "h3")):
+            c = _client(tb, h)
+            smr = c.reg_mr(size)
+            smr.buf[:] = bytes([i + 1]) * size
+            dmr = dst.reg_mr(size)
+            qs = c.create_qp("h2")
+            qd = dst.create_qp(h)
+            c.connect(qs, qd.qpn)
+            dst.connect(qd, qs.qpn)
+            dst.post_recv(qd, 1)
+            senders.append((c, smr, qs, dmr, qd, i + 1))
+        for c, smr, qs, dmr, _qd, _v in senders:
+            c.post_send(qs, wr_id=1, mr=smr, offset=0, length=size, remote_addr=dmr.addr, rkey=dmr.rkey,
+                        imm=1)
+        stats = []
+        for c, _smr, qs, dmr, qd, v in senders:
+            dst.wait_wc(qd, 1, timeout=120)
+            c.wait_wc(qs, 1, timeout=60)
+            assert dmr.buf[:] == bytes([v]) * size
+            stats.append(c.call("qp_stats", qpn=qs.qpn))
+    finally:
+        for c, *_ in senders:
+            c.close()
+        dst.close()
+        with FabricDataplane.open(name) as fd:
+            b = topo.link.buffer_bytes
+            for p in range(topo.planes):
+                fd.set_port(topo.leaf_name(p, topo.host_leaf("h2")), "h2", ecn_k=b // 4, trim_t=b // 2,
+                            buffer=b)
+    assert sum(s["nack_trim_rx"] for s in stats) > 0
+    assert sum(s["retx_trim"] for s in stats) > 0
+    assert sum(s["rto"] for s in stats) == 0 and sum(s["retx_timeout"] for s in stats) == 0
+    with FabricDataplane.open(name) as fd:
+        h2 = fd.stats("h2")["hosts"]["h2"]
+    assert sum(r["rx_trimmed"] for r in h2["planes"].values()) > 0
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.loads(r.read())
+
+
+def _query(base: str, q: str) -> float:
+    res = _get(f"{base}/api/v1/query?query={urllib.parse.quote(q)}")["data"]["result"]
+    return float(res[0]["value"][1]) if res else 0.0
+
+
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="Debian prometheus is not installed")
+def test_prometheus_scrapes_every_mrcd(tb: dict[str, Any], tmp_path: Path) -> None:
+    base = tb["metrics_base"]
+    targets = [f"127.0.0.1:{base + i}" for i in range(4)]
+    # the metrics the dashboard and alert rules use are all in each exporter's output
+    for t in targets:
+        with urllib.request.urlopen(f"http://{t}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        for m in METRICS:
+            assert f"# TYPE {m.removesuffix('_total')} " in text or f"# TYPE {m} " in text, (t, m)
+    cfg = (DEPLOY / "prometheus" / "prometheus.yml").read_text()
+    cfg = cfg.replace("scrape_interval: 5s", "scrape_interval: 1s")
+    default = '["127.0.0.1:9470", "127.0.0.1:9471", "127.0.0.1:9472", "127.0.0.1:9473"]'
+    cfg = cfg.replace(default, json.dumps(targets))
+    assert json.dumps(targets) in cfg
+    (tmp_path / "prometheus.yml").write_text(cfg)
+    shutil.copy(DEPLOY / "prometheus" / "mrc.rules.yml", tmp_path / "mrc.rules.yml")
+    for args in (["check", "config", str(tmp_path / "prometheus.yml")], ["check", "rules",
+                                                                          str(tmp_path / "mrc.rules.yml")]):
+        r = subprocess.run(["promtool", *args], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+    port = _free_base(1)
+    prom = subprocess.Popen(["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                             f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=(tmp_path / "prom.log").open("wb"))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        up: list[str] = []
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError):
+                act = _get(f"{url}/api/v1/targets")["data"]["activeTargets"]
+                up = [t["labels"]["instance"] for t in act if t["health"] == "up"]
+                if sorted(up) == sorted(targets):
+                    break
+            time.sleep(0.5)
+        assert sorted(up) == sorted(targets), (tmp_path / "prom.log").read_text()[-2000:]
+        q = 'sum by (plane) (mrc_plane_tx_bytes_total{host="h0"})'
+        time.sleep(2)
+        res = _get(f"{url}/api/v1/query?query={urllib.parse.quote(q)}")["data"]["result"]
+        before = {r["metric"]["plane"]: float(r["value"][1]) for r in res}
+        assert sorted(before) == ["0", "1", "2", "3"]
+        doc = WriteBench(BenchConfig(tb["name"], "h0", "h2", [8 << 20])).run()
+        assert doc["bit_exact"]
+        deadline = time.monotonic() + 30
+        after = before
+        while time.monotonic() < deadline:
+            res = _get(f"{url}/api/v1/query?query={urllib.parse.quote(q)}")["data"]["result"]
+            after = {r["metric"]["plane"]: float(r["value"][1]) for r in res}
+            if all(after[p] > before[p] for p in before):
+                break
+            time.sleep(0.5)
+        assert all(after[p] > before[p] for p in before), (before, after)
+        assert _query(url, 'sum(mrc_data_rx_bytes_total{host="h2"})') >= 8 << 20
+    finally:
+        prom.terminate()
+        try:
+            prom.wait(10)
+        except subprocess.TimeoutExpired:
+            prom.kill()
+            prom.wait(5)
+
+
+def test_control_socket_is_root_only(tb: dict[str, Any]) -> None:
+    path = socket_path(tb["tb"].ns("h1"))
+    assert path.stat().st_mode & 0o777 == 0o600
+    code = ("import sys\nfrom mrc.dataplane.client import MrcClient\nfrom mrc.errors import MrcError\n"
+            f"try:\n    MrcClient({str(path)!r})\nexcept MrcError as e:\n    print(e)\n    sys.exit(3)\n")
+
+    def as_nobody() -> None:
+        os.setgid(65534)
+        os.setgroups([])
+        os.setuid(65534)
+
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       preexec_fn=as_nobody, cwd="/")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "permission denied" in r.stdout and "root-only" in r.stdout
+    # the daemon checks the peer's credentials too: open the file's mode and the directories for a moment
+    top = os.environ["MRC_RUN_DIR"].rsplit("/", 2)[0]  # /tmp/pytest-of-root
+    dirs = [p for p in [path.parent, *path.parent.parents] if str(p).startswith(top)]
+    modes = {p: p.stat().st_mode & 0o777 for p in [*dirs, path]}
+    try:
+        for p in dirs:
+            os.chmod(p, modes[p] | 0o011)
+        os.chmod(path, 0o666)
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                           preexec_fn=as_nobody, cwd="/")
+    finally:
+        for p, m in modes.items():
+            os.chmod(p, m)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "root-only (uid 65534)" in r.stdout
+
+
+def test_unknown_qpn_dropped_at_xdp(tb: dict[str, Any]) -> None:
+    topo = tb["tb"].topo
+    src, dst = topo.mrc_address("h0"), topo.mrc_address("h2")
+    payload = b"\xab" * 256
+    buf = bytearray(WRITE_HDR_LEN + len(payload) + 4)
+    build_write(buf, IcrcContext(src.packed, dst.packed), dqpn=0xABCDE, psn=0, ev_index=1, va=0x1000, rkey=7,
+                payload=payload, msg_len=len(payload))
+    with FabricDataplane.open(tb["name"]) as fd:
+        before = fd.ingress_drops("h2").get("foreign_qpn", 0)
+        sk = mrc_socket(tb["tb"].ns("h0"), str(src), port=0)
+        try:
+            for _ in range(5):
+                sk.sendto(buf, (str(dst), 4791))
+        finally:
+            sk.close()
+        deadline = time.monotonic() + 5
+        after = before
+        while time.monotonic() < deadline and after < before + 5:
+            time.sleep(0.05)
+            after = fd.ingress_drops("h2").get("foreign_qpn", 0)
+    assert after == before + 5
+    with _client(tb, "h2") as c:
+        assert "unknown_qpn" not in c.call("stats")["engine_drops"]  # never reached the engine
+
+
+def test_operator_commands_json(tb: dict[str, Any]) -> None:
+    def mrcctl(*args: str) -> Any:
+        r = subprocess.run([sys.executable, "-m", "mrc.ctl.cli", "-j", *args, "--name", tb["name"]],
+                           capture_output=True, text=True, timeout=120)
+        doc = json.loads(r.stdout)
+        return r.returncode, doc
+
+    rc, doc = mrcctl("ev", "show", "--host", "h0", "--peer", "h3")
+    assert rc == 0 and len(doc["hosts"]["h0"]["peers"]["h3"]) == 64
+    rc, doc = mrcctl("ev", "deny", "--host", "h0", "--peer", "h3", "--plane", "2")
+    assert rc == 0 and doc["denied"] == 16
+    rc, doc = mrcctl("ev", "show", "--host", "h0", "--peer", "h3", "--state", "denied")
+    assert {r["plane"] for r in doc["hosts"]["h0"]["peers"]["h3"]} == {2}
+    rc, doc = mrcctl("ev", "restore", "--host", "h0", "--peer", "h3", "--plane", "2")
+    assert rc == 0 and doc["restored"] == 16
+    rc, doc = mrcctl("qp", "show")
+    assert rc == 0 and isinstance(doc["qps"], list)
+    rc, doc = mrcctl("stats", "--host", "h2")
+    assert rc == 0 and doc["hosts"]["h2"]["dataplane"]["planes"]["0"]["rx_packets"] > 0
+    rc, doc = mrcctl("port", "show", "--host", "h1")
+    assert rc == 0 and [p["enabled"] for p in doc["ports"]] == [True] * 4
+    rc, doc = mrcctl("port", "set", "h1", "p3l0", "--admin", "down")
+    assert rc == 0 and doc["enabled"] is False
+    rc, doc = mrcctl("port", "show", "--host", "h1")
+    assert [p["enabled"] for p in doc["ports"]] == [True, True, True, False]
+    rc, doc = mrcctl("port", "set", "h1", "p3l0", "--admin", "up")
+    assert rc == 0 and doc["enabled"] is True
+    rc, doc = mrcctl("bench", "write", "--src", "h1", "--dst", "h0", "--size", "1M", "--iters", "2")
+    assert rc == 0 and doc["bit_exact"] and {"config", "capacity_gbps", "goodput_gbps", "goodput_fraction",
+                                             "rows"} <= set(doc)
+    rc, doc = mrcctl("ev", "deny", "--host", "h0", "--peer", "nope", "--plane", "1")
+    assert rc != 0 and "nope" in doc["error"]
+
+
+def test_sigterm_removes_entries_and_socket(tb: dict[str, Any]) -> None:
+    """Last: h3's mrcd, stopped by SIGTERM, removes its path-map entries and its socket."""
+    name = tb["name"]
+    pid = int(tb["daemons"]["h3"]["pid"])
+    path = socket_path(tb["tb"].ns("h3"))
+    with FabricDataplane.open(name) as fd:
+        assert fd.lookup_path("h3", "h0", 63) is not None
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and path.exists():
+            time.sleep(0.05)
+        assert not path.exists()
+        assert fd.lookup_path("h3", "h0", 63) is None
+        assert fd.lookup_path("h0", "h3", 63) is not None  # the others' are untouched
+    with pytest.raises(MrcError, match="no mrcd is listening"):
+        MrcClient(path)
+    assert netns.exists(tb["tb"].ns("h3"))
