@@ -1,0 +1,154 @@
+"""The transport the collectives run over, and the in-process implementation.
+
+A rank sees a `Transport`: it posts a chunk (bytes) to a peer rank with a tag and waits for the chunk a
+peer posted to it. That is all ring all-reduce needs, and every carrier can provide it: threads in one
+process (`InProcHub`, here), the fabric simulator, torch.distributed point-to-point (`mrc.collective.ddp`),
+and later MRC ranks writing WRITE-with-immediate into the peer's registered buffer (the immediate carries
+the tag, the landing offset the chunk).
+
+Ordering contract: chunks from one sender to one receiver are delivered in the order they were posted;
+`recv` names the tag it expects and a transport raises `TransportError` if a different one arrives (a
+protocol bug, never silently mixed up). `send` may return before the peer has received the chunk (the
+caller must not reuse the buffer until `flush`); `recv` blocks, with a deadline.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar, runtime_checkable
+
+from mrc.errors import MrcError
+
+T = TypeVar("T")
+
+
+class TransportError(MrcError):
+    """A chunk did not arrive in time, arrived with the wrong tag, or a peer failed."""
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """What a collective needs from the carrier between ranks."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    def send(self, dst: int, tag: int, data: bytes) -> None:
+        """Post `data` to rank `dst`; may return before delivery."""
+
+    def recv(self, src: int, tag: int) -> bytes:
+        """The next chunk from rank `src`, which must carry `tag`."""
+        ...
+
+    def flush(self) -> None:
+        """Wait until every chunk this rank posted has left (buffers reusable)."""
+
+
+class InProcHub:
+    """Queues between `n` ranks living in one process (threads). One FIFO per (src, dst)."""
+
+    def __init__(self, n: int, timeout_s: float = 60.0) -> None:
+        if n < 1:
+            raise ValueError(f"need at least one rank, got {n}")
+        self.n = n
+        self.timeout_s = timeout_s
+        self._q: dict[tuple[int, int], queue.SimpleQueue[tuple[int, bytes]]] = {
+            (s, d): queue.SimpleQueue() for s in range(n) for d in range(n) if s != d
+        }
+        self.failed = threading.Event()
+
+    def endpoint(self, rank: int) -> InProcTransport:
+        return InProcTransport(self, rank)
+
+
+class InProcTransport:
+    """One rank's view of an `InProcHub`."""
+
+    def __init__(self, hub: InProcHub, rank: int) -> None:
+        if not 0 <= rank < hub.n:
+            raise ValueError(f"rank {rank} outside 0..{hub.n - 1}")
+        self._hub = hub
+        self._rank = rank
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._hub.n
+
+    def send(self, dst: int, tag: int, data: bytes) -> None:
+        if dst == self._rank or not 0 <= dst < self._hub.n:
+            raise TransportError(f"rank {self._rank}: bad destination {dst}")
+        self._hub._q[(self._rank, dst)].put((tag, bytes(data)))
+
+    def recv(self, src: int, tag: int) -> bytes:
+        if src == self._rank or not 0 <= src < self._hub.n:
+            raise TransportError(f"rank {self._rank}: bad source {src}")
+        q = self._hub._q[(src, self._rank)]
+        deadline = time.monotonic() + self._hub.timeout_s
+        while True:
+            try:
+                got_tag, data = q.get(timeout=0.05)
+                break
+            except queue.Empty:
+                if self._hub.failed.is_set():
+                    raise TransportError(f"rank {self._rank}: a peer failed") from None
+                if time.monotonic() > deadline:
+                    raise TransportError(
+                        f"rank {self._rank}: nothing from rank {src} (tag {tag})"
+                        f" within {self._hub.timeout_s} s"
+                    ) from None
+        if got_tag != tag:
+            raise TransportError(f"rank {self._rank}: expected tag {tag} from rank {src}, got {got_tag}")
+        return data
+
+    def flush(self) -> None:
+        return None
+
+
+@dataclass
+class RankOutcome(Generic[T]):
+    value: T | None
+    error: BaseException | None
+
+
+def run_inproc(n: int, fn: Callable[[Transport], T], timeout_s: float = 60.0) -> list[T]:
+    """Run fn(transport) for ranks 0..n-1 in n threads over one InProcHub; the per-rank return values in
+    rank order. The first failure of any rank is re-raised (the others are told and stop waiting)."""
+    hub = InProcHub(n, timeout_s)
+    outcomes: list[RankOutcome[T]] = [RankOutcome(None, None) for _ in range(n)]
+
+    def body(r: int) -> None:
+        try:
+            outcomes[r].value = fn(hub.endpoint(r))
+        except BaseException as e:  # re-raised in the caller's thread below
+            outcomes[r].error = e
+            hub.failed.set()
+
+    threads = [threading.Thread(target=body, args=(r,), name=f"rank{r}", daemon=True) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    first = _first_error(outcomes)
+    if first is not None:
+        raise first
+    return [o.value for o in outcomes]  # type: ignore[misc]
+
+
+def _first_error(outcomes: Sequence[RankOutcome[T]]) -> BaseException | None:
+    errs = [o.error for o in outcomes if o.error is not None]
+    # a rank that failed on its own beats the ranks that stopped because a peer failed
+    for e in errs:
+        if not (isinstance(e, TransportError) and "a peer failed" in str(e)):
+            return e
+    return errs[0] if errs else None
