@@ -395,3 +395,70 @@ class WriteBench:
             return None
         bits = (pts[-1][1] - pts[0][1]) * MTU * 8
         return round(bits / ((pts[-1][0] - pts[0][0]) / 1e9) / self.capacity_bps, 4)
+
+
+def incast(testbed: str, dst: str, srcs: list[str], size: int, *, ecn_k: int, trim_t: int, buffer: int,
+           progress: Callable[[str], None] = lambda _m: None, timeout_s: float = 600.0) -> dict[str, Any]:
+    """N senders WRITE `size` bytes each to `dst` at once, with the switch ports toward `dst` set to
+    (ecn_k, trim_t, buffer): completion, bit-exactness, trims, NACK-driven retransmits and timeouts."""
+    tb = tbmod.Testbed.load(testbed)
+    topo = tb.topo
+    for h in (dst, *srcs):
+        if h not in topo.host_names():
+            raise MrcError(f"testbed {testbed}: no host {h!r}")
+    if dst in srcs or len(set(srcs)) != len(srcs):
+        raise MrcError("the senders must be distinct hosts other than the destination")
+    leaf_ports = [(topo.leaf_name(p, topo.host_leaf(dst)), dst) for p in range(topo.planes)]
+    with FabricDataplane.open(testbed) as fd:
+        old = [fd.set_port(n, f) for n, f in leaf_ports]  # current settings (nothing changed)
+        for n, f in leaf_ports:
+            fd.set_port(n, f, ecn_k=ecn_k, trim_t=trim_t, buffer=buffer)
+    d = MrcClient.for_host(tb.ns(dst))
+    senders: list[tuple[MrcClient, RemoteMr, ClientQp, RemoteMr, ClientQp, int]] = []
+    try:
+        for i, h in enumerate(srcs):
+            c = MrcClient.for_host(tb.ns(h))
+            smr = c.reg_mr(size)
+            smr.buf[:] = bytes([i + 1]) * size
+            dmr = d.reg_mr(size)
+            qs = c.create_qp(dst)
+            qd = d.create_qp(h)
+            c.connect(qs, qd.qpn)
+            d.connect(qd, qs.qpn)
+            d.post_recv(qd, 1)
+            senders.append((c, smr, qs, dmr, qd, i + 1))
+        progress(f"  {len(srcs)} x {size} B -> {dst}")
+        t0 = time.monotonic_ns()
+        for c, smr, qs, dmr, _qd, _v in senders:
+            c.post_send(qs, wr_id=1, mr=smr, offset=0, length=size, remote_addr=dmr.addr, rkey=dmr.rkey,
+                        imm=1)
+        rows: list[dict[str, Any]] = []
+        for (c, _smr, qs, dmr, qd, v), h in zip(senders, srcs, strict=True):
+            wc = d.wait_wc(qd, 1, timeout=timeout_s)
+            c.wait_wc(qs, 1, timeout=timeout_s)
+            st = c.call("qp_stats", qpn=qs.qpn)
+            rows.append({"src": h, "bit_exact": dmr.buf[:] == bytes([v]) * size,
+                         "seconds": round((int(wc["time_ns"]) - t0) / 1e9, 4),
+                         "trim_nacks": int(st["nack_trim_rx"]), "retx_trim": int(st["retx_trim"]),
+                         "retx_sack": int(st["retx_sack"]), "retx_timeout": int(st["retx_timeout"]),
+                         "rto": int(st["rto"]), "ecn_echoes": int(st["ecn_echo_rx"])})
+    finally:
+        for c, *_rest in senders:
+            c.close()
+        d.close()
+        with FabricDataplane.open(testbed) as fd:
+            for (n, f), cfg in zip(leaf_ports, old, strict=True):
+                fd.set_port(n, f, ecn_k=cfg["ecn_k"], trim_t=cfg["trim_t"], buffer=cfg["buffer"])
+    with FabricDataplane.open(testbed) as fd:
+        sw = fd.stats()["ports"]
+    trims = sum(sw[n][f]["actions"]["trim"]["packets"] for n, f in leaf_ports)
+    drops = sum(sw[n][f]["actions"]["drop_buffer"]["packets"] for n, f in leaf_ports)
+    total_s = max(r["seconds"] for r in rows)
+    return {"dst": dst, "srcs": srcs, "bytes": size, "ecn_k": ecn_k, "trim_t": trim_t, "buffer": buffer,
+            "bit_exact": all(r["bit_exact"] for r in rows), "seconds": total_s,
+            "goodput_gbps": round(len(srcs) * size * 8 / total_s / 1e9, 6),
+            "capacity_gbps": topo.planes * topo.link.rate_bps / 1e9,
+            "switch_trims_total": trims, "switch_buffer_drops_total": drops,
+            "trim_nacks": sum(r["trim_nacks"] for r in rows), "retx_trim": sum(r["retx_trim"] for r in rows),
+            "rto": sum(r["rto"] for r in rows), "retx_timeout": sum(r["retx_timeout"] for r in rows),
+            "senders": rows}

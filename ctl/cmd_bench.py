@@ -3,6 +3,7 @@
     mrcctl bench write --src H --dst H [--size S | -b MIN -e MAX -f FACTOR] [--iters N] [--planes LIST]
                        [--evs N] [--fail-link A:B@SECONDS] [--heal-after SECONDS]
                        [--baseline single-path|tcp] [-j | --jsonl]
+    mrcctl bench incast --dst H [--src H,H,H] [--size S] [--ecn-k B] [--trim-t B] [--buffer B]
 
 The table has one row per size (bytes, iterations, BW peak / average / min in Gb/s, message rate, Gb/s
 per plane, retransmits, trims); ``-j`` gives one JSON document (``config``, ``capacity_gbps``,
@@ -21,14 +22,14 @@ from mrc import topology
 from mrc.dataplane import testbed as tbmod
 from mrc.errors import MrcError
 
-from .bench import BenchConfig, WriteBench, parse_fail_link
+from .bench import BenchConfig, WriteBench, incast, parse_fail_link
 from .cmd_testbed import json_option, name_option
 from .output import Output, table
 
 
 @click.group()
 def bench() -> None:
-    """Benchmarks over the testbed's mrcds: write."""
+    """Benchmarks over the testbed's mrcds: write, incast."""
 
 
 def _size(v: str, what: str) -> int:
@@ -134,3 +135,37 @@ def write(out: Output, src: str, dst: str, size: str | None, min_size: str | Non
         out.emit(doc, _render)
     if not doc["bit_exact"]:
         raise MrcError("the destination buffer differs from the source (not bit-exact)")
+
+
+@bench.command(name="incast")
+@click.option("--dst", required=True, help="The host every sender writes to.")
+@click.option("--src", "srcs", default=None, metavar="LIST", help="Senders (default: every other host).")
+@click.option("--size", "-s", default="8M", show_default=True, metavar="BYTES", help="Bytes per sender.")
+@click.option("--ecn-k", default="8KiB", show_default=True, help="Switch ports toward DST: ECN threshold.")
+@click.option("--trim-t", default="16KiB", show_default=True, help="... trimming threshold.")
+@click.option("--buffer", default="256KiB", show_default=True, help="... buffer (drop above).")
+@name_option
+@json_option
+@click.pass_obj
+def incast_(out: Output, dst: str, srcs: str | None, size: str, ecn_k: str, trim_t: str, buffer: str,
+            name: str | None) -> None:
+    """N senders to one host at once through trimming switch ports: trims, NACK retransmits, timeouts."""
+    tb = tbmod.resolve_name(name)
+    hosts = tbmod.Testbed.load(tb).topo.host_names()
+    senders = ([h for h in hosts if h != dst] if srcs is None
+               else [h.strip() for h in srcs.split(",") if h.strip()])
+    doc = incast(tb, dst, senders, _size(size, "--size"), ecn_k=_size(ecn_k, "--ecn-k"),
+                 trim_t=_size(trim_t, "--trim-t"), buffer=_size(buffer, "--buffer"), progress=out.progress)
+
+    def render(d: dict[str, Any]) -> str:
+        t = table(d["senders"], [("src", "SRC"), ("bit_exact", "BIT-EXACT"), ("seconds", "SECONDS"),
+                                 ("trim_nacks", "TRIM NACKS"), ("retx_trim", "RETX TRIM"),
+                                 ("retx_sack", "RETX SACK"), ("retx_timeout", "RETX TIMEOUT"), ("rto", "RTO"),
+                                 ("ecn_echoes", "ECN ECHOES")])
+        return (t + f"\n\n{len(d['srcs'])} -> {d['dst']}: {d['goodput_gbps']:.4f} Gb/s of "
+                f"{d['capacity_gbps']:.3f}; switch trims {d['switch_trims_total']}, buffer drops "
+                f"{d['switch_buffer_drops_total']}, RTOs {d['rto']}")
+
+    out.emit(doc, render)
+    if not doc["bit_exact"]:
+        raise MrcError("a destination buffer differs from its source (not bit-exact)")
