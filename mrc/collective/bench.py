@@ -1,0 +1,133 @@
+"""Measurement behind `mrcctl allreduce`: per-iteration time, algbw/busbw, wire bytes and vNMSE of an
+all-reduce, independent of the carrier. A `Runner` runs one all-reduce of given per-rank buffers and
+reports the per-rank results and the elapsed time; `InProcRunner` runs the ranks as threads of this
+process. A runner for ranks on the testbed (through mrcd) plugs in here without changing the report.
+
+nccl-tests definitions: algbw = S / t (S = buffer bytes per rank), busbw = algbw * 2 (n - 1) / n.
+vNMSE = ||result - exact||^2 / ||exact||^2 with the exact float64 mean of the ranks' buffers.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from mrc.errors import MrcError
+
+from .ring import Config, Result, allreduce, vnmse
+from .transport import run_inproc
+
+DISTS = ("iid", "correlated")
+F32 = npt.NDArray[np.float32]
+
+
+class Runner(Protocol):
+    name: str
+
+    def run(self, buffers: list[F32], cfg: Config, step: int) -> tuple[list[Result], float, bool]:
+        """(per-rank results, seconds, whether a link was down during it)."""
+        ...
+
+
+class InProcRunner:
+    name = "inproc"
+
+    def __init__(self, timeout_s: float = 300.0) -> None:
+        self.timeout_s = timeout_s
+
+    def run(self, buffers: list[F32], cfg: Config, step: int) -> tuple[list[Result], float, bool]:
+        t0 = time.perf_counter()
+        res = run_inproc(len(buffers), lambda t: allreduce(t, buffers[t.rank], cfg, step), self.timeout_s)
+        return res, time.perf_counter() - t0, False
+
+
+def make_inputs(n: int, elements: int, dist: str, seed: int, step: int) -> list[F32]:
+    """n per-rank gradient buffers: `iid` N(0, I) each; `correlated`: (g + e_i) / sqrt(2) with g shared —
+    half of each rank's energy common to all ranks, as data-parallel gradients are."""
+    rng = np.random.default_rng((seed, step & 0xFFFFFFFFFFFFFFFF))
+    if dist == "iid":
+        return [rng.standard_normal(elements, dtype=np.float32) for _ in range(n)]
+    if dist == "correlated":
+        g = rng.standard_normal(elements, dtype=np.float32)
+        out = []
+        for _ in range(n):
+            x = rng.standard_normal(elements, dtype=np.float32)
+            x += g
+            x *= np.float32(1 / math.sqrt(2))
+            out.append(x)
+        return out
+    raise MrcError(f"unknown input distribution {dist!r} (known: {', '.join(DISTS)})")
+
+
+def exact_mean(buffers: list[F32]) -> npt.NDArray[np.float64]:
+    acc = np.zeros(buffers[0].size if buffers else 0)
+    for b in buffers:
+        acc += b
+    acc /= max(len(buffers), 1)
+    return acc
+
+
+def run(
+    runner: Runner, ranks: int, size_bytes: int, cfg: Config, iters: int, dist: str = "iid", seed: int = 0,
+    progress: Callable[[str], None] | None = None, warmup: int = 1,
+) -> dict[str, Any]:
+    """The `mrcctl allreduce` document: config, iterations, summary. `warmup` iterations run first and
+    are not reported (codebooks, caches, threads), as in nccl-tests."""
+    elements = size_bytes // 4
+    for w in range(warmup):
+        runner.run(make_inputs(ranks, min(elements, 1 << 16), dist, seed, -1 - w), cfg, -1 - w)
+    rows: list[dict[str, Any]] = []
+    errors = 0
+    for it in range(iters):
+        buffers = make_inputs(ranks, elements, dist, seed, it)
+        exact = exact_mean(buffers)
+        try:
+            res, secs, down = runner.run(buffers, cfg, it)
+        except MrcError as e:
+            errors += 1
+            rows.append({"iter": it, "time_s": None, "algbw_gbps": None, "busbw_gbps": None,
+                         "wire_bytes": None, "vnmse": None, "failed_link_down": False, "error": str(e)})
+            if progress:
+                progress(f"iter {it}: error: {e}")
+            continue
+        out = res[0].out if cfg.average else res[0].out / ranks
+        algbw = size_bytes / secs / 1e9 if secs > 0 else math.inf
+        row = {
+            "iter": it,
+            "time_s": secs,
+            "algbw_gbps": algbw,
+            "busbw_gbps": algbw * 2 * (ranks - 1) / ranks,
+            "wire_bytes": sum(r.wire_bytes for r in res),
+            "vnmse": vnmse(out, exact),
+            "failed_link_down": down,
+        }
+        rows.append(row)
+        if progress:
+            progress(f"iter {it}: {secs * 1e3:.1f} ms  vNMSE {row['vnmse']:.4g}")
+    ok = [r for r in rows if r["time_s"] is not None]
+    summary = {
+        "median_time_s": statistics.median(r["time_s"] for r in ok) if ok else None,
+        "median_busbw_gbps": statistics.median(r["busbw_gbps"] for r in ok) if ok else None,
+        "mean_vnmse": statistics.fmean(r["vnmse"] for r in ok) if ok else None,
+        "mean_wire_bytes": statistics.fmean(r["wire_bytes"] for r in ok) if ok else None,
+        "errors": errors,
+    }
+    config = {
+        "transport": runner.name, "ranks": ranks, "size_bytes": size_bytes, "elements": elements,
+        "iters": iters, "warmup": warmup, "dist": dist, "seed": seed, **asdict(cfg),
+    }
+    if cfg.scheme != "none" and cfg.algorithm == "ring":
+        from .schedule import aware_bits
+
+        config["bits_per_hop"] = (
+            list(aware_bits(cfg.scheme, float(cfg.bits), ranks)) if cfg.partial_sums == "aware"
+            else [float(cfg.bits)] * ranks
+        )
+    return {"config": config, "iterations": rows, "summary": summary}
