@@ -96,9 +96,16 @@ class PeerTable:
 
     peer: str
     gid: bytes
-    paths: list[TopoPath]
+    paths: list[TopoPath]  # current: the controller replaces EVs through failed links
     profile: EvProfile
+    orig: list[TopoPath] = field(default_factory=list)  # as computed from the topology
     by_link: dict[Link, list[int]] = field(default_factory=dict)
+
+    def reindex(self) -> None:
+        self.by_link = {}
+        for i, p in enumerate(self.paths):
+            for a, b in p.links:
+                self.by_link.setdefault(frozenset((a, b)), []).append(i)
 
 
 @dataclass
@@ -125,6 +132,7 @@ class Controller:
         self.min_bad = min_bad
         self.bad: dict[tuple[int, int], int] = {}  # (qpn, ev index) -> time it went bad
         self.denied: dict[Link, dict[str, list[int]]] = {}
+        self.replaced: dict[Link, dict[str, list[int]]] = {}  # EVs moved off the link (REPLACE_EV)
         self.denied_at: dict[Link, int] = {}
         self.remote: dict[Link, set[str]] = {}  # links denied because these peers' mrcds reported them
         self.probing: dict[tuple[int, int], Link] = {}  # (qpn, ev index) -> link under test
@@ -229,6 +237,7 @@ class Controller:
         self.denied_at[lk] = now
         self.next_probe[lk] = now + RESTORE_PROBE_NS
         self.act(Action(now, "deny", link_name(lk), n, "" if reporter is None else f"reported by {reporter}"))
+        self.replace(lk, now)
         if reporter is not None:
             self.remote[lk] = {reporter}
             return
@@ -238,6 +247,34 @@ class Controller:
             self.ports_down.add(plane)
             d.ctx.modify_port(plane, False, now)
             self.act(Action(now, "port_down", link_name(lk), 0, f"plane {plane}: PORT_STATUS to peers"))
+
+    def replace(self, lk: Link, now: int) -> None:
+        """REPLACE_EV: every denied EV of `lk` but one (kept DENIED, to probe the link) moves to a path of
+        the same plane that avoids every denied link, and is allowed again: the plane keeps its EVs, so
+        its share of the spraying, while the link is down (an access link leaves no such path)."""
+        d = self.d
+        moved: dict[str, list[int]] = {}
+        for peer, idx in self.denied[lk].items():
+            t = d.peers[peer]
+            keep = idx[:1]
+            for n_alt, i in enumerate(idx[1:]):
+                plane = t.paths[i].plane
+                alts = [p for p in d.topo.paths(d.host, peer, plane=plane)
+                        if not any(p.crosses(*tuple(x)) for x in self.denied)]
+                if not alts:
+                    keep.append(i)
+                    continue
+                alt = sorted(alts, key=lambda p: p.spine or 0)[n_alt % len(alts)]
+                d.fd.set_path(d.host, peer, i, alt)
+                t.paths[i] = alt
+                moved.setdefault(peer, []).append(i)
+            self.denied[lk][peer] = keep
+            t.reindex()
+            if peer in moved:
+                t.profile.allow(moved[peer], now)
+        if moved:
+            self.replaced[lk] = moved
+            self.act(Action(now, "replace", link_name(lk), sum(len(v) for v in moved.values())))
 
     def probe(self, lk: Link, now: int) -> None:
         """Move one EV through the denied link to ASSUMED_BAD on one QP: the engine probes it."""
@@ -266,6 +303,15 @@ class Controller:
             self.denied_at.pop(lk, None)
             for key in [k for k, v in self.probing.items() if v == lk]:
                 del self.probing[key]
+        for lk in links:  # replaced EVs go back to their own paths (unless those cross a denied link)
+            for peer, idx in self.replaced.pop(lk, {}).items():
+                t = d.peers[peer]
+                for i in idx:
+                    p = t.orig[i]
+                    if not any(p.crosses(*tuple(x)) for x in self.denied):
+                        d.fd.set_path(d.host, peer, i, p)
+                        t.paths[i] = p
+                t.reindex()
         for lk, per_peer in gone.items():
             n = 0
             for peer, idx in per_peer.items():
@@ -397,10 +443,9 @@ class Daemon:
         entries = [EvEntry(i, i % planes) for i in range(self.evs)]
         prof = EvProfile(len(self.peers) + 1, entries, mode=EvMode.EXP)
         self.ctx.create_ev_profile(prof)
-        t = PeerTable(peer, self.topo.mrc_address(peer).packed, paths, prof)
+        t = PeerTable(peer, self.topo.mrc_address(peer).packed, list(paths), prof, orig=list(paths))
+        t.reindex()
         for i, p in enumerate(paths):
-            for a, b in p.links:
-                t.by_link.setdefault(frozenset((a, b)), []).append(i)
             self.fd.set_path(self.host, peer, i, p)
         for plane in self.controller.ports_down:
             prof.deny([i for i in range(self.evs) if i % planes == plane])
