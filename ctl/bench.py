@@ -251,14 +251,21 @@ class WriteBench:
     def _tcp(self, size: int) -> dict[str, Any]:
         if shutil.which("iperf3") is None:
             raise MrcError("--baseline tcp needs iperf3")
-        self.progress("  baseline tcp: iperf3 over the testbed's default route (one plane)")
-        dst_addr = str(self.tb.topo.mrc_address(self.cfg.dst))
+        topo = self.tb.topo
+        plane = self.planes[0]
+        spine = topo.paths(self.cfg.src, self.cfg.dst, plane=plane)[0].spine
+        # the client's source is the address that selects one micro-SID path (the testbed's kernel seg6
+        # routes; the reply takes the reverse path): TCP over exactly one plane, one path
+        src_addr = str(topo.path_address(self.cfg.src, self.cfg.dst, plane, spine))
+        self.progress(f"  baseline tcp: iperf3 from {src_addr} (plane {plane}, one path)")
+        dst_addr = str(topo.mrc_address(self.cfg.dst))
         server = subprocess.Popen(["iperf3", "-s", "-1", "-B", dst_addr], stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL,
                                   preexec_fn=lambda: netns.enter_for_exec(self.tb.ns(self.cfg.dst)))
         try:
             time.sleep(0.3)
-            res = subprocess.run(["iperf3", "-c", dst_addr, "-n", str(size), "-J"], capture_output=True,
+            res = subprocess.run(["iperf3", "-c", dst_addr, "-B", src_addr, "-n", str(size), "-J"],
+                                 capture_output=True,
                                  text=True, timeout=self.cfg.timeout_s,
                                  preexec_fn=lambda: netns.enter_for_exec(self.tb.ns(self.cfg.src)))
         finally:
