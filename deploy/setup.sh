@@ -95,6 +95,17 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
 else
   say "$VENV up to date"
 fi
+# torch (CPU) for the DDP communication hook and its test (mrc.collective.ddp; mrc itself never needs it):
+# pinned, because an unpinned `torch` resolves to a multi-GB CUDA build; pip takes the machine's local
+# wheel (find-links) when there is one. Only installed when the venv cannot import it already.
+TORCH_PIN=torch==2.13.0
+if "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
+  say "torch importable from $VENV"
+else
+  say "installing $TORCH_PIN into $VENV (for the DDP hook test)"
+  "$VENV/bin/python" -m pip install -q "$TORCH_PIN" \
+    || say "warning: pip install $TORCH_PIN failed; the DDP hook test will be skipped"
+fi
 "$VENV/bin/python" -c 'import bcc' 2>/dev/null && say "bcc importable from $VENV" \
   || say "warning: 'import bcc' fails in $VENV (apt-get install python3-bpfcc)"
 say "done"

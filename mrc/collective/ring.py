@@ -69,6 +69,9 @@ class Result:
     wire_bytes: int = 0  # bytes this rank posted (message payloads, framing included)
     messages: int = 0
     bits_per_hop: tuple[float, ...] = field(default_factory=tuple)
+    # with residual=True: what this rank's quantizations left out of the SUM, per coordinate (exact value
+    # it encoded minus the value it sent); adding it to the next step's input is error feedback
+    residual: F32 | None = None
 
 
 def chunk_bounds(length: int, n: int) -> list[tuple[int, int]]:
@@ -101,20 +104,21 @@ class _Counter:
         self.t.send(dst, tag, data)
 
 
-def allreduce(t: Transport, x: npt.ArrayLike, cfg: Config, step: int = 0) -> Result:
-    """Sum (or average, cfg.average) of every rank's 1-D float32 buffer."""
+def allreduce(t: Transport, x: npt.ArrayLike, cfg: Config, step: int = 0, residual: bool = False) -> Result:
+    """Sum (or average, cfg.average) of every rank's 1-D float32 buffer. `step` must be the same on every
+    rank (it seeds the rotations); `residual` also returns this rank's quantization residual."""
     a = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
     n = t.world_size
     if n == 1:
-        return Result(a.copy())
+        return Result(a.copy(), residual=np.zeros_like(a) if residual else None)
     if cfg.algorithm == "oneshot":
-        res = _oneshot(t, a, cfg, step)
+        res = _oneshot(t, a, cfg, step, residual)
     elif cfg.scheme == "none":
-        res = _ring(t, a, cfg, step, _RawChunks())
+        res = _ring(t, a, cfg, step, _RawChunks(), residual)
     elif cfg.partial_sums == "naive":
-        res = _ring(t, a, cfg, step, _CodecChunks(cfg, step))
+        res = _ring(t, a, cfg, step, _CodecChunks(cfg, step), residual)
     else:
-        res = _ring(t, a, cfg, step, _ScheduledChunks(cfg, step, n))
+        res = _ring(t, a, cfg, step, _ScheduledChunks(cfg, step, n), residual)
     if cfg.average:
         res.out /= np.float32(n)
     return res
@@ -218,7 +222,11 @@ def _accumulate(acc: list[F32], own: list[F32]) -> list[F32]:
     return acc
 
 
-def _ring(t: Transport, a: F32, cfg: Config, step: int, rep: _Chunks) -> Result:
+def _residual(rep: _Chunks, c: int, exact: list[F32], msg: bytes) -> list[F32]:
+    return [e - q for e, q in zip(exact, rep.unpack(c, msg), strict=True)]
+
+
+def _ring(t: Transport, a: F32, cfg: Config, step: int, rep: _Chunks, want_residual: bool) -> Result:
     n, r = t.world_size, t.rank
     right, left = (r + 1) % n, (r - 1) % n
     bounds = chunk_bounds(a.size, n)
@@ -228,15 +236,21 @@ def _ring(t: Transport, a: F32, cfg: Config, step: int, rep: _Chunks) -> Result:
     own = {c: rep.start(c, a[s:e]) for c, (s, e) in enumerate(bounds)}
     # reduce-scatter: at step s this rank sends chunk (r - s) holding s + 1 contributions
     work = own[r % n]
+    resid: dict[int, list[F32]] = {}
     for s in range(n - 1):
         c_send = (r - s) % n
-        io.send(right, _TAG_RS + s, rep.pack(c_send, work, s + 1))
+        msg = rep.pack(c_send, work, s + 1)
+        if want_residual:
+            resid[c_send] = _residual(rep, c_send, work, msg)
+        io.send(right, _TAG_RS + s, msg)
         c_recv = (r - s - 1) % n
         work = _accumulate(rep.unpack(c_recv, t.recv(left, _TAG_RS + s)), own[c_recv])
     # this rank owns chunk (r + 1) % n: the frame of its full sum travels n - 1 hops
     mine = (r + 1) % n
     msg = rep.pack(mine, work, n)
     final: dict[int, list[F32]] = {mine: rep.unpack(mine, msg)}
+    if want_residual:
+        resid[mine] = [e - q for e, q in zip(work, final[mine], strict=True)]
     for s in range(n - 1):
         io.send(right, _TAG_AG + s, msg)
         c_recv = (r - s) % n
@@ -244,10 +258,13 @@ def _ring(t: Transport, a: F32, cfg: Config, step: int, rep: _Chunks) -> Result:
         final[c_recv] = rep.unpack(c_recv, msg)
     t.flush()
     out = np.concatenate([rep.finish(c, final[c], e - s) for c, (s, e) in enumerate(bounds)])
-    return Result(out.astype(np.float32, copy=False), io.bytes, io.messages, rep.bits(n))
+    rvec = None
+    if want_residual:
+        rvec = np.concatenate([rep.finish(c, resid[c], e - s) for c, (s, e) in enumerate(bounds)])
+    return Result(out.astype(np.float32, copy=False), io.bytes, io.messages, rep.bits(n), rvec)
 
 
-def _oneshot(t: Transport, a: F32, cfg: Config, step: int) -> Result:
+def _oneshot(t: Transport, a: F32, cfg: Config, step: int, want_residual: bool) -> Result:
     """Baseline: every rank compresses its whole buffer once (its own seed), the frames are all-gathered
     around the ring, every rank decodes all n and averages in float64. One quantization per contribution:
     error v / n of the average for unbiased schemes; wire (n - 1) whole buffers per rank."""
@@ -274,13 +291,14 @@ def _oneshot(t: Transport, a: F32, cfg: Config, step: int) -> Result:
 
     msg = enc(r)
     total = dec(msg)
+    rvec = (a - total).astype(np.float32) if want_residual else None
     for s in range(n - 1):
         io.send(right, _TAG_ONESHOT + s, msg)
         msg = t.recv(left, _TAG_ONESHOT + s)
         total += dec(msg)
     t.flush()
     return Result(total.astype(np.float32), io.bytes, io.messages,
-                  () if cfg.scheme == "none" else (float(cfg.bits),))
+                  () if cfg.scheme == "none" else (float(cfg.bits),), rvec)
 
 
 def vnmse(estimate: npt.ArrayLike, exact: npt.ArrayLike) -> float:

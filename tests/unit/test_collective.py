@@ -152,3 +152,17 @@ def test_bad_config() -> None:
         Config("none", partial_sums="clever")
     with pytest.raises(Exception, match="drive"):
         Config("drive", 2)
+
+
+@pytest.mark.parametrize("ps,algorithm", [("naive", "ring"), ("aware", "ring"), ("naive", "oneshot")])
+def test_residuals_account_for_the_whole_error(ps: str, algorithm: str) -> None:
+    """Error feedback's input: the residuals of all ranks add up to exactly what the result lost,
+    sum_hat = sum - sum_r residual_r (ring: per chunk, each quantization's residual belongs to one rank)."""
+    n, length = 4, 3001
+    xs = _inputs(n, length, 5)
+    cfg = Config("eden-unbiased", 2, ps, algorithm, seed=8, average=False)
+    res = run_inproc(n, lambda t: allreduce(t, xs[t.rank], cfg, 0, residual=True))
+    exact = np.sum(np.asarray(xs, np.float64), axis=0)
+    lost = np.sum([r.residual for r in res if r.residual is not None], axis=0, dtype=np.float64)
+    np.testing.assert_allclose(res[0].out, exact - lost, atol=1e-3)
+    assert vnmse(res[0].out, exact) > 1e-3  # the check is not vacuous

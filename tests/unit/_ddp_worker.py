@@ -1,0 +1,74 @@
+"""One rank of the DDP-hook training test (tests/unit/test_ddp_hook.py): trains the same small model
+twice, with DDP's own all-reduce and with mrc_hook, and writes both loss curves as JSON.
+
+    python _ddp_worker.py RANK WORLD PORT OUT.json BITS
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from mrc.collective.ddp import MrcHookState, mrc_hook
+
+STEPS = 60
+BATCH = 64
+
+
+def data(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1234)
+    teacher = torch.randn(16, 1, generator=g)
+    gx = torch.Generator().manual_seed(100 + rank)  # every rank its own shard
+    x = torch.randn(STEPS * BATCH, 16, generator=gx)
+    y = torch.tanh(x @ teacher) + 0.05 * torch.randn(STEPS * BATCH, 1, generator=gx)
+    return x, y
+
+
+def train(rank: int, hook: MrcHookState | None) -> list[float]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 1))
+    ddp = DDP(model)
+    if hook is not None:
+        ddp.register_comm_hook(hook, mrc_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    x, y = data(rank)
+    losses = []
+    for s in range(STEPS):
+        xb, yb = x[s * BATCH : (s + 1) * BATCH], y[s * BATCH : (s + 1) * BATCH]
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(ddp(xb), yb)
+        cast(Any, loss).backward()
+        opt.step()
+        t = loss.detach().clone()
+        dist.all_reduce(t)  # the global loss, identical on both ranks
+        losses.append(float(t) / dist.get_world_size())
+    return losses
+
+
+def main() -> None:
+    rank, world, port, out, bits = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        base = train(rank, None)
+        state = MrcHookState(bits=float(bits), scheme="eden-unbiased", seed=7, start_iter=2)
+        hooked = train(rank, state)
+        # parameters must agree across ranks: every rank got the same averaged gradient
+        if rank == 0:
+            with open(out, "w") as f:
+                json.dump({"base": base, "hook": hooked, "wire_bytes": state.wire_bytes,
+                           "iters": state.iter}, f)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
