@@ -1,7 +1,8 @@
 """`mrcctl allreduce`: compressed all-reduce between ranks (DESIGN.md §9, docs/collective.md).
 
     mrcctl allreduce --ranks N --size S [--bits B] [--scheme SCHEME] [--partial-sums naive|aware]
-                     [--algorithm ring|oneshot] [--iters K] [--dist iid|correlated] [--seed S]
+                     [--algorithm ring|oneshot] [--iters K] [--dist iid|correlated]
+                     [--correlation RHO] [--seed S]
                      [--transport inproc] [-j]
 
 Prints one row per iteration — time, algbw and busbw (nccl-tests definitions), bytes on the wire (all
@@ -89,18 +90,20 @@ def render(doc: dict[str, Any]) -> str:
 @click.option("--iters", type=click.IntRange(1, 100_000), default=5, show_default=True)
 @click.option("--dist", type=click.Choice(cbench.DISTS), default="iid", show_default=True,
               help="Per-rank input buffers: independent, or half of the energy shared.")
+@click.option("--correlation", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="aware: assumed pairwise correlation of the ranks' buffers (sizes the per-hop budgets).")
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True)
 @click.option("--transport", type=click.Choice(TRANSPORTS), default="inproc", show_default=True)
 @json_option
 @click.pass_obj
 def allreduce(
     out: Output, ranks: int, size_text: str, bits: float, scheme: str, partial_sums: str, algorithm: str,
-    iters: int, dist: str, seed: int, transport: str,
+    iters: int, dist: str, correlation: float, seed: int, transport: str,
 ) -> None:
     """All-reduce of a float32 buffer across ranks with compressed chunks: time, bandwidth, wire bytes,
     error against the exact mean."""
     size = parse_size(size_text)
-    cfg = Config(scheme, float(bits), partial_sums, algorithm, seed=seed)
+    cfg = Config(scheme, float(bits), partial_sums, algorithm, seed=seed, correlation=correlation)
     runner = cbench.InProcRunner()
     out.progress(f"allreduce: {ranks} ranks, {size} B, {scheme}, {iters} iterations ({transport})")
     doc = cbench.run(runner, ranks, size, cfg, iters, dist=dist, seed=seed, progress=out.progress)

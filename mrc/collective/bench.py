@@ -127,7 +127,8 @@ def run(
         from .schedule import aware_bits
 
         config["bits_per_hop"] = (
-            list(aware_bits(cfg.scheme, float(cfg.bits), ranks)) if cfg.partial_sums == "aware"
+            list(aware_bits(cfg.scheme, float(cfg.bits), ranks, cfg.correlation))
+            if cfg.partial_sums == "aware"
             else [float(cfg.bits)] * ranks
         )
     return {"config": config, "iterations": rows, "summary": summary}

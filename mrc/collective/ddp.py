@@ -89,16 +89,16 @@ class MrcHookState:
     DDP hands over the last bucket of an iteration)."""
 
     __slots__ = (
-        "bits", "error_feedback", "iter", "partial_sums", "process_group", "residuals", "scheme", "seed",
-        "start_iter", "wire_bytes",
+        "bits", "correlation", "error_feedback", "iter", "partial_sums", "process_group", "residuals",
+        "scheme", "seed", "start_iter", "wire_bytes",
     )
 
     def __init__(
         self, process_group: dist.ProcessGroup | None = None, bits: float = 4.0,
         scheme: str = "eden-unbiased", seed: int = 0, start_iter: int = 1, error_feedback: bool = False,
-        partial_sums: str = "aware",
+        partial_sums: str = "aware", correlation: float = 0.0,
     ) -> None:
-        Config(scheme, float(bits), partial_sums)  # validate early (UsageError / CodecError)
+        Config(scheme, float(bits), partial_sums, correlation=correlation)  # validate early
         self.process_group = process_group
         self.bits = float(bits)
         self.scheme = scheme
@@ -106,6 +106,7 @@ class MrcHookState:
         self.start_iter = start_iter
         self.error_feedback = error_feedback
         self.partial_sums = partial_sums
+        self.correlation = correlation
         self.iter = 0
         self.residuals: dict[int, np.ndarray[Any, np.dtype[np.float32]]] = {}
         self.wire_bytes = 0  # bytes this rank posted through the compressed path so far
@@ -136,7 +137,7 @@ def mrc_hook(state: MrcHookState, bucket: GradBucket) -> torch.futures.Future[to
         r = state.residuals.get(idx)
         if r is not None and r.shape == x.shape:
             x += r
-    cfg = Config(state.scheme, state.bits, state.partial_sums, seed=state.seed)
+    cfg = Config(state.scheme, state.bits, state.partial_sums, seed=state.seed, correlation=state.correlation)
     # the same step on every rank: iterations and bucket indices advance in lockstep under DDP
     res = allreduce(TorchTransport(state.process_group), x, cfg, step=(state.iter << 16) | idx,
                     residual=state.error_feedback)

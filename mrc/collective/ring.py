@@ -47,8 +47,8 @@ class Config:
     partial_sums: str = "naive"
     algorithm: str = "ring"
     seed: int = 0
-    rotations: int = 1  # aware: RHTs in the shared rotation (2 for adversarial, sparse buffers)
     average: bool = True
+    correlation: float = 0.0  # aware: assumed pairwise correlation of the ranks' buffers, in [0, 1]
 
     def __post_init__(self) -> None:
         if self.scheme not in COMPRESSIONS:
@@ -59,8 +59,8 @@ class Config:
             raise UsageError(f"algorithm must be one of {', '.join(ALGORITHMS)}")
         if self.scheme != "none":
             check_bits(self.scheme, self.bits)
-        if not 1 <= self.rotations <= 3:
-            raise UsageError(f"rotations must be 1..3, got {self.rotations}")
+        if not 0.0 <= self.correlation <= 1.0:
+            raise UsageError(f"correlation must be in [0, 1], got {self.correlation}")
 
 
 @dataclass
@@ -204,7 +204,7 @@ class _ScheduledChunks(_CodecChunks):
 
     def __init__(self, cfg: Config, step: int, n: int) -> None:
         super().__init__(cfg, step)
-        self.schedule = aware_bits(cfg.scheme, float(cfg.bits), n)
+        self.schedule = aware_bits(cfg.scheme, float(cfg.bits), n, cfg.correlation)
 
     def _bits(self, k: int) -> float:
         return self.schedule[k - 1]

@@ -9,7 +9,8 @@ uncorrelated contributions of equal energy). The naive strategy spends b bits at
     error = v(b) * (1 + 2 + ... + (n-1) + n),      wire = 2 (n-1) b   (per coordinate of a chunk)
 
 The aware strategy spends the same wire bits, sum_k m_k b_k = 2 (n-1) b with m_k = 1 (k < n) and
-m_n = n - 1, where they buy the most error: it minimises sum_k w_k v(b_k), v from mrc.quant's theory
+m_n = n - 1, where they buy the most error: it minimises sum_k w_k v(b_k) (w_k = k + rho k (k - 1) when
+the ranks' buffers have pairwise correlation rho, a parameter of the strategy), v from mrc.quant's theory
 (convex in b), greedily in steps of `STEP` bits (optimal for a separable convex objective). Budgets grow
 with the number of summed contributions (about b_k = beta + log2(k) / 2); the all-gather frame, which is
 paid n-1 times, gets about as many bits as the first hop.
@@ -34,15 +35,22 @@ def _v(scheme: str, b: float) -> float:
     return t
 
 
+def weights(n: int, correlation: float = 0.0) -> list[float]:
+    """E||P_k||^2 / ||x||^2 for k = 1..n contributions of equal energy with pairwise correlation rho:
+    k + rho k (k - 1) (k for independent gradients, k^2 for identical ones)."""
+    return [k + correlation * k * (k - 1) for k in range(1, n + 1)]
+
+
 @lru_cache(maxsize=256)
-def aware_bits(scheme: str, bits: float, n: int) -> tuple[float, ...]:
+def aware_bits(scheme: str, bits: float, n: int, correlation: float = 0.0) -> tuple[float, ...]:
     """(b_1, ..., b_{n-1}, b_n): reduce-scatter hops then the all-gather frame. Never spends more nominal
     wire bits than the naive schedule (a fractional budget sends a seeded-random count of high-bit
     coordinates, so the bytes actually sent differ by a few per frame either way). Schemes with an
-    integer budget (TurboQuant) move in whole bits; drive stays at 1 bit."""
+    integer budget (TurboQuant) move in whole bits; drive stays at 1 bit. `correlation`: the assumed
+    pairwise correlation of the ranks' buffers (0: independent)."""
     if n < 2:
         return (bits,)
-    weights = [float(k) for k in range(1, n)] + [float(n)]
+    w = weights(n, correlation)
     costs = [1.0] * (n - 1) + [float(n - 1)]
     total = 2.0 * (n - 1) * bits
     if scheme == "drive":
@@ -57,7 +65,7 @@ def aware_bits(scheme: str, bits: float, n: int) -> tuple[float, ...]:
         nb = b[i] + step
         if nb > MAX_BITS + 1e-12:
             return -1.0
-        return weights[i] * (_v(scheme, b[i]) - _v(scheme, nb)) / (costs[i] * step)
+        return w[i] * (_v(scheme, b[i]) - _v(scheme, nb)) / (costs[i] * step)
 
     heap = [(-gain(i), i) for i in range(n)]
     heapq.heapify(heap)
@@ -73,12 +81,11 @@ def aware_bits(scheme: str, bits: float, n: int) -> tuple[float, ...]:
     return tuple(round(x, 6) for x in b)
 
 
-def model_error(scheme: str, bits_per_hop: tuple[float, ...], correlated: bool = False) -> float:
-    """Modelled E||sum_hat - sum||^2 / ||x||^2 for n contributions of equal energy (`correlated`: all equal,
-    so E||P_k||^2 = k^2 ||x||^2; else uncorrelated, k ||x||^2). Hop k quantizes the partial sum plus the
-    error carried so far (independent of it), so E_k = E_{k-1} + v(b_k) (w_k + E_{k-1})."""
+def model_error(scheme: str, bits_per_hop: tuple[float, ...], correlation: float = 0.0) -> float:
+    """Modelled E||sum_hat - sum||^2 / ||x||^2 for n contributions of equal energy and pairwise
+    correlation rho. Hop k quantizes the partial sum plus the error carried so far (independent of it,
+    unbiased scheme), so E_k = E_{k-1} + v(b_k) (w_k + E_{k-1})."""
     err = 0.0
-    for k, bk in enumerate(bits_per_hop, start=1):
-        wk = float(k * k if correlated else k)
+    for wk, bk in zip(weights(len(bits_per_hop), correlation), bits_per_hop, strict=True):
         err += _v(scheme, bk) * (wk + err)
     return err

@@ -130,19 +130,24 @@ def _errors(
 
 def test_naive_grows_with_ranks_and_aware_is_lower() -> None:
     """iid N(0, I) contributions, 2-bit unbiased EDEN. The error of the mean, normalised by the mean's
-    norm (||mean||^2 = ||x||^2 / n), is v for one-shot at every n, grows like v (n+1)/2 for naive
-    re-quantization; aware is lower at 16 ranks at no more wire bytes, and not worse at 4 (docs table).
-    Means over 6 trials of d = 8192: standard errors are ~1% of the mean, the margins 5-10 sigma."""
+    norm (||mean||^2 = ||x||^2 / n), is v = 0.133 for one-shot at every n and grows like v (n+1)/2 (plus
+    carried error) for naive re-quantization: model 0.38 at 4 ranks, 2.40 at 16. Aware at the same wire
+    budget: model 1.05 at 16 ranks; at 4 ranks with independent buffers its optimal schedule is the
+    uniform one, so it is naive exactly (docs/collective.md §3). Means over 6 trials of d = 8192: standard
+    errors are ~1-2% of the mean, the margins many standard errors wide."""
     n4 = _errors(4, "naive", 2, 6)
     n16 = _errors(16, "naive", 2, 6)
     a4 = _errors(4, "aware", 2, 6)
     a16 = _errors(16, "aware", 2, 6)
-    assert n16[0] > 2.5 * n4[0], (n4, n16)
-    assert a16[0] < 0.7 * n16[0], (a16, n16)
+    assert n16[0] > 4 * n4[0], (n4, n16)
+    assert a16[0] < 0.6 * n16[0], (a16, n16)
     assert a16[2] <= 1.002 * n16[2] and a4[2] <= 1.002 * n4[2], "aware must not use more wire bytes"
-    assert a4[0] < n4[0] + 5 * np.hypot(a4[1], n4[1]), (a4, n4)
+    assert a4[0] == n4[0], "same schedule, same seeds: identical"
     o4 = _errors(4, "naive", 2, 3, algorithm="oneshot")
-    assert o4[0] < a4[0] < n4[0] * 1.05
+    o16 = _errors(16, "naive", 2, 3, algorithm="oneshot")
+    for o in (o4, o16):
+        assert abs(o[0] / 0.1331 - 1) < 0.1, o  # one-shot: v at every n (v / n per rank's energy)
+    assert o16[0] < a16[0]
 
 
 def test_bad_config() -> None:
@@ -166,3 +171,21 @@ def test_residuals_account_for_the_whole_error(ps: str, algorithm: str) -> None:
     lost = np.sum([r.residual for r in res if r.residual is not None], axis=0, dtype=np.float64)
     np.testing.assert_allclose(res[0].out, exact - lost, atol=1e-3)
     assert vnmse(res[0].out, exact) > 1e-3  # the check is not vacuous
+
+
+def test_aware_lower_with_correlated_gradients_at_4_and_16() -> None:
+    """Buffers with pairwise correlation 0.5 (half the energy shared, as data-parallel gradients share
+    their mean): the aware schedule sized for it beats naive at 4 ranks (model: 5%) and at 16 ranks (model:
+    45%), paired over 6 trials (same inputs and rotations): measured ratios 0.95 +- 0.007 and
+    0.56 +- 0.003, so the bounds below sit > 4 standard errors away."""
+    from mrc.collective.bench import exact_mean, make_inputs
+
+    for n, bound in ((4, 0.98), (16, 0.62)):
+        ratios = []
+        for t in range(6):
+            xs = make_inputs(n, 1 << 14, "correlated", t, 0)
+            exact = exact_mean(xs)
+            e = [vnmse(_run(xs, Config("eden-unbiased", 2, ps, seed=t, correlation=0.5))[0].out, exact)
+                 for ps in ("naive", "aware")]
+            ratios.append(e[1] / e[0])
+        assert np.mean(ratios) < bound, (n, ratios)
