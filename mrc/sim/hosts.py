@@ -72,6 +72,7 @@ class Traffic:
         self.mtu = hp.attr.mtu
         self.done_ns: list[int] = [-1] * len(flows)
         self.status: list[str] = [""] * len(flows)
+        self._starters: list[Any] = []  # per flow: start(t); a flow with start_ns < 0 waits for start_flow
         if variant == "ecmp":
             self._build_ecmp()
         else:
@@ -147,7 +148,9 @@ class Traffic:
                     qa.post_send(i + 1, smr, 0, n, dmr.addr, dmr.rkey)
                 fab.kick(h, t)
 
-            fab.at(f.start_ns, start)
+            self._starters.append(start)
+            if f.start_ns >= 0:
+                fab.at(f.start_ns, start)
 
     # ------------------------------------------------------------------ baseline
 
@@ -189,7 +192,14 @@ class Traffic:
                     c.active = True
                 fab.kick(h, t)
 
-            fab.at(f.start_ns, start)
+            self._starters.append(start)
+            if f.start_ns >= 0:
+                fab.at(f.start_ns, start)
+
+    def start_flow(self, i: int, now: int) -> None:
+        """Start flow i now (a flow built with start_ns < 0 is deferred until then: dependent transfers,
+        as the steps of a ring all-reduce)."""
+        self._starters[i](now)
 
     # ------------------------------------------------------------------ progress
 
