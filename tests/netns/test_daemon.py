@@ -36,7 +36,6 @@ try:
 except ImportError:
     pytest.skip("BCC (python3-bpfcc) is not importable", allow_module_level=True)
 
-from mrc import topology  # noqa: E402
 from mrc.ctl import daemons  # noqa: E402
 from mrc.ctl.bench import BenchConfig, WriteBench  # noqa: E402
 from mrc.ctl.metrics import METRICS  # noqa: E402
@@ -81,10 +80,25 @@ def tb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     name = "t" + secrets.token_hex(4)
     base = _free_base(4)
     try:
-        tbmod.up(topology.load(DEPLOY / "topologies" / "default.toml"), name=name, source="default.toml")
-        rec = daemons.start(name, metrics_base=base)
-        yield {"name": name, "metrics_base": base, "daemons": rec["daemons"],
+        # the operator's way: build, attach the dataplane, start one mrcd per host and wait for them
+        r = subprocess.run([sys.executable, "-m", "mrc.ctl.cli", "-j", "testbed", "up",
+                            str(DEPLOY / "topologies" / "default.toml"), "--name", name, "--with-daemons",
+                            "--metrics-base", str(base)], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        doc = json.loads(r.stdout)
+        assert sorted(doc["daemons"]) == ["h0", "h1", "h2", "h3"]
+        for d in doc["daemons"].values():
+            assert Path(d["socket"]).exists()
+        yield {"name": name, "metrics_base": base, "daemons": doc["daemons"],
                "tb": tbmod.Testbed.load(name)}
+        r = subprocess.run([sys.executable, "-m", "mrc.ctl.cli", "-j", "testbed", "down", "--name", name],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert not daemons.record_path(name).exists()
+        assert not any(a.get("testbed") == name for rec in bpf.records() for a in rec.get("attachments", []))
+        for d in doc["daemons"].values():
+            assert not Path(f"/proc/{d['pid']}").exists() or b"mrc.ctl.daemon" not in Path(
+                f"/proc/{d['pid']}/cmdline").read_bytes()
     finally:
         with contextlib.suppress(Exception):
             daemons.stop(name)

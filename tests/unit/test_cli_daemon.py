@@ -1,0 +1,47 @@
+"""mrcctl's daemon-facing commands without a testbed or root: usage errors and the error document."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mrc.ctl.bench import parse_fail_link
+from mrc.ctl.cli import main
+from mrc.dataplane.client import MrcClient
+from mrc.errors import MrcError
+
+
+@pytest.fixture(autouse=True)
+def empty_run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MRC_RUN_DIR", str(tmp_path))
+
+
+@pytest.mark.parametrize("args", [["ev", "show"], ["qp"], ["stats"], ["port", "show"],
+                                  ["bench", "write", "--src", "h0", "--dst", "h2", "--size", "1M"],
+                                  ["bench", "incast", "--dst", "h2"]])
+def test_no_testbed_is_one_json_error(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["-j", *args]) != 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1
+    assert "no testbed" in json.loads(out)["error"]
+
+
+def test_bench_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "write", "--src", "h0", "--dst", "h2", "--size", "1M", "-b", "4K"]) == 2
+    assert "not both" in capsys.readouterr().err
+    assert main(["bench", "write", "--src", "h0", "--dst", "h2", "--heal-after", "1"]) == 2
+    assert "--fail-link" in capsys.readouterr().err
+    assert main(["bench", "write", "--src", "h0", "--dst", "h2", "--planes", "x"]) == 2
+
+
+def test_parse_fail_link() -> None:
+    assert parse_fail_link("p0l0:p0s0@1.5") == ("p0l0", "p0s0", 1.5)
+    with pytest.raises(MrcError):
+        parse_fail_link("p0l0-p0s0")
+
+
+def test_client_without_daemon_says_so(tmp_path: Path) -> None:
+    with pytest.raises(MrcError, match="no mrcd is listening"):
+        MrcClient(tmp_path / "none.sock")
