@@ -5,7 +5,7 @@ separate processes), the same model, data and seeds, trained with DDP's own all-
 Tolerance: at every step the hooked loss is within 5% of the uncompressed one, and the mean over the
 last 20 steps within 2%. 4-bit EDEN's vNMSE is ~0.01 per quantization (docs/quant.md), so the averaged
 gradient's relative error is ~10%/sqrt(2) per step — noise far below SGD's own minibatch noise; the
-measured gap is < 0.1% (docs/collective.md §6)."""
+measured gap is < 0.2% (docs/collective.md §6)."""
 
 from __future__ import annotations
 
