@@ -96,6 +96,8 @@ def tb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         assert r.returncode == 0, r.stdout + r.stderr
         assert not daemons.record_path(name).exists()
         assert not any(a.get("testbed") == name for rec in bpf.records() for a in rec.get("attachments", []))
+        pins = Path(env["MRC_BPF_PIN_ROOT"])
+        assert not pins.exists() or not any(pins.iterdir())
         for d in doc["daemons"].values():
             assert not Path(f"/proc/{d['pid']}").exists() or b"mrc.ctl.daemon" not in Path(
                 f"/proc/{d['pid']}/cmdline").read_bytes()
@@ -394,3 +396,27 @@ def test_sigterm_removes_entries_and_socket(tb: dict[str, Any]) -> None:
     with pytest.raises(MrcError, match="no mrcd is listening"):
         MrcClient(path)
     assert netns.exists(tb["tb"].ns("h3"))
+
+
+def test_sigkill_leaves_only_what_detach_removes(tb: dict[str, Any]) -> None:
+    """h1's mrcd SIGKILLed: its map entries and a dead socket stay; clients are told nobody listens;
+    the fixture's 'testbed down' (daemons stopped, programs detached, pins removed) is checked after."""
+    pid = int(tb["daemons"]["h1"]["pid"])
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+
+    def alive() -> bool:  # until it is a zombie (its files are closed) or gone
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    while time.monotonic() < deadline and alive():
+        time.sleep(0.05)
+    assert not alive()
+    path = socket_path(tb["tb"].ns("h1"))
+    assert path.exists()
+    with pytest.raises(MrcError, match=r"no mrcd is listening|no greeting|closed the connection"):
+        MrcClient(path, timeout=5)
+    with FabricDataplane.open(tb["name"]) as fd:
+        assert fd.lookup_path("h1", "h0", 0) is not None
