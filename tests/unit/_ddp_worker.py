@@ -72,3 +72,10 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # Everything is done and the process group destroyed. torch 2.13's gloo sometimes aborts in the
+    # interpreter's teardown afterwards ("terminate called without an active exception", measured in
+    # ~1 run of 6 with or without the hook): leave without that teardown. A failure above still raises
+    # and exits non-zero.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
