@@ -216,8 +216,14 @@ class Controller:
             other_share = (all_bad - bad) / others if others else 0.0
             if total and bad >= self.min_bad and bad >= self.share * total and other_share <= self.quiet:
                 failed.append(lk)
+        # the smallest explanation: a link whose EVs are all on another failed link is not failed itself
+        # (a dead access link makes every fabric link of its plane look dead from this host); links with
+        # the same EV set cannot be told apart and are all held failed
+        sets = {lk: {(q, i) for q, peer in active.items() for i in d.peers[peer].by_link.get(lk, [])}
+                for lk in failed}
         for lk in failed:
-            self.deny(lk, now)
+            if not any(sets[lk] < sets[o] for o in failed if o != lk):
+                self.deny(lk, now)
 
     def deny(self, lk: Link, now: int, reporter: str | None = None) -> None:
         d = self.d
@@ -240,9 +246,9 @@ class Controller:
         self.replace(lk, now)
         if reporter is not None:
             self.remote[lk] = {reporter}
-            return
-        d.tell_peers(lk, "down")
-        plane = d.access_plane(lk)
+        else:
+            d.tell_peers(lk, "down")
+        plane = d.access_plane(lk)  # our own access link (found by us or by a peer): PORT_STATUS
         if plane is not None and plane not in self.ports_down:
             self.ports_down.add(plane)
             d.ctx.modify_port(plane, False, now)
@@ -320,9 +326,8 @@ class Controller:
                 d.peers[peer].profile.allow(ok, now)
                 n += len(ok)
             self.act(Action(now, "restore", link_name(lk), n))
-            if self.remote.pop(lk, None) is not None:
-                continue
-            d.tell_peers(lk, "up")
+            if self.remote.pop(lk, None) is None:
+                d.tell_peers(lk, "up")
             plane = d.access_plane(lk)
             if plane is not None and plane in self.ports_down:
                 self.ports_down.discard(plane)
