@@ -189,3 +189,22 @@ def test_aware_lower_with_correlated_gradients_at_4_and_16() -> None:
                  for ps in ("naive", "aware")]
             ratios.append(e[1] / e[0])
         assert np.mean(ratios) < bound, (n, ratios)
+
+
+def test_torch_stays_optional() -> None:
+    """mrc.collective (and even mrc.collective.ddp) imports without importing torch; no module of mrc/
+    but ddp.py mentions torch in an import."""
+    import ast
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = "import sys, mrc.collective, mrc.collective.ddp; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    root = Path(__file__).resolve().parents[2] / "mrc"
+    for f in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n.split(".")[0] == "torch" for n in names):
+                assert f.name == "ddp.py" and f.parent.name == "collective", f
