@@ -60,8 +60,8 @@ def render(doc: dict[str, Any]) -> str:
         rows.append({
             "iter": r["iter"],
             "time": _g(r["time_s"] and r["time_s"] * 1e3, ".2f"),
-            "algbw": _g(r["algbw_gbps"], ".4f"),
-            "busbw": _g(r["busbw_gbps"], ".4f"),
+            "algbw": _g(r["algbw_gbps"], ".4g"),
+            "busbw": _g(r["busbw_gbps"], ".4g"),
             "wire": r["wire_bytes"] if r["wire_bytes"] is not None else "-",
             "vnmse": _g(r["vnmse"], ".4g"),
             "down": r["failed_link_down"],
@@ -70,7 +70,7 @@ def render(doc: dict[str, Any]) -> str:
     s = doc["summary"]
     rows.append({
         "iter": "median", "time": _g(s["median_time_s"] and s["median_time_s"] * 1e3, ".2f"),
-        "algbw": "", "busbw": _g(s["median_busbw_gbps"], ".4f"),
+        "algbw": "", "busbw": _g(s["median_busbw_gbps"], ".4g"),
         "wire": _g(s["mean_wire_bytes"], ".0f"), "vnmse": _g(s["mean_vnmse"], ".4g") + " (mean)",
         "down": "", "error": f"errors={s['errors']}",
     })
