@@ -1,5 +1,6 @@
 """One rank of the DDP-hook training test (tests/unit/test_ddp_hook.py): trains the same small model
-twice, with DDP's own all-reduce and with mrc_hook, and writes both loss curves as JSON.
+three times, with DDP's own all-reduce, with mrc_hook, and with mrc_hook and error feedback, and writes
+the loss curves as JSON.
 
     python _ddp_worker.py RANK WORLD PORT OUT.json BITS
 """
@@ -61,11 +62,14 @@ def main() -> None:
         base = train(rank, None)
         state = MrcHookState(bits=float(bits), scheme="eden-unbiased", seed=7, start_iter=2)
         hooked = train(rank, state)
+        ef_state = MrcHookState(bits=float(bits), scheme="eden-unbiased", seed=8, start_iter=2,
+                                error_feedback=True)
+        ef = train(rank, ef_state)
         # parameters must agree across ranks: every rank got the same averaged gradient
         if rank == 0:
             with open(out, "w") as f:
                 json.dump({"base": base, "hook": hooked, "wire_bytes": state.wire_bytes,
-                           "iters": state.iter}, f)
+                           "iters": state.iter, "ef": ef, "ef_residuals": len(ef_state.residuals)}, f)
     finally:
         dist.destroy_process_group()
 

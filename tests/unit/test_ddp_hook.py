@@ -1,6 +1,7 @@
 """The DDP communication hook trains like uncompressed DDP: 2 ranks (gloo on localhost, CPU torch,
 separate processes), the same model, data and seeds, trained with DDP's own all-reduce and with
-`mrc_hook` at 4-bit unbiased EDEN (aware partial sums, 2 warm-up iterations uncompressed).
+`mrc_hook` at 4-bit unbiased EDEN (aware partial sums, 2 warm-up iterations uncompressed), and the
+same with error feedback.
 
 Tolerance: at every step the hooked loss is within 5% of the uncompressed one, and the mean over the
 last 20 steps within 2%. 4-bit EDEN's vNMSE is ~0.01 per quantization (docs/quant.md), so the averaged
@@ -62,3 +63,8 @@ def test_loss_with_4bit_eden_hook_tracks_uncompressed(tmp_path: Path) -> None:
     assert abs(tail - 1) < 0.02, tail
     assert base[-1] < 0.5 * base[0], "the model trains at all"
     assert any(r > 0 for r in rel[2:]), "compression changed nothing: the hook did not take effect"
+    # with error feedback: the same tolerance, and a residual was kept for the bucket
+    ef = doc["ef"]
+    assert doc["ef_residuals"] >= 1
+    assert max(abs(h - b) / b for b, h in zip(base, ef, strict=True)) < 0.05
+    assert abs(sum(ef[-20:]) / sum(base[-20:]) - 1) < 0.02
