@@ -413,10 +413,10 @@ class Daemon:
         self.hid = self.fd.ingress.allocate_id("host", f"{self.tb.name}/{host}")
 
     def qp_attr(self) -> QpAttr:
-        """QP attributes for this testbed: an ACK timeout of 1.024 us x 2^14 = 16.8 ms and a reordering
+        """QP attributes for this testbed: an ACK timeout of 1.024 us x 2^15 = 33.6 ms and a reordering
         tolerance of `reorder_ns` (the engines run in Python processes that share two CPUs: a SACK can
         be late by milliseconds without any loss; docs/daemon.md)."""
-        return QpAttr(timeout=14, reorder_ns=self.reorder_ns)
+        return QpAttr(timeout=15, reorder_ns=self.reorder_ns)
 
     def _nscc(self) -> NsccConfig:
         # the testbed's fabric: per plane a link of link.rate; the host's window covers about half of the
