@@ -14,14 +14,6 @@ from .cmd_testbed import json_option, name_option
 from .output import Output, table
 
 
-@click.group(invoke_without_command=True)
-@click.pass_context
-def qp(ctx: click.Context) -> None:
-    """Queue pairs: peer, state, window, RTT, EV states."""
-    if ctx.invoked_subcommand is None:
-        ctx.invoke(show)
-
-
 def _render(doc: dict[str, Any]) -> str:
     rows = []
     for q in doc["qps"]:
@@ -37,12 +29,13 @@ def _render(doc: dict[str, Any]) -> str:
                         ("restricted", "RESTRICTED")])
 
 
-@qp.command()
+@click.command()
+@click.argument("verb", required=False, type=click.Choice(["show"]))
 @click.option("--host", default=None, help="Only this host's mrcd.")
 @name_option
 @json_option
 @click.pass_obj
-def show(out: Output, host: str | None, name: str | None) -> None:
-    """Every QP of the selected mrcds."""
+def qp(out: Output, verb: str | None, host: str | None, name: str | None) -> None:
+    """Queue pairs of every host's mrcd: peer, state, window, RTT, EV states."""
     res = api.ask_all(name, host, "qp_show")
     out.emit({"qps": [q for qs in res.values() for q in qs]}, _render)
