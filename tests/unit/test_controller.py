@@ -1,0 +1,140 @@
+"""mrcd's controller without a kernel: EV events in, DENY / REPLACE / probe / restore out, on the path table
+of default.toml (h0's view toward h2: EV i on plane i mod 4, spine (i div 4) mod 2). The dataplane is a
+recorder of path-map writes; the peers' control sockets a list."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mrc import topology
+from mrc.ctl.daemon import RESTORE_PROBE_NS, Controller, Daemon
+from mrc.transport import Context, EvEvent, EvState, QueuePair
+from mrc.transport.paths import EvProfile
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class FakeFabric:
+    def __init__(self) -> None:
+        self.paths: dict[tuple[str, str, int], Any] = {}
+
+    def set_path(self, src: str, dst: str, ev: int, path: Any) -> None:
+        self.paths[(src, dst, ev)] = path
+
+
+def _daemon() -> Any:
+    topo = topology.load(ROOT / "deploy" / "topologies" / "default.toml")
+    d: Any = Daemon.__new__(Daemon)
+    d.topo, d.host, d.evs = topo, "h0", 64
+    d.ctx = Context(topo.mrc_address("h0").packed, ports=topo.planes)
+    d.fd = FakeFabric()
+    d.peers, d.qp_peer, d.pinned_qps = {}, {}, set()
+    d.lock = threading.Lock()
+    d.told = []
+    d.tell_peers = lambda lk, state: d.told.append(("-".join(sorted(lk)), state))
+    d.controller = Controller(d)
+    for h in ("h1", "h2", "h3"):
+        d.peer_table(h)
+    return d
+
+
+def _qp(d: Any, peer: str) -> QueuePair:
+    cq = d.ctx.create_cq()
+    qp: QueuePair = d.ctx.create_qp(cq, ev_profile=d.peers[peer].profile)
+    qp.connect(d.peers[peer].gid, 0x100)
+    d.qp_peer[qp.qpn] = peer
+    return qp
+
+
+def _bad(qp: QueuePair, idx: list[int], t: int) -> list[EvEvent]:
+    prof: EvProfile = qp.paths.profile
+    return [EvEvent(t, prof.profile_id, qp.qpn, i, i, i % 4, EvState.ASSUMED_BAD, 1) for i in idx]
+
+
+def test_path_table_matches_the_default_map() -> None:
+    d = _daemon()
+    t = d.peers["h2"]
+    for i, p in enumerate(t.paths):
+        assert p.plane == i % 4 and p.spine == (i // 4) % 2
+        assert d.fd.paths[("h0", "h2", i)] == p
+
+
+def test_spine_link_failure_is_denied_replaced_probed_and_restored() -> None:
+    d = _daemon()
+    qp = _qp(d, "h2")
+    ctl: Controller = d.controller
+    through = [i for i in range(64) if i % 4 == 0 and (i // 4) % 2 == 0]  # plane 0, spine 0: 8 EVs
+    ctl.on_events(_bad(qp, through[:5], 1000))
+    ctl.tick(2000)
+    assert not ctl.denied  # 5 of 8 is below 75 %
+    ctl.on_events(_bad(qp, through[5:7], 3000))
+    ctl.tick(4000)
+    assert {"-".join(sorted(lk)) for lk in ctl.denied} == {"p0l0-p0s0", "p0l1-p0s0"}
+    assert ("p0l0-p0s0", "down") in d.told
+    t = d.peers["h2"]
+    # all but one probe EV moved to spine 1 of plane 0 and allowed again
+    probe_evs = {i for per in ctl.denied.values() for i in per.get("h2", [])}
+    assert len(probe_evs) == 1
+    for i in through:
+        if i in probe_evs:
+            assert qp.paths.state[i] == EvState.DENIED and t.paths[i].spine == 0
+        else:
+            assert t.paths[i].spine == 1 and t.paths[i].plane == 0
+            assert d.fd.paths[("h0", "h2", i)].spine == 1
+            assert qp.paths.state[i] == EvState.GOOD
+    # the probe: after RESTORE_PROBE_NS the probe EV is handed to the engine (ASSUMED_BAD -> probes)
+    ctl.tick(4000 + RESTORE_PROBE_NS)
+    (probe,) = probe_evs
+    assert qp.paths.state[probe] == EvState.ASSUMED_BAD
+    ctl.on_events([EvEvent(5000 + RESTORE_PROBE_NS, 1, qp.qpn, probe, probe, 0, EvState.GOOD, 0)])
+    assert not ctl.denied
+    assert ("p0l0-p0s0", "up") in d.told
+    assert t.paths == t.orig
+    assert all(d.fd.paths[("h0", "h2", i)] == t.orig[i] for i in range(64))
+    assert all(s == EvState.GOOD for i, s in enumerate(qp.paths.state) if i != probe)
+    kinds = [a.kind for a in ctl.log]
+    assert kinds.count("deny") == 2 and "replace" in kinds and kinds.count("restore") == 2
+
+
+def test_a_stalled_host_is_not_a_link_failure() -> None:
+    d = _daemon()
+    qp = _qp(d, "h2")
+    d.controller.on_events(_bad(qp, list(range(0, 64, 2)), 1000))  # half of every plane's EVs
+    d.controller.tick(2000)
+    assert not d.controller.denied
+
+
+def test_access_link_is_the_smallest_explanation() -> None:
+    d = _daemon()
+    qps = [_qp(d, p) for p in ("h1", "h2", "h3")]
+    for qp in qps:  # every plane-0 EV toward every peer
+        d.controller.on_events(_bad(qp, [i for i in range(64) if i % 4 == 0], 1000))
+    d.controller.tick(2000)
+    assert {"-".join(sorted(lk)) for lk in d.controller.denied} == {"h0-p0l0"}
+    assert d.controller.ports_down == {0}
+    assert d.ctx.port_enabled[0] is False
+
+
+def test_peer_report_denies_and_restores() -> None:
+    d = _daemon()
+    _qp(d, "h2")
+    lk = frozenset(("p2l1", "p2s1"))
+    assert d.controller.peer_report(lk, "down", "h2", 1000) == "denied"
+    assert lk in d.controller.denied and d.controller.remote[lk] == {"h2"}
+    assert d.told == []  # a reported link is not re-broadcast
+    assert d.controller.peer_report(lk, "up", "h2", 2000) == "restored"
+    assert not d.controller.denied
+
+
+@pytest.mark.parametrize("state", ["GOOD", "ASSUMED_BAD"])
+def test_events_of_restricted_qps_are_ignored(state: str) -> None:
+    d = _daemon()
+    qp = _qp(d, "h2")
+    d.pinned_qps.add(qp.qpn)
+    d.controller.on_events([EvEvent(1, 1, qp.qpn, i, i, 0, EvState[state], 1) for i in range(0, 64, 4)])
+    d.controller.tick(2)
+    assert not d.controller.bad and not d.controller.denied
