@@ -3,17 +3,21 @@
     mrcctl allreduce --ranks N --size S [--bits B] [--scheme SCHEME] [--partial-sums naive|aware]
                      [--algorithm ring|oneshot] [--iters K] [--dist iid|correlated]
                      [--correlation RHO] [--seed S]
-                     [--transport inproc] [-j]
+                     [--transport inproc|mrc] [-n TESTBED] [--fail-link A:B@SECONDS]
+                     [--heal-after SECONDS] [--sample-ms MS] [-j]
 
 Prints one row per iteration — time, algbw and busbw (nccl-tests definitions), bytes on the wire (all
 ranks), vNMSE against the exact float64 mean — and a summary row. `--transport inproc` runs the ranks as
-threads of this process (the only transport so far; ranks over the testbed through mrcd will be another
-value of the same option, with the same output).
+threads of this process; `--transport mrc` runs one rank process per host of a testbed that is up with
+its daemons (`mrcctl testbed up --with-daemons`), exchanging chunks by WRITE-with-immediate through the
+hosts' mrcds (ctl/allreduce_mrc.py), with the same output; `--fail-link` takes a leaf-spine link down
+SECONDS after the first measured iteration started (and `--heal-after` brings it back).
 """
 
 from __future__ import annotations
 
 import re
+import signal
 from typing import Any
 
 import click
@@ -25,7 +29,7 @@ from mrc.errors import UsageError
 from .cmd_quant import json_option
 from .output import Output, table
 
-TRANSPORTS = ("inproc",)
+TRANSPORTS = ("inproc", "mrc")
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
@@ -68,6 +72,11 @@ def render(doc: dict[str, Any]) -> str:
             "error": r.get("error", ""),
         })
     s = doc["summary"]
+    if "failure" in doc:
+        f = doc["failure"]
+        downs = ", ".join(f"{d:.2f}" for d in f["down_s"]) or "never (the run ended first)"
+        ups = ", ".join("-" if u is None else f"{u:.2f}" for u in f["up_s"])
+        head += f"\nfailure: link {f['link']} down at {downs} s" + (f", up at {ups} s" if ups else "")
     rows.append({
         "iter": "median", "time": _g(s["median_time_s"] and s["median_time_s"] * 1e3, ".2f"),
         "algbw": "", "busbw": _g(s["median_busbw_gbps"], ".4g"),
@@ -93,20 +102,73 @@ def render(doc: dict[str, Any]) -> str:
 @click.option("--correlation", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="aware: assumed pairwise correlation of the ranks' buffers (sizes the per-hop budgets).")
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True)
-@click.option("--transport", type=click.Choice(TRANSPORTS), default="inproc", show_default=True)
+@click.option("--transport", type=click.Choice(TRANSPORTS), default="inproc", show_default=True,
+              help="inproc: threads of this process; mrc: one rank process per testbed host, over mrcd.")
+@click.option("-n", "--name", default=None, metavar="NAME", help="mrc: the testbed (may be omitted when only "
+              "one is up).")
+@click.option("--fail-link", default=None, metavar="A:B@SECONDS",
+              help="mrc: take link A-B down SECONDS after the first measured iteration started.")
+@click.option("--heal-after", type=click.FloatRange(0, min_open=True), default=None, metavar="SECONDS",
+              help="mrc: bring the failed link back after this.")
+@click.option("--sample-ms", type=click.IntRange(0, 60_000), default=0, show_default=True,
+              help="mrc: sample per-plane bytes sent every MS ms (adds 'timeline' to the report).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(1, 3600), default=120.0, show_default=True,
+              help="mrc: a rank gives up waiting for a chunk after this many seconds.")
 @json_option
 @click.pass_obj
 def allreduce(
     out: Output, ranks: int, size_text: str, bits: float, scheme: str, partial_sums: str, algorithm: str,
-    iters: int, dist: str, correlation: float, seed: int, transport: str,
+    iters: int, dist: str, correlation: float, seed: int, transport: str, name: str | None,
+    fail_link: str | None, heal_after: float | None, sample_ms: int, timeout_s: float,
 ) -> None:
     """All-reduce of a float32 buffer across ranks with compressed chunks: time, bandwidth, wire bytes,
     error against the exact mean."""
     size = parse_size(size_text)
     cfg = Config(scheme, float(bits), partial_sums, algorithm, seed=seed, correlation=correlation)
-    runner = cbench.InProcRunner()
-    out.progress(f"allreduce: {ranks} ranks, {size} B, {scheme}, {iters} iterations ({transport})")
-    doc = cbench.run(runner, ranks, size, cfg, iters, dist=dist, seed=seed, progress=out.progress)
+    if transport == "inproc":
+        if fail_link or heal_after or sample_ms:
+            raise UsageError("--fail-link, --heal-after and --sample-ms need --transport mrc")
+        out.progress(f"allreduce: {ranks} ranks, {size} B, {scheme}, {iters} iterations ({transport})")
+        doc = cbench.run(cbench.InProcRunner(), ranks, size, cfg, iters, dist=dist, seed=seed,
+                         progress=out.progress)
+    else:
+        doc = _run_mrc(out, ranks, size, cfg, iters, dist, seed, name, fail_link, heal_after, sample_ms,
+                       timeout_s)
     out.emit(doc, render)
     if doc["summary"]["errors"]:
         raise click.exceptions.Exit(1)
+
+
+def _run_mrc(out: Output, ranks: int, size: int, cfg: Config, iters: int, dist: str, seed: int,
+             name: str | None, fail_link: str | None, heal_after: float | None, sample_ms: int,
+             timeout_s: float) -> dict[str, Any]:
+    from mrc.dataplane import testbed as tbmod
+
+    from .allreduce_mrc import MrcRunner
+    from .bench import parse_fail_link
+
+    if heal_after is not None and fail_link is None:
+        raise UsageError("--heal-after needs --fail-link")
+    testbed = tbmod.resolve_name(name)
+    fl = parse_fail_link(fail_link) if fail_link else None
+    out.progress(f"allreduce: {ranks} ranks on testbed {testbed}, {size} B, {cfg.scheme}, {iters} iterations "
+                 "(mrc)")
+    # SIGTERM (e.g. a script's trap) ends the run like Ctrl-C: the rank processes are ended by PID and a
+    # failed link comes back up
+    old = signal.signal(signal.SIGTERM, _on_term)
+    try:
+        with MrcRunner(testbed, ranks, size, cfg.algorithm, fail_link=fl, heal_after=heal_after,
+                       sample_s=sample_ms / 1e3, timeout_s=timeout_s, progress=out.progress) as runner:
+            doc = cbench.run(runner, ranks, size, cfg, iters, dist=dist, seed=seed, progress=out.progress)
+            extra = runner.extra()
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    doc["config"].update({k: extra[k] for k in ("testbed", "hosts", "rendezvous", "slot_bytes")})
+    for k in ("failure", "timeline"):
+        if k in extra:
+            doc[k] = extra[k]
+    return doc
+
+
+def _on_term(_sig: int, _frame: object) -> None:
+    raise KeyboardInterrupt

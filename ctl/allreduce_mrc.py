@@ -1,0 +1,336 @@
+"""Ranks over MRC for `mrcctl allreduce --transport mrc` (docs/collective.md, "Ranks over MRC").
+
+`MrcRunner` is a `mrc.collective.bench.Runner`: it starts one rank process per testbed host
+(`python -m mrc.ctl.allreduce_rank`, its own session, ended by PID on every exit path), gives them a
+rendezvous (a torch.distributed TCPStore served from this process when torch is importable, else a
+directory of JSON files written atomically), and for each iteration hands every rank its input buffer
+(a float32 file in a private run directory on /dev/shm), lets them all-reduce over their mrcds and reads
+their results back: the iteration time runs from the first rank's start to the last rank's end (one
+machine, one CLOCK_MONOTONIC), and every rank's result must be bit-identical to rank 0's.
+
+With a failure (A:B@SECONDS, optional heal-after) the link goes down SECONDS after the first measured
+iteration started (through the testbed API, as `mrcctl bench write --fail-link`) and comes back later;
+an iteration reports `failed_link_down` when the link was down at any moment between its start and end.
+With `sample_s` the per-plane bytes sent by every host's egress program (mrcd's `stats`) are sampled in a
+thread: `timeline()` gives per-plane throughput over time with the iterations and the failure on the
+same clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from mrc.collective import Config, Result, chunk_bounds
+from mrc.collective import frame as cframe
+from mrc.dataplane import testbed as tbmod
+from mrc.dataplane.client import MrcClient
+from mrc.dataplane.collective import torch_available
+from mrc.errors import MrcError
+
+F32 = npt.NDArray[np.float32]
+READY_TIMEOUT_S: Final = 120.0
+
+
+def slot_bytes(size_bytes: int, ranks: int, algorithm: str) -> int:
+    """The largest message a rank sends: a chunk (ring) or the whole buffer (one-shot), raw float32 —
+    a codec frame at <= 8 bits is never larger — plus framing and codec headers."""
+    elements = size_bytes // 4
+    biggest = elements if algorithm == "oneshot" else max(e - s for s, e in chunk_bounds(elements, ranks))
+    return 4 * biggest + 4096 + 256 * len(cframe.segments(biggest))
+
+
+class MrcRunner:
+    name = "mrc"
+
+    def __init__(self, testbed: str, ranks: int, size_bytes: int, algorithm: str, *,
+                 fail_link: tuple[str, str, float] | None = None, heal_after: float | None = None,
+                 sample_s: float = 0.0, timeout_s: float = 120.0,
+                 progress: Any = lambda _m: None) -> None:
+        self.testbed = testbed
+        self.tb = tbmod.Testbed.load(testbed)
+        hosts = self.tb.topo.host_names()
+        if ranks > len(hosts):
+            raise MrcError(f"testbed {testbed} has {len(hosts)} hosts: at most {len(hosts)} ranks over MRC "
+                           "(one rank per host)")
+        if ranks < 2:
+            raise MrcError("--transport mrc needs at least 2 ranks")
+        self.hosts = hosts[:ranks]
+        if fail_link is not None:
+            self.tb.link(fail_link[0], fail_link[1])
+        self.fail_link = fail_link
+        self.heal_after = heal_after
+        self.sample_s = sample_s
+        self.timeout_s = timeout_s
+        self.progress = progress
+        self.slot_bytes = slot_bytes(size_bytes, ranks, algorithm)
+        self.procs: list[subprocess.Popen[str]] = []
+        self.logs: list[IO[bytes]] = []
+        self.store: Any = None
+        self.rendezvous = ""
+        self.t_ref: int | None = None
+        self.down: list[tuple[int, int | None]] = []  # (down_ns, up_ns or None)
+        self.iter_marks: list[dict[str, Any]] = []
+        self.samples: list[tuple[int, list[int]]] = []
+        self.events: list[tuple[int, str]] = []
+        self._timers: list[threading.Timer] = []
+        self._link_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._sampler: threading.Thread | None = None
+        base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        self.rundir = Path(tempfile.mkdtemp(prefix="mrc-allreduce-", dir=base))
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- ranks
+    def _start(self) -> None:
+        if torch_available():
+            import datetime
+
+            import torch.distributed as dist
+
+            self.store = dist.TCPStore(  # type: ignore[attr-defined]
+                "127.0.0.1", 0, None, True, datetime.timedelta(seconds=self.timeout_s),
+                wait_for_workers=False)
+            url = f"tcp://127.0.0.1:{self.store.port}"
+            self.rendezvous = "torch TCPStore"
+        else:
+            url = f"file:{self.rundir / 'rendezvous'}"
+            self.rendezvous = "json files"
+        self.progress(f"  {len(self.hosts)} rank processes on {', '.join(self.hosts)} "
+                      f"(rendezvous: {self.rendezvous}; slots of {self.slot_bytes} B)")
+        # one BLAS thread per rank: n processes each spinning a thread pool on a small machine slow the
+        # codec's dot products twenty-fold (measured: 570 -> 28 ms for 1 MiB at 4 ranks on 2 cores)
+        env = dict(os.environ)
+        for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            env.setdefault(k, "1")
+        for r, h in enumerate(self.hosts):
+            log = open(self.rundir / f"rank{r}.log", "wb")  # noqa: SIM115 (closed in close())
+            self.logs.append(log)
+            cmd = [sys.executable, "-m", "mrc.ctl.allreduce_rank", "--rank", str(r), "--hosts",
+                   ",".join(self.hosts), "--ns", self.tb.ns(h), "--store", url,
+                   "--slot-bytes", str(self.slot_bytes), "--timeout", str(self.timeout_s),
+                   "--prefix", f"ar{os.getpid()}"]
+            self.procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                               stderr=log, text=True, start_new_session=True, env=env))
+        for r in range(len(self.procs)):
+            self._answer(r, READY_TIMEOUT_S, "ready")
+
+    def _log_tail(self, r: int) -> str:
+        try:
+            lines = (self.rundir / f"rank{r}.log").read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return lines[-1] if lines else ""
+
+    def _answer(self, r: int, timeout: float, key: str = "ok") -> Any:
+        p = self.procs[r]
+        assert p.stdout is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise MrcError(f"rank {r} ({self.hosts[r]}): no answer within {timeout:.0f} s")
+            rd, _, _ = select.select([p.stdout], [], [], min(left, 1.0))
+            if rd:
+                line = p.stdout.readline()
+                if not line:
+                    p.wait(5)
+                    tail = self._log_tail(r)
+                    raise MrcError(f"rank {r} ({self.hosts[r]}) exited (status {p.returncode})"
+                                   + (f": {tail}" if tail else ""))
+                doc = json.loads(line)
+                if "error" in doc:
+                    raise MrcError(str(doc["error"]))
+                return doc[key]
+
+    def _send(self, r: int, doc: dict[str, Any]) -> None:
+        p = self.procs[r]
+        assert p.stdin is not None
+        try:
+            p.stdin.write(json.dumps(doc) + "\n")
+            p.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise MrcError(f"rank {r} ({self.hosts[r]}) is gone: {self._log_tail(r)}") from None
+
+    # -- failure and sampling
+    def _begin(self) -> None:
+        self.t_ref = time.monotonic_ns()
+        if self.sample_s > 0:
+            self._sampler = threading.Thread(target=self._sample, name="plane-sampler", daemon=True)
+            self._sampler.start()
+        if self.fail_link is not None:
+            at = self.fail_link[2]
+            self._timers.append(threading.Timer(at, self._set_link, (False,)))
+            if self.heal_after is not None:
+                self._timers.append(threading.Timer(at + self.heal_after, self._set_link, (True,)))
+            for t in self._timers:
+                t.daemon = True
+                t.start()
+
+    def _set_link(self, up: bool) -> None:
+        assert self.fail_link is not None
+        a, b, _ = self.fail_link
+        with self._link_lock:
+            if up and (not self.down or self.down[-1][1] is not None):
+                return
+            t = time.monotonic_ns()
+            if not up:
+                self.down.append((t, None))
+            tbmod.set_link(self.testbed, a, b, up=up)
+            if up:
+                self.down[-1] = (self.down[-1][0], time.monotonic_ns())
+            self.events.append((t, f"{a}-{b} {'up' if up else 'down'}"))
+        self.progress(f"  link {a}-{b} {'up again' if up else 'down'}")
+
+    def _sample(self) -> None:
+        clients = []
+        try:
+            clients = [MrcClient.for_host(self.tb.ns(h)) for h in self.hosts]
+            while not self._stop.is_set():
+                t = time.monotonic_ns()
+                per_plane = [0] * self.tb.topo.planes
+                for c in clients:
+                    st = c.call("stats")
+                    for p, row in st["dataplane"]["planes"].items():
+                        per_plane[int(p)] += int(row.get("tx_bytes", 0))
+                self.samples.append((t, per_plane))
+                self._stop.wait(self.sample_s)
+        except (MrcError, OSError, KeyError) as e:
+            self.progress(f"  plane sampler stopped: {e}")
+        finally:
+            for c in clients:
+                c.close()
+
+    # -- Runner
+    def run(self, buffers: list[F32], cfg: Config, step: int) -> tuple[list[Result], float, bool]:
+        n = len(self.procs)
+        if len(buffers) != n:
+            raise MrcError(f"{len(buffers)} buffers for {n} ranks")
+        ins, outs = [], []
+        for r, b in enumerate(buffers):
+            ins.append(self.rundir / f"in{r}.f32")
+            outs.append(self.rundir / f"out{r}.f32")
+            np.ascontiguousarray(b, np.float32).tofile(ins[r])
+        if step >= 0 and self.t_ref is None:
+            self._begin()
+        conf = {"scheme": cfg.scheme, "bits": cfg.bits, "partial_sums": cfg.partial_sums,
+                "algorithm": cfg.algorithm, "seed": cfg.seed, "average": cfg.average,
+                "correlation": cfg.correlation}
+        for r in range(n):
+            self._send(r, {"op": "run", "step": step, "input": str(ins[r]), "output": str(outs[r]),
+                           "config": conf})
+        answers: list[dict[str, Any]] = []
+        first_error: MrcError | None = None
+        for r in range(n):
+            try:
+                answers.append(self._answer(r, self.timeout_s + 30))
+            except MrcError as e:
+                first_error = first_error or e
+        if first_error is not None:
+            raise first_error
+        t0 = min(int(a["t_start_ns"]) for a in answers)
+        t1 = max(int(a["t_end_ns"]) for a in answers)
+        results = []
+        for r, a in enumerate(answers):
+            out = np.fromfile(outs[r], dtype=np.float32)
+            results.append(Result(out, int(a["wire_bytes"]), int(a["messages"]),
+                                  tuple(float(x) for x in a["bits_per_hop"])))
+        for r in range(1, n):
+            if not np.array_equal(results[r].out, results[0].out):
+                raise MrcError(f"rank {r}'s result differs from rank 0's")
+        down = any(d0 <= t1 and (d1 is None or d1 >= t0) for d0, d1 in self.down)
+        if step >= 0 and self.t_ref is not None:
+            self.iter_marks.append({"iter": step, "start_s": (t0 - self.t_ref) / 1e9,
+                                    "end_s": (t1 - self.t_ref) / 1e9, "link_down": down})
+        for f in (*ins, *outs):
+            f.unlink(missing_ok=True)
+        return results, (t1 - t0) / 1e9, down
+
+    # -- report
+    def extra(self) -> dict[str, Any]:
+        """What the MRC run adds to the report: hosts, rendezvous, the failure, the timeline."""
+        ref = self.t_ref or 0
+        doc: dict[str, Any] = {"testbed": self.testbed, "hosts": self.hosts, "rendezvous": self.rendezvous,
+                               "slot_bytes": self.slot_bytes}
+        if self.fail_link is not None:
+            a, b, at = self.fail_link
+            doc["failure"] = {
+                "link": f"{a}-{b}", "at_s": at, "heal_after_s": self.heal_after,
+                "down_s": [round((d0 - ref) / 1e9, 3) for d0, _ in self.down],
+                "up_s": [None if d1 is None else round((d1 - ref) / 1e9, 3) for _, d1 in self.down],
+            }
+        if self.sample_s > 0:
+            planes: list[list[float]] = [[] for _ in range(self.tb.topo.planes)]
+            ts: list[float] = []
+            for (ta, pa), (tb_, pb) in zip(self.samples, self.samples[1:], strict=False):
+                dt = (tb_ - ta) / 1e9
+                if dt <= 0:
+                    continue
+                ts.append(round(((ta + tb_) / 2 - ref) / 1e9, 3))
+                for p in range(len(planes)):
+                    planes[p].append(round((pb[p] - pa[p]) * 8 / dt / 1e9, 6))
+            doc["timeline"] = {"t_s": ts, "plane_tx_gbps": planes, "iterations": self.iter_marks,
+                               "sample_s": self.sample_s}
+        return doc
+
+    def close(self) -> None:
+        self._stop.set()
+        for t in self._timers:
+            t.cancel()
+        if self._sampler is not None:
+            self._sampler.join(10)
+        with self._link_lock:
+            if self.fail_link is not None and self.down and self.down[-1][1] is None:
+                with contextlib.suppress(Exception):
+                    tbmod.set_link(self.testbed, self.fail_link[0], self.fail_link[1], up=True)
+                self.down[-1] = (self.down[-1][0], time.monotonic_ns())
+        for r, p in enumerate(self.procs):
+            if p.poll() is None:
+                with contextlib.suppress(MrcError):
+                    self._send(r, {"op": "quit"})
+        deadline = time.monotonic() + 10
+        for p in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(max(0.1, deadline - time.monotonic()))
+        for p in self.procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGTERM)
+                try:
+                    p.wait(5)
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(p.pid, signal.SIGKILL)
+                    p.wait(5)
+            for f in (p.stdin, p.stdout):
+                if f is not None:
+                    with contextlib.suppress(OSError):
+                        f.close()
+        for log in self.logs:
+            log.close()
+        self.store = None
+        shutil.rmtree(self.rundir, ignore_errors=True)
+
+    def __enter__(self) -> MrcRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,86 @@
+"""One all-reduce rank over MRC (started by `mrcctl allreduce --transport mrc`, one per testbed host).
+
+    python -m mrc.ctl.allreduce_rank --rank R --hosts h0,h1,h2,h3 --ns NS --store URL --slot-bytes N
+
+It opens an `MrcTransport` through its host's mrcd (rendezvous in the store), says ``{"ready": ...}`` on
+stdout, then follows commands from stdin, one JSON object per line:
+
+    {"op": "run", "step": K, "input": PATH, "output": PATH, "config": {...}}
+        read the float32 buffer at PATH, all-reduce it (mrc.collective.allreduce), write the result to
+        OUTPUT; answer {"ok": {"t_start_ns", "t_end_ns", "wire_bytes", "messages", "bits_per_hop"}}
+    {"op": "quit"}  (or end of stdin: the launcher went away)  -> destroy the QPs and exit
+
+Any failure is answered {"error": "one line"}; after a transport failure the rank exits (its peers then
+fail their own waits and say so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from mrc.collective import Config, TransportError, allreduce
+from mrc.dataplane.collective import MrcTransport, open_store
+from mrc.errors import MrcError
+
+
+def _say(doc: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(doc) + "\n")
+    sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="mrc.ctl.allreduce_rank")
+    ap.add_argument("--rank", type=int, required=True)
+    ap.add_argument("--hosts", required=True)
+    ap.add_argument("--ns", required=True)
+    ap.add_argument("--store", required=True)
+    ap.add_argument("--slot-bytes", type=int, required=True)
+    ap.add_argument("--slots", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--prefix", default="mrc-ar")
+    a = ap.parse_args(argv)
+    # the launcher ends us by PID with SIGTERM: leave through the finally below (QPs destroyed)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher handles Ctrl-C and ends us
+    hosts = a.hosts.split(",")
+    try:
+        t = MrcTransport(open_store(a.store, a.timeout), a.rank, hosts, a.ns, a.slot_bytes,
+                         slots=a.slots, timeout_s=a.timeout, prefix=a.prefix)
+    except (MrcError, OSError) as e:
+        _say({"error": f"rank {a.rank} ({hosts[a.rank]}): {e}"})
+        return 1
+    try:
+        _say({"ready": {"rank": a.rank, "host": hosts[a.rank], "qpn": {p: q.qpn for p, q in t.qps.items()}}})
+        for line in sys.stdin:
+            cmd = json.loads(line)
+            if cmd.get("op") == "quit":
+                break
+            if cmd.get("op") != "run":
+                _say({"error": f"unknown op {cmd.get('op')!r}"})
+                continue
+            cfg = Config(**cmd["config"])
+            x = np.fromfile(cmd["input"], dtype=np.float32)
+            try:
+                t0 = time.monotonic_ns()
+                res = allreduce(t, x, cfg, int(cmd["step"]))
+                t1 = time.monotonic_ns()
+            except (TransportError, MrcError, OSError) as e:
+                _say({"error": f"rank {a.rank} ({hosts[a.rank]}): {e}"})
+                return 1
+            res.out.tofile(cmd["output"])
+            _say({"ok": {"t_start_ns": t0, "t_end_ns": t1, "wire_bytes": res.wire_bytes,
+                         "messages": res.messages, "bits_per_hop": list(res.bits_per_hop)}})
+    finally:
+        t.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
