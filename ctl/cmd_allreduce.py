@@ -16,6 +16,7 @@ SECONDS after the first measured iteration started (and `--heal-after` brings it
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 from typing import Any
@@ -155,6 +156,8 @@ def _run_mrc(out: Output, ranks: int, size: int, cfg: Config, iters: int, dist: 
                  "(mrc)")
     # SIGTERM (e.g. a script's trap) ends the run like Ctrl-C: the rank processes are ended by PID and a
     # failed link comes back up
+    global _MAIN_PID
+    _MAIN_PID = os.getpid()
     old = signal.signal(signal.SIGTERM, _on_term)
     try:
         with MrcRunner(testbed, ranks, size, cfg.algorithm, fail_link=fl, heal_after=heal_after,
@@ -170,5 +173,10 @@ def _run_mrc(out: Output, ranks: int, size: int, cfg: Config, iters: int, dist: 
     return doc
 
 
+_MAIN_PID = 0
+
+
 def _on_term(_sig: int, _frame: object) -> None:
+    if os.getpid() != _MAIN_PID:  # a forked helper (pyroute2's netns socket child) ends as by default
+        os._exit(128 + signal.SIGTERM)
     raise KeyboardInterrupt

@@ -1,0 +1,133 @@
+"""Ranks over MRC on default.toml (root): `mrcctl allreduce --transport mrc` runs one rank process per
+host, exchanging chunks by WRITE-with-immediate through the hosts' mrcds.
+
+Behaviour only: every rank ends with the same result, the same result as the in-process ranks with the
+same seeds (the ring is deterministic given the seeds), the wire bytes as the collective accounts them, a
+run through a leaf-spine link failure completes without errors, and the rank processes are gone
+afterwards, also when one of them dies. The testbed and daemons come from test_daemon.py's fixture
+(removed at the end, also on failure).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.root, pytest.mark.netns, pytest.mark.bpf]
+
+if os.geteuid() != 0:
+    pytest.skip("needs root: namespaces, eBPF programs, daemons", allow_module_level=True)
+
+from test_daemon import tb  # noqa: E402,F401  (the module-scoped testbed + mrcd fixture)
+
+from mrc.collective import Config, allreduce, run_inproc  # noqa: E402
+from mrc.collective.bench import make_inputs  # noqa: E402
+from mrc.ctl.allreduce_mrc import MrcRunner  # noqa: E402
+from mrc.dataplane import testbed as tbmod  # noqa: E402
+from mrc.errors import MrcError  # noqa: E402
+
+SIZE = 2 << 20
+ONE_BLAS_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def _mrcctl(*args: str) -> tuple[int, dict[str, Any], str]:
+    r = subprocess.run([sys.executable, "-m", "mrc.ctl.cli", "-j", *args], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, **ONE_BLAS_THREAD})
+    try:
+        doc = json.loads(r.stdout)
+    except ValueError:
+        doc = {}
+    return r.returncode, doc, r.stderr
+
+
+def _rank_pids(name: str) -> list[int]:
+    """Live rank processes of testbed `name` (their command line names its host namespaces)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"mrc.ctl.allreduce_rank" in cmd and f"{name}-".encode() in cmd:
+            out.append(int(d.name))
+    return out
+
+
+def test_ranks_agree_with_each_other_and_with_inproc(tb: dict[str, Any]) -> None:  # noqa: F811
+    cfg = Config("eden-unbiased", 2.0, "aware", seed=3)
+    buffers = make_inputs(4, SIZE // 4, "iid", 3, 0)
+    with MrcRunner(tb["name"], 4, SIZE, cfg.algorithm) as runner:
+        res, secs, down = runner.run(buffers, cfg, 0)
+    assert secs > 0 and down is False
+    for r in res[1:]:
+        assert np.array_equal(r.out, res[0].out)
+    ref = run_inproc(4, lambda t: allreduce(t, buffers[t.rank], cfg, 0))
+    # the same frames crossed the wire: identical per-rank accounting, 2 (n - 1) messages each
+    assert [r.wire_bytes for r in res] == [r.wire_bytes for r in ref]
+    assert all(r.messages == 6 for r in res)
+    exact = np.mean(np.stack(buffers).astype(np.float64), axis=0)
+
+    def vn(x: np.ndarray[Any, Any]) -> float:
+        return float(np.sum((x - exact) ** 2) / np.sum(exact**2))
+
+    assert vn(res[0].out) == pytest.approx(vn(ref[0].out), rel=1e-3)
+    assert not _rank_pids(tb["name"])
+
+
+def test_cli_is_bit_identical_to_inproc(tb: dict[str, Any]) -> None:  # noqa: F811
+    common = ["allreduce", "--ranks", "4", "--size", "2M", "--bits", "2", "--partial-sums", "aware",
+              "--iters", "2", "--seed", "5"]
+    rc, mrc_doc, err = _mrcctl(*common, "--transport", "mrc", "-n", tb["name"])
+    assert rc == 0, err
+    rc, ref_doc, err = _mrcctl(*common)
+    assert rc == 0, err
+    assert mrc_doc["summary"]["errors"] == 0
+    assert mrc_doc["config"]["transport"] == "mrc" and mrc_doc["config"]["hosts"] == ["h0", "h1", "h2", "h3"]
+    for a, b in zip(mrc_doc["iterations"], ref_doc["iterations"], strict=True):
+        # one BLAS thread in every process: the same float operations, the same result bit for bit
+        assert a["vnmse"] == b["vnmse"]
+        assert a["wire_bytes"] == b["wire_bytes"]
+        assert a["failed_link_down"] is False
+    assert not _rank_pids(tb["name"])
+
+
+def test_link_failure_mid_run(tb: dict[str, Any]) -> None:  # noqa: F811
+    rc, doc, err = _mrcctl("allreduce", "--transport", "mrc", "-n", tb["name"], "--ranks", "4",
+                           "--size", "2M", "--bits", "2", "--iters", "14", "--fail-link", "p0l0:p0s0@0.3",
+                           "--heal-after", "0.6", "--sample-ms", "100")
+    assert rc == 0, err
+    assert doc["summary"]["errors"] == 0
+    assert all(r["time_s"] is not None and r["vnmse"] < 1.0 for r in doc["iterations"])
+    assert any(r["failed_link_down"] for r in doc["iterations"])
+    assert not doc["iterations"][0]["failed_link_down"]
+    f = doc["failure"]
+    assert f["link"] == "p0l0-p0s0" and len(f["down_s"]) == 1 and f["up_s"][0] > f["down_s"][0]
+    tl = doc["timeline"]
+    assert len(tl["plane_tx_gbps"]) == 4 and len(tl["t_s"]) == len(tl["plane_tx_gbps"][0]) > 0
+    t = tbmod.Testbed.load(tb["name"])
+    assert t.link_state(t.link("p0l0", "p0s0")).up
+    assert not _rank_pids(tb["name"])
+
+
+def test_a_dead_rank_fails_the_run_and_leaves_nothing(tb: dict[str, Any]) -> None:  # noqa: F811
+    cfg = Config("eden-unbiased", 2.0, "aware")
+    runner = MrcRunner(tb["name"], 4, SIZE, cfg.algorithm, timeout_s=10)
+    try:
+        os.kill(runner.procs[2].pid, signal.SIGKILL)
+        with pytest.raises(MrcError):
+            runner.run(make_inputs(4, SIZE // 4, "iid", 0, 0), cfg, 0)
+    finally:
+        runner.close()
+    assert all(p.poll() is not None for p in runner.procs)
+    assert not _rank_pids(tb["name"])
+    assert not runner.rundir.exists()
