@@ -4,7 +4,7 @@
                      [--algorithm ring|oneshot] [--iters K] [--dist iid|correlated]
                      [--correlation RHO] [--seed S]
                      [--transport inproc|mrc] [-n TESTBED] [--fail-link A:B@SECONDS]
-                     [--heal-after SECONDS] [--sample-ms MS] [-j]
+                     [--heal-after SECONDS] [--sample-ms MS] [--report FILE] [-j]
 
 Prints one row per iteration — time, algbw and busbw (nccl-tests definitions), bytes on the wire (all
 ranks), vNMSE against the exact float64 mean — and a summary row. `--transport inproc` runs the ranks as
@@ -115,12 +115,15 @@ def render(doc: dict[str, Any]) -> str:
               help="mrc: sample per-plane bytes sent every MS ms (adds 'timeline' to the report).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1, 3600), default=120.0, show_default=True,
               help="mrc: a rank gives up waiting for a chunk after this many seconds.")
+@click.option("--report", "report_path", default=None, metavar="FILE",
+              help="Also write the JSON document to FILE (the table still goes to stdout).")
 @json_option
 @click.pass_obj
 def allreduce(
     out: Output, ranks: int, size_text: str, bits: float, scheme: str, partial_sums: str, algorithm: str,
     iters: int, dist: str, correlation: float, seed: int, transport: str, name: str | None,
     fail_link: str | None, heal_after: float | None, sample_ms: int, timeout_s: float,
+    report_path: str | None,
 ) -> None:
     """All-reduce of a float32 buffer across ranks with compressed chunks: time, bandwidth, wire bytes,
     error against the exact mean."""
@@ -135,6 +138,13 @@ def allreduce(
     else:
         doc = _run_mrc(out, ranks, size, cfg, iters, dist, seed, name, fail_link, heal_after, sample_ms,
                        timeout_s)
+    if report_path is not None:
+        import json
+        from pathlib import Path
+
+        tmp = Path(report_path + ".tmp")
+        tmp.write_text(json.dumps(doc) + "\n")
+        tmp.replace(report_path)
     out.emit(doc, render)
     if doc["summary"]["errors"]:
         raise click.exceptions.Exit(1)
