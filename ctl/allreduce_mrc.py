@@ -44,6 +44,7 @@ from mrc.errors import MrcError
 
 F32 = npt.NDArray[np.float32]
 READY_TIMEOUT_S: Final = 120.0
+RENDEZVOUS: Final = ("auto", "tcpstore", "file")
 
 
 def slot_bytes(size_bytes: int, ranks: int, algorithm: str) -> int:
@@ -59,8 +60,11 @@ class MrcRunner:
 
     def __init__(self, testbed: str, ranks: int, size_bytes: int, algorithm: str, *,
                  fail_link: tuple[str, str, float] | None = None, heal_after: float | None = None,
-                 sample_s: float = 0.0, timeout_s: float = 120.0,
+                 sample_s: float = 0.0, timeout_s: float = 120.0, rendezvous: str = "auto",
                  progress: Any = lambda _m: None) -> None:
+        if rendezvous not in RENDEZVOUS:
+            raise MrcError(f"rendezvous must be one of {', '.join(RENDEZVOUS)}")
+        self.rendezvous_choice = rendezvous
         self.testbed = testbed
         self.tb = tbmod.Testbed.load(testbed)
         hosts = self.tb.topo.host_names()
@@ -101,7 +105,10 @@ class MrcRunner:
 
     # -- ranks
     def _start(self) -> None:
-        if torch_available():
+        choice = self.rendezvous_choice
+        if choice == "tcpstore" and not torch_available():
+            raise MrcError("rendezvous tcpstore needs torch (torch.distributed)")
+        if choice == "tcpstore" or (choice == "auto" and torch_available()):
             import datetime
 
             import torch.distributed as dist

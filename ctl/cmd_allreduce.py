@@ -4,7 +4,8 @@
                      [--algorithm ring|oneshot] [--iters K] [--dist iid|correlated]
                      [--correlation RHO] [--seed S]
                      [--transport inproc|mrc] [-n TESTBED] [--fail-link A:B@SECONDS]
-                     [--heal-after SECONDS] [--sample-ms MS] [--report FILE] [-j]
+                     [--heal-after SECONDS] [--sample-ms MS] [--rendezvous auto|tcpstore|file]
+                     [--report FILE] [-j]
 
 Prints one row per iteration — time, algbw and busbw (nccl-tests definitions), bytes on the wire (all
 ranks), vNMSE against the exact float64 mean — and a summary row. `--transport inproc` runs the ranks as
@@ -115,6 +116,9 @@ def render(doc: dict[str, Any]) -> str:
               help="mrc: sample per-plane bytes sent every MS ms (adds 'timeline' to the report).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1, 3600), default=120.0, show_default=True,
               help="mrc: a rank gives up waiting for a chunk after this many seconds.")
+@click.option("--rendezvous", type=click.Choice(["auto", "tcpstore", "file"]), default="auto",
+              show_default=True, help="mrc: torch.distributed TCPStore (auto: when torch is importable) or "
+              "JSON files in the run directory.")
 @click.option("--report", "report_path", default=None, metavar="FILE",
               help="Also write the JSON document to FILE (the table still goes to stdout).")
 @json_option
@@ -122,7 +126,7 @@ def render(doc: dict[str, Any]) -> str:
 def allreduce(
     out: Output, ranks: int, size_text: str, bits: float, scheme: str, partial_sums: str, algorithm: str,
     iters: int, dist: str, correlation: float, seed: int, transport: str, name: str | None,
-    fail_link: str | None, heal_after: float | None, sample_ms: int, timeout_s: float,
+    fail_link: str | None, heal_after: float | None, sample_ms: int, timeout_s: float, rendezvous: str,
     report_path: str | None,
 ) -> None:
     """All-reduce of a float32 buffer across ranks with compressed chunks: time, bandwidth, wire bytes,
@@ -130,14 +134,14 @@ def allreduce(
     size = parse_size(size_text)
     cfg = Config(scheme, float(bits), partial_sums, algorithm, seed=seed, correlation=correlation)
     if transport == "inproc":
-        if fail_link or heal_after or sample_ms:
-            raise UsageError("--fail-link, --heal-after and --sample-ms need --transport mrc")
+        if fail_link or heal_after or sample_ms or rendezvous != "auto":
+            raise UsageError("--fail-link, --heal-after, --sample-ms and --rendezvous need --transport mrc")
         out.progress(f"allreduce: {ranks} ranks, {size} B, {scheme}, {iters} iterations ({transport})")
         doc = cbench.run(cbench.InProcRunner(), ranks, size, cfg, iters, dist=dist, seed=seed,
                          progress=out.progress)
     else:
         doc = _run_mrc(out, ranks, size, cfg, iters, dist, seed, name, fail_link, heal_after, sample_ms,
-                       timeout_s)
+                       timeout_s, rendezvous)
     if report_path is not None:
         import json
         from pathlib import Path
@@ -152,7 +156,7 @@ def allreduce(
 
 def _run_mrc(out: Output, ranks: int, size: int, cfg: Config, iters: int, dist: str, seed: int,
              name: str | None, fail_link: str | None, heal_after: float | None, sample_ms: int,
-             timeout_s: float) -> dict[str, Any]:
+             timeout_s: float, rendezvous: str = "auto") -> dict[str, Any]:
     from mrc.dataplane import testbed as tbmod
 
     from .allreduce_mrc import MrcRunner
@@ -171,7 +175,8 @@ def _run_mrc(out: Output, ranks: int, size: int, cfg: Config, iters: int, dist: 
     old = signal.signal(signal.SIGTERM, _on_term)
     try:
         with MrcRunner(testbed, ranks, size, cfg.algorithm, fail_link=fl, heal_after=heal_after,
-                       sample_s=sample_ms / 1e3, timeout_s=timeout_s, progress=out.progress) as runner:
+                       sample_s=sample_ms / 1e3, timeout_s=timeout_s, rendezvous=rendezvous,
+                       progress=out.progress) as runner:
             doc = cbench.run(runner, ranks, size, cfg, iters, dist=dist, seed=seed, progress=out.progress)
             extra = runner.extra()
     finally:

@@ -119,13 +119,17 @@ def test_link_failure_mid_run(tb: dict[str, Any]) -> None:  # noqa: F811
     assert not _rank_pids(tb["name"])
 
 
-def test_a_dead_rank_fails_the_run_and_leaves_nothing(tb: dict[str, Any]) -> None:  # noqa: F811
+def test_file_rendezvous_then_a_dead_rank_fails_the_run_and_leaves_nothing(tb: dict[str, Any]) -> None:  # noqa: F811
     cfg = Config("eden-unbiased", 2.0, "aware")
-    runner = MrcRunner(tb["name"], 4, SIZE, cfg.algorithm, timeout_s=10)
+    # the JSON-file rendezvous (the one used where torch is not importable)
+    runner = MrcRunner(tb["name"], 4, SIZE, cfg.algorithm, timeout_s=10, rendezvous="file")
     try:
+        assert runner.rendezvous == "json files"
+        res, _secs, _down = runner.run(make_inputs(4, SIZE // 4, "iid", 0, 0), cfg, 0)
+        assert all(np.array_equal(r.out, res[0].out) for r in res)
         os.kill(runner.procs[2].pid, signal.SIGKILL)
         with pytest.raises(MrcError):
-            runner.run(make_inputs(4, SIZE // 4, "iid", 0, 0), cfg, 0)
+            runner.run(make_inputs(4, SIZE // 4, "iid", 0, 1), cfg, 1)
     finally:
         runner.close()
     assert all(p.poll() is not None for p in runner.procs)
