@@ -1,14 +1,17 @@
-"""`mrcctl allreduce` (in-process transport): table, JSON keys of the issue, errors."""
+"""`mrcctl allreduce` (in-process transport): table, JSON keys of the issue, errors; the JSON-file
+rendezvous of the MRC ranks."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from mrc.ctl.cli import main
 from mrc.ctl.cmd_allreduce import parse_size
-from mrc.errors import UsageError
+from mrc.dataplane.collective import FileStore, open_store
+from mrc.errors import MrcError, UsageError
 
 
 def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -53,8 +56,34 @@ def test_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert rc != 0 and "drive" in json.loads(out)["error"]
     rc, _, err = _run(capsys, "allreduce", "--size", "7")
     assert rc != 0 and "float32" in err
-    rc, out, _ = _run(capsys, "-j", "allreduce", "--transport", "mrc")
-    assert rc != 0 and "error" in json.loads(out)
+    rc, out, _ = _run(capsys, "-j", "allreduce", "--transport", "mrc", "-n", "no-such-testbed-x")
+    assert rc != 0 and "no-such-testbed-x" in json.loads(out)["error"]
+    # failure injection, sampling and rendezvous belong to ranks over MRC
+    for extra in (["--fail-link", "p0l0:p0s0@1"], ["--sample-ms", "100"], ["--rendezvous", "file"]):
+        rc, out, _ = _run(capsys, "-j", "allreduce", *extra)
+        assert rc != 0 and "--transport mrc" in json.loads(out)["error"]
+
+
+def test_report_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "r.json"
+    rc, out, _ = _run(capsys, "allreduce", "--ranks", "2", "--size", "4K", "--iters", "1",
+                      "--report", str(path))
+    assert rc == 0 and "median" in out
+    assert json.loads(path.read_text())["config"]["ranks"] == 2
+
+
+def test_file_rendezvous(tmp_path: Path) -> None:
+    a, b = FileStore(tmp_path / "s", timeout_s=0.2), FileStore(tmp_path / "s", timeout_s=0.2)
+    a.set("job/rank0", '{"qpn": 7}')
+    assert json.loads(b.get("job/rank0")) == {"qpn": 7}
+    a.set("job/rank0", "again")  # replaced atomically, never half-written
+    assert b.get("job/rank0") == "again"
+    assert not [p for p in (tmp_path / "s").iterdir() if p.name.endswith(".tmp")]
+    with pytest.raises(MrcError, match="job/rank1"):
+        b.get("job/rank1")
+    assert isinstance(open_store(f"file:{tmp_path / 's'}"), FileStore)
+    with pytest.raises(MrcError):
+        open_store("nfs://x")
 
 
 def test_parse_size() -> None:
