@@ -28,8 +28,7 @@ from mrc.collective import ALGORITHMS, COMPRESSIONS, PARTIAL_SUMS, Config
 from mrc.collective import bench as cbench
 from mrc.errors import UsageError
 
-from .cmd_quant import json_option
-from .output import Output, table
+from .output import Output, json_option, table
 
 TRANSPORTS = ("inproc", "mrc")
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}

@@ -23,8 +23,8 @@ from mrc.dataplane import testbed as tbmod
 from mrc.errors import MrcError
 
 from .bench import BenchConfig, WriteBench, incast, parse_fail_link
-from .cmd_testbed import json_option, name_option
-from .output import Output, table
+from .cmd_testbed import name_option
+from .output import Output, json_option, table
 
 
 @click.group()

@@ -17,8 +17,8 @@ import click
 from mrc.dataplane import testbed as tbmod
 from mrc.dataplane.fabric import FabricDataplane
 
-from .cmd_testbed import json_option, name_option
-from .output import Output, table
+from .cmd_testbed import name_option
+from .output import Output, json_option, table
 
 
 @click.group(invoke_without_command=True)

@@ -19,8 +19,8 @@ from mrc.dataplane import testbed as tbmod
 from mrc.dataplane.fabric import FabricDataplane
 from mrc.errors import MrcError
 
-from .cmd_testbed import json_option, name_option
-from .output import Output, table
+from .cmd_testbed import name_option
+from .output import Output, json_option, table
 
 
 @click.group(invoke_without_command=True)

@@ -10,8 +10,8 @@ from typing import Any
 import click
 
 from . import api
-from .cmd_testbed import json_option, name_option
-from .output import Output, table
+from .cmd_testbed import name_option
+from .output import Output, json_option, table
 
 
 def _render(doc: dict[str, Any]) -> str:

@@ -15,8 +15,7 @@ of N compressed vectors (independent seeds per client).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
@@ -25,23 +24,7 @@ from mrc.quant import bench as qbench
 from mrc.quant import codec as qcodec
 from mrc.quant.lloydmax import MAX_BITS, codebook
 
-from .output import Output, table
-
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
-    out = ctx.find_object(Output)
-    if value and out is not None:
-        out.json = True
-
-
-def json_option(f: _F) -> _F:
-    """`-j` after the verb as well as before the object."""
-    return click.option(
-        "-j", "--json", is_flag=True, expose_value=False, is_eager=True, callback=_set_json,
-        help="Output one JSON document (same as mrcctl -j).",
-    )(f)
+from .output import Output, json_option, table
 
 
 def _csv(text: str, what: str) -> list[str]:

@@ -35,7 +35,7 @@ from mrc.sim.hosts import VARIANTS
 from mrc.sim.loopback import NEVER, Blackhole, FabricConfig, LoopbackConfig, loopback
 from mrc.transport import QpAttr
 
-from .output import Output, table
+from .output import Output, json_option, table
 
 _SIZE_UNITS: Final = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 _TIME_UNITS: Final = {"": 1, "ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
@@ -76,18 +76,6 @@ def parse_blackhole(text: str, planes: int) -> Blackhole:
     return Blackhole(plane, start, end)
 
 
-def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
-    out = ctx.find_object(Output)
-    if value and out is not None:
-        out.json = True
-
-
-def json_option(f: _F) -> _F:
-    """`-j` after the verb as well (`mrcctl sim loopback -j`)."""
-    return click.option(
-        "-j", "--json", is_flag=True, expose_value=False, is_eager=True, callback=_set_json,
-        help="Output one JSON document (same as mrcctl -j).",
-    )(f)
 
 
 @click.group()

@@ -29,23 +29,9 @@ from mrc.dataplane import netns
 from mrc.dataplane import testbed as tbmod
 from mrc.errors import MrcError, UsageError
 
-from .output import Output, table
+from .output import Output, json_option, table
 
 _F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
-    out = ctx.find_object(Output)
-    if value and out is not None:
-        out.json = True
-
-
-def json_option(f: _F) -> _F:
-    """`-j` after the verb too (`mrcctl testbed show -j`)."""
-    return click.option(
-        "-j", "--json", is_flag=True, expose_value=False, is_eager=True, callback=_set_json,
-        help="Output one JSON document (same as mrcctl -j).",
-    )(f)
 
 
 def name_option(f: _F) -> _F:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Callable, Iterable
-from typing import Any, Final, TypeVar
+from collections.abc import Iterable
+from typing import Any, Final
 
 import click
 
@@ -30,7 +30,7 @@ from mrc.wire.packet import OPCODE_NAMES, header_len
 from mrc.wire.pcap import read_pcap, write_pcap
 from mrc.wire.samples import ROUND, sample_frames
 
-from .output import Output, table
+from .output import Output, json_option, table
 
 #: Timestamp of the first sample frame (2023-11-14T22:13:20Z); fixed so a seed gives the same file.
 SAMPLE_EPOCH: Final = 1_700_000_000.0
@@ -184,21 +184,8 @@ def decode_frames(
 
 # -------------------------------------------------------------------------------------------- commands
 
-_F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
-    out = ctx.find_object(Output)
-    if value and out is not None:
-        out.json = True
-
-
-def json_option(f: _F) -> _F:
-    """`-j` after the verb as well (`mrcctl wire decode FILE -j`), the way operators type it."""
-    return click.option(
-        "-j", "--json", is_flag=True, expose_value=False, is_eager=True, callback=_set_json,
-        help="Output one JSON document (same as mrcctl -j).",
-    )(f)
 
 
 @click.group(invoke_without_command=True)

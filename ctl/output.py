@@ -9,7 +9,9 @@ import json
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
+
+import click
 
 Column = tuple[str, str]  # (key in the row dict, header)
 
@@ -66,3 +68,21 @@ def table(rows: Iterable[Mapping[str, Any]], columns: Sequence[Column]) -> str:
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
     )
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    out = ctx.find_object(Output)
+    if value and out is not None:
+        out.json = True
+
+
+def json_option(f: _F) -> _F:
+    """`-j` after the verb as well as before the object (`mrcctl wire decode FILE -j`), the way
+    operators type it; it switches the one `Output` of the call to JSON."""
+    return click.option(
+        "-j", "--json", is_flag=True, expose_value=False, is_eager=True, callback=_set_json,
+        help="Output one JSON document (same as mrcctl -j).",
+    )(f)
