@@ -68,6 +68,7 @@ DEFAULT_EVS: Final = 64
 SO_PEERCRED_FMT: Final = "3i"
 CTRL_PERIOD_NS: Final = 2_000_000  # controller pass at most every 2 ms
 RESTORE_PROBE_NS: Final = 50_000_000  # probe a denied link every 50 ms
+BUSY_NS: Final = 1_000_000_000  # a QP that sent nothing for this long says nothing about its EVs
 MAX_LOG: Final = 100_000
 
 Link = frozenset[str]
@@ -121,7 +122,9 @@ class Client:
 
 class Controller:
     """Failure localisation from EV events (docs/daemon.md, "Controller"): a link all (>= `share`) of
-    whose EVs toward active peers are ASSUMED_BAD, with at least `min_bad` of them, is failed; every EV
+    whose EVs on QPs that carry traffic are ASSUMED_BAD, with at least `min_bad` of them, while at most
+    `quiet` of the other EVs and of its siblings (same plane and peer, other spine) are, is failed (never
+    a peer's access link: the peer finds its own); every EV
     through it is DENIED; one EV through it is probed every `RESTORE_PROBE_NS`; a probe that comes back
     GOOD restores the link."""
 
@@ -138,6 +141,7 @@ class Controller:
         self.probing: dict[tuple[int, int], Link] = {}  # (qpn, ev index) -> link under test
         self.next_probe: dict[Link, int] = {}
         self.ports_down: set[int] = set()
+        self.tx_seen: dict[int, tuple[int, int]] = {}  # qpn -> (packets sent, when that last changed)
         self.log: deque[Action] = deque(maxlen=MAX_LOG)
         self.events: deque[dict[str, Any]] = deque(maxlen=MAX_LOG)
         self.counts: dict[str, int] = {}
@@ -168,16 +172,36 @@ class Controller:
             if e.state == EvState.ASSUMED_BAD:
                 self.bad[key] = e.time_ns
                 self._dirty = True
-            elif e.state == EvState.GOOD:
-                self.bad.pop(key, None)
+            elif e.state == EvState.GOOD and self.bad.pop(key, None) is not None:
+                self._dirty = True  # a verdict held back by siblings' or others' bad EVs may hold now
 
     def forget_qp(self, qpn: int) -> None:
         for key in [k for k in self.bad if k[0] == qpn]:
             del self.bad[key]
         for key in [k for k in self.probing if k[0] == qpn]:
             del self.probing[key]
+        self.tx_seen.pop(qpn, None)
+
+    def _note_tx(self, now: int) -> None:
+        for q in self.d.qp_peer:
+            qp = self.d.ctx.qps.get(q)
+            if qp is None:
+                continue
+            n = sum(qp.paths.tx_packets)
+            seen = self.tx_seen.get(q)
+            if seen is None or seen[0] != n:
+                self.tx_seen[q] = (n, now if n else -BUSY_NS)
+
+    def busy(self, q: int, now: int) -> bool:
+        """A QP whose EVs tell something: it sent a packet within `BUSY_NS`, or holds an ASSUMED_BAD EV.
+        An idle QP's EVs stay GOOD whatever the fabric does (nothing is sent on them)."""
+        seen = self.tx_seen.get(q)
+        if seen is not None and seen[0] and now - seen[1] < BUSY_NS:
+            return True
+        return any(k[0] == q for k in self.bad)
 
     def tick(self, now: int) -> None:
+        self._note_tx(now)
         if self._dirty:
             self._dirty = False
             self.localise(now)
@@ -190,31 +214,55 @@ class Controller:
 
     def localise(self, now: int) -> None:
         d = self.d
-        active = {q: p for q, p in d.qp_peer.items() if q not in d.pinned_qps}
+        # only QPs that carry traffic: an idle QP's EVs never go bad, and counting them made a failed
+        # link's share (and the other EVs' share) depend on how many idle QPs the host holds
+        active = {q: p for q, p in d.qp_peer.items() if q not in d.pinned_qps and self.busy(q, now)}
+        hosts = set(d.topo.host_names()) - {d.host}
         candidates: set[Link] = set()
         for q, i in self.bad:
             peer = active.get(q)
             if peer is not None:
-                candidates.update(frozenset(x) for x in d.peers[peer].paths[i].links)
+                # never a peer's access link from our losses alone: its EV set is one peer's share of
+                # one plane, which congestion toward that peer (or a stall of it) also makes bad, and
+                # denying it takes the peer's whole port down (PORT_STATUS to everyone). The peer
+                # localises its own access link from its own traffic and tells us.
+                candidates.update(lk for lk in (frozenset(x) for x in d.peers[peer].paths[i].links)
+                                  if not lk & hosts)
         # all usable EVs of the active QPs: a link failure makes its EVs bad and leaves the others alone;
         # EVs bad everywhere at once are a stalled or congested host, not a link
         usable = [(q, i) for q, peer in active.items() for i in range(self.d.evs)
                   if i not in d.peers[peer].profile.denied]
         all_bad = sum(1 for k in usable if k in self.bad)
+        per_plane: dict[int, tuple[list[int], list[int]]] = {}  # qpn -> (usable, bad) EVs per plane
+        for q, i in usable:
+            n_use, n_bad = per_plane.setdefault(q, ([0] * d.topo.planes, [0] * d.topo.planes))
+            plane = d.peers[active[q]].paths[i].plane
+            n_use[plane] += 1
+            n_bad[plane] += (q, i) in self.bad
         failed = []
         for lk in candidates:
             if lk in self.denied:
                 continue
-            total = bad = 0
+            total = bad = sib_total = sib_bad = 0
             for q, peer in active.items():
-                for i in d.peers[peer].by_link.get(lk, []):
-                    if i in d.peers[peer].profile.denied:
-                        continue
-                    total += 1
-                    bad += (q, i) in self.bad
+                t = d.peers[peer]
+                through = [i for i in t.by_link.get(lk, []) if i not in t.profile.denied]
+                if not through:
+                    continue
+                b = sum(1 for i in through if (q, i) in self.bad)
+                total += len(through)
+                bad += b
+                # siblings: the EVs of the same plane(s) toward the same peer that avoid the link (the
+                # other spines). Losses at the plane's access ports (congestion, a late peer) hit them
+                # as much as the link's own EVs; a failed fabric link leaves them alone
+                n_use, n_bad = per_plane[q]
+                planes = {t.paths[i].plane for i in through}
+                sib_total += sum(n_use[p] for p in planes) - len(through)
+                sib_bad += sum(n_bad[p] for p in planes) - b
             others = len(usable) - total
             other_share = (all_bad - bad) / others if others else 0.0
-            if total and bad >= self.min_bad and bad >= self.share * total and other_share <= self.quiet:
+            if (total and bad >= self.min_bad and bad >= self.share * total and other_share <= self.quiet
+                    and sib_bad <= self.quiet * sib_total):
                 failed.append(lk)
         # the smallest explanation: a link whose EVs are all on another failed link is not failed itself
         # (a dead access link makes every fabric link of its plane look dead from this host); links with

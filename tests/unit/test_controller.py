@@ -138,3 +138,33 @@ def test_events_of_restricted_qps_are_ignored(state: str) -> None:
     d.controller.on_events([EvEvent(1, 1, qp.qpn, i, i, 0, EvState[state], 1) for i in range(0, 64, 4)])
     d.controller.tick(2)
     assert not d.controller.bad and not d.controller.denied
+
+
+def test_ring_load_denies_only_the_failed_fabric_link() -> None:
+    """make demo's case: QPs toward every peer, scattered ASSUMED_BAD EVs on healthy planes from
+    congestion (one peer's whole plane 2, both spines), an idle QP, and p0l0-p0s0 failed: only the EVs
+    through the failed link are denied; no access link, no port down, no plane lost."""
+    d = _daemon()
+    ctl: Controller = d.controller
+    q1, q2, q3 = (_qp(d, p) for p in ("h1", "h2", "h3"))
+    for qp in (q1, q2):  # h1 and h2 carry traffic; h3's QP is idle (its EVs stay GOOD whatever happens)
+        qp.paths.tx_packets[1] = 1000
+    ctl.tick(1000)
+    assert ctl.busy(q1.qpn, 1000) and not ctl.busy(q3.qpn, 1000)
+    # congestion: 13 of the 16 plane-2 EVs toward h2 (both spines), two plane-1 EVs toward h1
+    congested = [i for i in range(64) if i % 4 == 2][:13]
+    ctl.on_events(_bad(q2, congested, 2000) + _bad(q1, [1, 5], 2000))
+    ctl.tick(3000)
+    assert not ctl.denied  # not p2l1-h2 (h2's access link: h2's port), not p2l0-p2s0 (spine 1 bad too)
+    # p0l0-p0s0 fails: the 8 EVs toward h2 through it (plane 0, spine 0); h3's 8 through it are idle
+    through = [i for i in range(64) if i % 4 == 0 and (i // 4) % 2 == 0]
+    ctl.on_events(_bad(q2, through, 4000))
+    ctl.tick(5000)
+    assert {"-".join(sorted(lk)) for lk in ctl.denied} == {"p0l0-p0s0", "p0l1-p0s0"}
+    assert not ctl.ports_down and all(d.ctx.port_enabled)
+    assert {lk for lk, _ in d.told} == {"p0l0-p0s0", "p0l1-p0s0"}
+    denied = {i for i in range(64) if q2.paths.state[i] == EvState.DENIED}
+    assert denied and denied <= set(through)  # the probe EV; the rest replaced onto spine 1
+    for i in range(64):
+        if i % 4 in (1, 2, 3):  # planes 1-3 untouched
+            assert d.peers["h2"].paths[i] == d.peers["h2"].orig[i]
