@@ -18,12 +18,12 @@ SECONDS after the first measured iteration started (and `--heal-after` brings it
 from __future__ import annotations
 
 import os
-import re
 import signal
 from typing import Any
 
 import click
 
+from mrc import units
 from mrc.collective import ALGORITHMS, COMPRESSIONS, PARTIAL_SUMS, Config
 from mrc.collective import bench as cbench
 from mrc.errors import UsageError
@@ -31,20 +31,19 @@ from mrc.errors import UsageError
 from .output import Output, json_option, table
 
 TRANSPORTS = ("inproc", "mrc")
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
 def parse_size(text: str) -> int:
-    """Bytes: 1048576, 4K, 64M, 1G, 64MiB (binary units); a whole number of float32 elements."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]?)(?:i?B)?\s*", text, re.IGNORECASE)
-    if not m:
-        raise UsageError(f"--size: {text!r} is not a size (e.g. 4096, 64K, 16M, 1G)")
-    n = float(m.group(1)) * _UNITS[m.group(2).upper()]
-    if n != int(n) or int(n) % 4:
+    """Bytes (1048576, 4K, 64M, 1G, 64MiB: binary units); a whole number of float32 elements."""
+    try:
+        n = units.parse_size(text)
+    except ValueError as e:
+        raise UsageError(f"--size: {e}") from None
+    if n % 4:
         raise UsageError(f"--size: {text} is not a whole number of float32 elements (multiple of 4 bytes)")
-    if not 4 <= n <= 1 << 34:
+    if n > 1 << 34:
         raise UsageError(f"--size: {text} outside 4 B .. 16 GiB")
-    return int(n)
+    return n
 
 
 def _g(v: float | None, fmt: str) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from mrc import topology
+from mrc import units
 from mrc.dataplane import testbed as tbmod
 from mrc.errors import MrcError
 
@@ -34,7 +34,7 @@ def bench() -> None:
 
 def _size(v: str, what: str) -> int:
     try:
-        n = topology.parse_size(v)
+        n = units.parse_size(v)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint=what) from None
     if n <= 0:

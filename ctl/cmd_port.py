@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from mrc import topology
+from mrc import topology, units
 from mrc.dataplane import testbed as tbmod
 from mrc.dataplane.fabric import FabricDataplane
 from mrc.errors import MrcError
@@ -84,7 +84,7 @@ def _size(value: str | None, what: str) -> int | None:
     if value is None:
         return None
     try:
-        return topology.parse_size(value)
+        return units.parse_size(value)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint=what) from None
 
@@ -130,7 +130,7 @@ def set_(out: Output, switch: str, port_name: str, ecn_k: str | None, trim_t: st
     rate_bps = None
     if rate is not None:
         try:
-            rate_bps = 0 if rate.strip() == "0" else topology.parse_rate(rate)
+            rate_bps = 0 if rate.strip() == "0" else units.parse_rate(rate)
         except ValueError as e:
             raise click.BadParameter(str(e), param_hint="--rate") from None
     sizes = {"ecn_k": _size(ecn_k, "--ecn-k"), "trim_t": _size(trim_t, "--trim-t"),

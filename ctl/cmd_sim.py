@@ -28,6 +28,7 @@ from typing import Any, Final, TypeVar
 
 import click
 
+from mrc import units
 from mrc.collective import COMPRESSIONS, PARTIAL_SUMS, Config
 from mrc.errors import UsageError
 from mrc.sim import experiments as exps
@@ -37,7 +38,6 @@ from mrc.transport import QpAttr
 
 from .output import Output, json_option, table
 
-_SIZE_UNITS: Final = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 _TIME_UNITS: Final = {"": 1, "ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
 MAX_SIZE: Final = 4 << 30
 
@@ -45,11 +45,11 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def parse_size(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text, re.IGNORECASE)
-    if not m:
-        raise UsageError(f"bad size {text!r} (examples: 4096, 64K, 64M, 1G)")
-    n = int(m.group(1)) * _SIZE_UNITS[m.group(2).upper()]
-    if not 0 < n <= MAX_SIZE:
+    try:
+        n = units.parse_size(text)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if n > MAX_SIZE:
         raise UsageError(f"size must be 1 byte .. 4G, got {text!r}")
     return n
 

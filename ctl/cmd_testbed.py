@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import click
 
-from mrc import topology
+from mrc import topology, units
 from mrc.dataplane import netns
 from mrc.dataplane import testbed as tbmod
 from mrc.errors import MrcError, UsageError
@@ -305,8 +305,8 @@ def link_set(
     if rate is None and delay is None:
         raise UsageError("nothing to set: give --rate and/or --delay")
     try:
-        rate_bps = topology.parse_rate(rate) if rate is not None else None
-        delay_us = topology.parse_delay_us(delay) if delay is not None else None
+        rate_bps = units.parse_rate(rate) if rate is not None else None
+        delay_us = units.parse_delay_us(delay) if delay is not None else None
     except ValueError as e:
         raise UsageError(str(e)) from None
     tb = tbmod.set_link(tbmod.resolve_name(name), node_a, node_b, rate_bps=rate_bps, delay_us=delay_us)

@@ -38,6 +38,7 @@ from pathlib import Path as FsPath
 from typing import Any, Final
 
 from .errors import ConfigError
+from .units import parse_delay_us, parse_rate, parse_size
 
 ROLE_LEAF: Final = 1
 ROLE_SPINE: Final = 2
@@ -53,71 +54,7 @@ DEFAULT_MRC_PREFIX: Final = ipaddress.IPv6Network("fd00::/48")
 _NAME_RE: Final = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 _SWITCH_NAME_RE: Final = re.compile(r"^p\d+[ls]\d+$")
 
-_RATE_UNITS: Final = {
-    "bit": 1, "bps": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12,
-    "k": 10**3, "m": 10**6, "g": 10**9,
-}
-_TIME_UNITS: Final = {"s": 10**6, "ms": 10**3, "us": 1}
-_SIZE_UNITS: Final = {
-    "b": 1, "kb": 1000, "mb": 1000**2, "kib": 1024, "mib": 1024**2, "k": 1024, "m": 1024**2,
-}
-
-
 # ------------------------------------------------------------------------------------------- values
-
-
-def parse_rate(value: Any) -> int:
-    """A rate in bit/s: an integer, or a string in tc's units (``"100mbit"``, ``"2.5gbit"``)."""
-    if isinstance(value, bool):
-        raise ValueError(f"not a rate: {value!r}")
-    if isinstance(value, int):
-        bits = value
-    elif isinstance(value, str):
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
-        if not m or m.group(2).lower() not in _RATE_UNITS | {"": 1}:
-            raise ValueError(f"not a rate: {value!r} (examples: 100mbit, 1gbit, 500000)")
-        bits = int(float(m.group(1)) * _RATE_UNITS.get(m.group(2).lower(), 1))
-    else:
-        raise ValueError(f"not a rate: {value!r}")
-    if bits <= 0:
-        raise ValueError(f"rate must be positive, got {value!r}")
-    return bits
-
-
-def parse_delay_us(value: Any) -> int:
-    """A delay in microseconds: an integer (µs) or a string (``"0"``, ``"50us"``, ``"2ms"``)."""
-    if isinstance(value, bool):
-        raise ValueError(f"not a delay: {value!r}")
-    if isinstance(value, int):
-        us = value
-    elif isinstance(value, str):
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
-        if not m or m.group(2).lower() not in _TIME_UNITS | {"": 1}:
-            raise ValueError(f"not a delay: {value!r} (examples: 0, 50us, 2ms)")
-        us = round(float(m.group(1)) * _TIME_UNITS.get(m.group(2).lower(), 1))
-    else:
-        raise ValueError(f"not a delay: {value!r}")
-    if us < 0:
-        raise ValueError(f"delay must not be negative, got {value!r}")
-    return us
-
-
-def parse_size(value: Any) -> int:
-    """A size in bytes: an integer or a string (``"128KiB"``, ``"64kb"`` = 64000, ``"1MiB"``)."""
-    if isinstance(value, bool):
-        raise ValueError(f"not a size: {value!r}")
-    if isinstance(value, int):
-        n = value
-    elif isinstance(value, str):
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
-        if not m or m.group(2).lower() not in _SIZE_UNITS | {"": 1}:
-            raise ValueError(f"not a size: {value!r} (examples: 131072, 128KiB, 1MiB)")
-        n = int(float(m.group(1)) * _SIZE_UNITS.get(m.group(2).lower(), 1))
-    else:
-        raise ValueError(f"not a size: {value!r}")
-    if n <= 0:
-        raise ValueError(f"size must be positive, got {value!r}")
-    return n
 
 
 def format_rate(bits: int) -> str:

@@ -91,7 +91,7 @@ def test_plot_is_a_png(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> No
         (["failover", "--fail-at", "5ms"], "inside the run"),
         (["incast", "--senders", "40", "--leaves", "2"], "senders need"),
         (["incast", "--ecn", "1M", "--buffer", "512K"], "must not exceed"),
-        (["incast", "--size", "lots"], "bad size"),
+        (["incast", "--size", "lots"], "not a size"),
     ],
 )
 def test_bad_input(capsys: pytest.CaptureFixture[str], args: list[str], needle: str) -> None:

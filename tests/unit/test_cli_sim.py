@@ -38,7 +38,7 @@ def test_loopback_text_report(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--size", "12Q"], "bad size"),
+        (["--size", "12Q"], "not a size"),
         (["--blackhole-plane", "9@1us"], "does not exist"),
         (["--blackhole-plane", "1@2ms-1ms"], "heals before"),
         (["--loss", "1.5"], "probability"),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mrc import topology
+from mrc import topology, units
 from mrc.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,15 +95,15 @@ def test_small_loads() -> None:
 
 
 def test_units() -> None:
-    assert topology.parse_rate("100mbit") == 100_000_000
-    assert topology.parse_rate("2.5gbit") == 2_500_000_000
-    assert topology.parse_rate(12345) == 12345
-    assert topology.parse_size("128KiB") == 131072
-    assert topology.parse_delay_us("2ms") == 2000
+    assert units.parse_rate("100mbit") == 100_000_000
+    assert units.parse_rate("2.5gbit") == 2_500_000_000
+    assert units.parse_rate(12345) == 12345
+    assert units.parse_size("128KiB") == 131072
+    assert units.parse_delay_us("2ms") == 2000
     assert topology.format_rate(200_000_000) == "200mbit"
     for bad in ("fast", "-3mbit", 0, True):
         with pytest.raises(ValueError):
-            topology.parse_rate(bad)
+            units.parse_rate(bad)
 
 
 BASE = """
@@ -158,3 +158,16 @@ def test_state_roundtrip(default: topology.Topology) -> None:
     again = topology.from_dict(default.to_dict(), source="state")
     assert again.paths() == default.paths()
     assert again.link == default.link
+
+
+def test_sizes_mean_the_same_bytes_in_files_and_commands() -> None:
+    """One parser (mrc.units): `64K` in a topology file is `64K` on every mrcctl command."""
+    from mrc.ctl.cmd_allreduce import parse_size as allreduce_size
+    from mrc.ctl.cmd_sim import parse_size as sim_size
+
+    for text, n in (("64K", 65536), ("64KB", 65536), ("64KiB", 65536), ("1.5M", 3 << 19), ("4096", 4096)):
+        assert units.parse_size(text) == sim_size(text) == allreduce_size(text) == n
+    assert units.parse_rate("1bps") == 8  # tc: bytes per second
+    for bad in ("1.5", "0", "-1", "10 furlongs", True, 2.5):
+        with pytest.raises(ValueError):
+            units.parse_size(bad)
