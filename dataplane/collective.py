@@ -202,6 +202,12 @@ class MrcTransport:
     def world_size(self) -> int:
         return self._n
 
+    @property
+    def send_window(self) -> int:
+        """Messages that may be outstanding toward one peer before `send` waits for a credit (the ring
+        pipelines this many segments: mrc.collective.ring.send_window)."""
+        return self.slots
+
     def _pump(self, p: int, timeout: float) -> None:
         """Handle the completions of the QP toward `p` (waiting up to `timeout` for the first)."""
         for wc in self.client.poll_wc(self.qps[p], timeout=timeout):

@@ -125,22 +125,16 @@ def allreduce(t: Transport, x: npt.ArrayLike, cfg: Config, step: int = 0, residu
 
 
 class _Chunks:
-    """How one strategy represents chunk c: `start` (own data -> working form), `pack` (working form with k
-    contributions -> message), `unpack` (message -> working form), `finish` (working form -> float32).
-    `sizes[c]`: the segment sizes of chunk c (set by the ring before use; both ends know the layout)."""
+    """How one strategy represents a segment of chunk c: `pack` (segment i of chunk c, holding k
+    contributions -> message), `unpack` (message -> float32 segment). Segment i of every message about
+    chunk c has the size `sizes[c][i]` (set by the ring before use; both ends know the layout)."""
 
     sizes: dict[int, list[int]]
 
-    def start(self, c: int, data: F32) -> list[F32]:
+    def pack(self, c: int, i: int, seg: F32, k: int) -> bytes:
         raise NotImplementedError
 
-    def pack(self, c: int, work: list[F32], k: int) -> bytes:
-        raise NotImplementedError
-
-    def unpack(self, c: int, msg: bytes) -> list[F32]:
-        raise NotImplementedError
-
-    def finish(self, c: int, work: list[F32], length: int) -> F32:
+    def unpack(self, c: int, i: int, msg: bytes) -> F32:
         raise NotImplementedError
 
     def bits(self, n: int) -> tuple[float, ...]:
@@ -148,53 +142,41 @@ class _Chunks:
 
 
 class _RawChunks(_Chunks):
-    def start(self, c: int, data: F32) -> list[F32]:
-        return [data.copy()]
+    def pack(self, c: int, i: int, seg: F32, k: int) -> bytes:
+        return seg.tobytes()
 
-    def pack(self, c: int, work: list[F32], k: int) -> bytes:
-        return work[0].tobytes()
-
-    def unpack(self, c: int, msg: bytes) -> list[F32]:
-        return [np.frombuffer(msg, np.float32).copy()]
-
-    def finish(self, c: int, work: list[F32], length: int) -> F32:
-        return work[0]
+    def unpack(self, c: int, i: int, msg: bytes) -> F32:
+        out = np.frombuffer(msg, np.float32).copy()
+        if out.size != self.sizes[c][i]:
+            raise UsageError(f"chunk segment of {out.size} elements received where "
+                             f"{self.sizes[c][i]} were expected")
+        return out
 
 
 class _CodecChunks(_Chunks):
-    """Naive: the chunk's segments in the original domain, each frame a mrc.quant codec buffer."""
+    """Naive: each segment in the original domain, one mrc.quant codec frame per message."""
 
     def __init__(self, cfg: Config, step: int) -> None:
         self.cfg = cfg
         self.step = step
 
-    def start(self, c: int, data: F32) -> list[F32]:
-        out, pos = [], 0
-        for size in frame.segments(data.size):
-            out.append(data[pos : pos + size].copy())
-            pos += size
-        return out
-
     def _bits(self, k: int) -> float:
         return float(self.cfg.bits)
 
-    def pack(self, c: int, work: list[F32], k: int) -> bytes:
-        frames = [
-            encode(seg, self.cfg.scheme, self._bits(k),
-                   seed=derive_seed(self.cfg.seed, self.step, 1, c, i, k))
-            for i, seg in enumerate(work)
-        ]
-        return frame.join(frames)
+    def pack(self, c: int, i: int, seg: F32, k: int) -> bytes:
+        return frame.join([encode(seg, self.cfg.scheme, self._bits(k),
+                                  seed=derive_seed(self.cfg.seed, self.step, 1, c, i, k))])
 
-    def unpack(self, c: int, msg: bytes) -> list[F32]:
-        return [np.asarray(decode(f), np.float32) for f in frame.split(msg, len(self.sizes[c]))]
-
-    def finish(self, c: int, work: list[F32], length: int) -> F32:
-        return np.concatenate(work) if work else np.zeros(0, np.float32)
+    def unpack(self, c: int, i: int, msg: bytes) -> F32:
+        (f,) = frame.split(msg, 1)
+        out = np.asarray(decode(f), np.float32)
+        if out.size != self.sizes[c][i]:
+            raise UsageError(f"chunk segment of {out.size} elements received where "
+                             f"{self.sizes[c][i]} were expected")
+        return out
 
     def bits(self, n: int) -> tuple[float, ...]:
         return tuple([float(self.cfg.bits)] * n)
-
 
 
 class _ScheduledChunks(_CodecChunks):
@@ -213,55 +195,111 @@ class _ScheduledChunks(_CodecChunks):
         return self.schedule
 
 
-def _accumulate(acc: list[F32], own: list[F32]) -> list[F32]:
-    """Incoming (decoded into fresh arrays) += own, in place, segment by segment."""
-    for a, o in zip(acc, own, strict=True):
-        if a.shape != o.shape:
-            raise UsageError(f"chunk segment of {a.size} elements received where {o.size} were expected")
-        a += o
-    return acc
-
-
-def _residual(rep: _Chunks, c: int, exact: list[F32], msg: bytes) -> list[F32]:
-    return [e - q for e, q in zip(exact, rep.unpack(c, msg), strict=True)]
+def send_window(t: Transport) -> int:
+    """How many messages a rank may have posted to one peer, not yet consumed there, without `send`
+    blocking (a transport's `send_window` attribute; 1 when it does not say: the safe assumption)."""
+    return max(1, int(getattr(t, "send_window", 1)))
 
 
 def _ring(t: Transport, a: F32, cfg: Config, step: int, rep: _Chunks, want_residual: bool) -> Result:
+    """Ring reduce-scatter + all-gather, pipelined by segment.
+
+    Message g (g = 0 .. 2 (n-1) m - 1, m segments per chunk) is segment g % m of ring step g // m:
+    steps 0..n-2 reduce-scatter (step s carries chunk (r - s) with s + 1 contributions), steps
+    n-1..2n-3 all-gather (the frame of each chunk's full sum, forwarded as is). Message g + m can only
+    be built once message g came in from the left (it holds that partial sum, or is that frame), so
+    each rank sends messages 0 .. L-1, then for every g receives message g, processes it and sends
+    message g + L (L = min(m, send window)). Encoding segment i + 1 then overlaps with segment i on the
+    wire and at the next ranks, instead of a whole chunk waiting for the previous hop. Deadlock-free: a
+    rank waiting for message g has L messages outstanding toward its right, which the window allows.
+    The seeds, bits and bytes of every frame are those of the unpipelined ring (segment i of chunk c at
+    hop k is seeded by (seed, step, c, i, k)), so the result does not depend on L."""
     n, r = t.world_size, t.rank
     right, left = (r + 1) % n, (r - 1) % n
     bounds = chunk_bounds(a.size, n)
     sizes = {c: frame.segments(e - s) for c, (s, e) in enumerate(bounds)}
     rep.sizes = sizes
     io = _Counter(t)
-    own = {c: rep.start(c, a[s:e]) for c, (s, e) in enumerate(bounds)}
-    # reduce-scatter: at step s this rank sends chunk (r - s) holding s + 1 contributions
-    work = own[r % n]
-    resid: dict[int, list[F32]] = {}
-    for s in range(n - 1):
-        c_send = (r - s) % n
-        msg = rep.pack(c_send, work, s + 1)
-        if want_residual:
-            resid[c_send] = _residual(rep, c_send, work, msg)
-        io.send(right, _TAG_RS + s, msg)
-        c_recv = (r - s - 1) % n
-        work = _accumulate(rep.unpack(c_recv, t.recv(left, _TAG_RS + s)), own[c_recv])
-    # this rank owns chunk (r + 1) % n: the frame of its full sum travels n - 1 hops
-    mine = (r + 1) % n
-    msg = rep.pack(mine, work, n)
-    final: dict[int, list[F32]] = {mine: rep.unpack(mine, msg)}
-    if want_residual:
-        resid[mine] = [e - q for e, q in zip(work, final[mine], strict=True)]
-    for s in range(n - 1):
-        io.send(right, _TAG_AG + s, msg)
-        c_recv = (r - s) % n
-        msg = t.recv(left, _TAG_AG + s)
-        final[c_recv] = rep.unpack(c_recv, msg)
+
+    def own(c: int, i: int) -> F32:
+        lo = bounds[c][0] + sum(sizes[c][:i])
+        return a[lo : lo + sizes[c][i]]
+
+    # chunks differ by at most one element, but their segment lists may differ in length (2^21 elements
+    # are two segments, 2^21 - 1 are many): m is the longest; a step's message i is skipped (neither sent
+    # nor expected) when its chunk has no segment i
+    m = max(len(v) for v in sizes.values())
+    total = 2 * (n - 1) * m
+    final: dict[int, dict[int, F32]] = {c: {} for c in range(n)}
+    resid: dict[int, dict[int, F32]] = {c: {} for c in range(n)}
+    out_msgs: dict[int, bytes] = {}
+
+    def build_first(g: int) -> None:
+        c, i = r % n, g
+        if i < len(sizes[c]):
+            msg = rep.pack(c, i, own(c, i), 1)
+            out_msgs[g] = msg
+            if want_residual:
+                resid[c][i] = own(c, i) - rep.unpack(c, i, msg)
+
+    def receive(g: int) -> None:
+        s, i = divmod(g, m)
+        if s < n - 1:  # reduce-scatter: the left's partial sum of chunk (r - s - 1) with s + 1 parts
+            c = (r - s - 1) % n
+            if i >= len(sizes[c]):
+                return
+            work = rep.unpack(c, i, t.recv(left, _TAG_RS + _tag(s, i)))
+            work += own(c, i)
+            msg = rep.pack(c, i, work, s + 2)
+            out_msgs[g + m] = msg
+            dec = None
+            if s == n - 2:  # c == (r + 1) % n, owned here: this frame is the chunk's result everywhere
+                dec = final[c][i] = rep.unpack(c, i, msg)
+            if want_residual:
+                resid[c][i] = work - (dec if dec is not None else rep.unpack(c, i, msg))
+        else:  # all-gather: the frame of chunk (r - t) (t = s - (n - 1)), forwarded unchanged
+            c = (r - (s - (n - 1))) % n
+            if i >= len(sizes[c]):
+                return
+            msg = t.recv(left, _TAG_AG + _tag(s - (n - 1), i))
+            final[c][i] = rep.unpack(c, i, msg)
+            if g + m < total:
+                out_msgs[g + m] = msg
+
+    def send(g: int) -> None:
+        msg = out_msgs.pop(g, None)
+        if msg is None:
+            return  # a segment the (shorter) chunk does not have
+        s, i = divmod(g, m)
+        tag = _TAG_RS + _tag(s, i) if s < n - 1 else _TAG_AG + _tag(s - (n - 1), i)
+        io.send(right, tag, msg)
+
+    lead = min(m, send_window(t))
+    for g in range(lead):
+        build_first(g)
+        send(g)
+    for g in range(total):
+        receive(g)
+        nxt = g + lead
+        if nxt < total:
+            if nxt < m:
+                build_first(nxt)
+            send(nxt)
     t.flush()
-    out = np.concatenate([rep.finish(c, final[c], e - s) for c, (s, e) in enumerate(bounds)])
+    out = np.concatenate([_join(final[c], len(sizes[c])) for c in range(n)])
     rvec = None
     if want_residual:
-        rvec = np.concatenate([rep.finish(c, resid[c], e - s) for c, (s, e) in enumerate(bounds)])
+        rvec = np.concatenate([_join(resid[c], len(sizes[c])) for c in range(n)])
     return Result(out.astype(np.float32, copy=False), io.bytes, io.messages, rep.bits(n), rvec)
+
+
+def _tag(step: int, seg: int) -> int:
+    """A message's tag within its phase: the ring step and the segment (checked by the receiver)."""
+    return ((step & 0xFFF) << 8) | (seg & 0xFF)
+
+
+def _join(parts: dict[int, F32], count: int) -> F32:
+    return np.concatenate([parts[i] for i in range(count)]) if count else np.zeros(0, np.float32)
 
 
 def _oneshot(t: Transport, a: F32, cfg: Config, step: int, want_residual: bool) -> Result:

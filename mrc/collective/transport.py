@@ -10,6 +10,11 @@ Ordering contract: chunks from one sender to one receiver are delivered in the o
 `recv` names the tag it expects and a transport raises `TransportError` if a different one arrives (a
 protocol bug, never silently mixed up). `send` may return before the peer has received the chunk (the
 caller must not reuse the buffer until `flush`); `recv` blocks, with a deadline.
+
+Optional: a transport may say, as `send_window` (an int attribute), how many messages it lets one rank
+have posted to one peer and not yet consumed there before `send` blocks (MRC ranks: the slots per peer).
+The ring pipelines that many segments; a transport that does not say gets 1 (no pipelining, never a
+deadlock).
 """
 
 from __future__ import annotations
@@ -76,6 +81,9 @@ class InProcTransport:
             raise ValueError(f"rank {rank} outside 0..{hub.n - 1}")
         self._hub = hub
         self._rank = rank
+
+    # queues are unbounded: send never blocks, any number of messages may be outstanding (ring.send_window)
+    send_window = 1 << 30
 
     @property
     def rank(self) -> int:
