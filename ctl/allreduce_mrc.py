@@ -14,6 +14,10 @@ an iteration reports `failed_link_down` when the link was down at any moment bet
 With `sample_s` the per-plane bytes sent by every host's egress program (mrcd's `stats`) are sampled in a
 thread: `timeline()` gives per-plane throughput over time with the iterations and the failure on the
 same clock.
+
+`RankProcesses` (the rank processes' life: start in their own sessions, JSON lines both ways, end by PID
+on every exit path), `serve_store` (the rendezvous this process serves), `rank_env` (one BLAS thread) and
+`slot_bytes` (the largest message) are shared with the DDP ranks (ctl/ddp_rank.py).
 """
 
 from __future__ import annotations
@@ -55,6 +59,122 @@ def slot_bytes(size_bytes: int, ranks: int, algorithm: str) -> int:
     return 4 * biggest + 4096 + 256 * len(cframe.segments(biggest))
 
 
+def rank_env() -> dict[str, str]:
+    """The rank processes' environment: one BLAS thread per rank. n processes each spinning a thread pool
+    on a small machine slow the codec's dot products twenty-fold (measured: 570 -> 28 ms for 1 MiB at 4
+    ranks on 2 cores)."""
+    env = dict(os.environ)
+    for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.setdefault(k, "1")
+    return env
+
+
+def serve_store(choice: str, rundir: Path, timeout_s: float) -> tuple[Any, str, str]:
+    """The rendezvous served from this process: (store object to keep alive, URL for the ranks, name).
+    `tcpstore`: torch.distributed's TCPStore on 127.0.0.1, an ephemeral port; `file`: JSON files in
+    `rundir`; `auto`: TCPStore when torch is importable."""
+    if choice not in RENDEZVOUS:
+        raise MrcError(f"rendezvous must be one of {', '.join(RENDEZVOUS)}")
+    if choice == "tcpstore" and not torch_available():
+        raise MrcError("rendezvous tcpstore needs torch (torch.distributed)")
+    if choice == "tcpstore" or (choice == "auto" and torch_available()):
+        import datetime
+
+        import torch.distributed as dist
+
+        store = dist.TCPStore(  # type: ignore[attr-defined]
+            "127.0.0.1", 0, None, True, datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+        return store, f"tcp://127.0.0.1:{store.port}", "torch TCPStore"
+    return None, f"file:{rundir / 'rendezvous'}", "json files"
+
+
+class RankProcesses:
+    """Rank processes of one run, rank r on hosts[r]: each started in its own session with a JSON-lines
+    protocol (commands on stdin, one answer per line on stdout: {"ready"|"ok": ...} or {"error": ...}),
+    stderr to `rundir/rank<r>.log`; `close` ends them by PID on every exit path (a `quit` line, then
+    SIGTERM, then SIGKILL) — a rank whose launcher vanished sees end of stdin and leaves."""
+
+    def __init__(self, hosts: list[str], rundir: Path) -> None:
+        self.hosts = hosts
+        self.rundir = rundir
+        self.procs: list[subprocess.Popen[str]] = []
+        self.logs: list[IO[bytes]] = []
+
+    def start(self, cmd: list[str], env: dict[str, str]) -> None:
+        """Start the next rank (rank len(procs))."""
+        log = open(self.rundir / f"rank{len(self.procs)}.log", "wb")  # noqa: SIM115 (closed in close())
+        self.logs.append(log)
+        self.procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                           text=True, start_new_session=True, env=env))
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> list[Any]:
+        return [self.answer(r, timeout, "ready") for r in range(len(self.procs))]
+
+    def log_tail(self, r: int) -> str:
+        try:
+            lines = (self.rundir / f"rank{r}.log").read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return lines[-1] if lines else ""
+
+    def answer(self, r: int, timeout: float, key: str = "ok") -> Any:
+        p = self.procs[r]
+        assert p.stdout is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise MrcError(f"rank {r} ({self.hosts[r]}): no answer within {timeout:.0f} s")
+            rd, _, _ = select.select([p.stdout], [], [], min(left, 1.0))
+            if rd:
+                line = p.stdout.readline()
+                if not line:
+                    p.wait(5)
+                    tail = self.log_tail(r)
+                    raise MrcError(f"rank {r} ({self.hosts[r]}) exited (status {p.returncode})"
+                                   + (f": {tail}" if tail else ""))
+                doc = json.loads(line)
+                if "error" in doc:
+                    raise MrcError(str(doc["error"]))
+                return doc[key]
+
+    def send(self, r: int, doc: dict[str, Any]) -> None:
+        p = self.procs[r]
+        assert p.stdin is not None
+        try:
+            p.stdin.write(json.dumps(doc) + "\n")
+            p.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise MrcError(f"rank {r} ({self.hosts[r]}) is gone: {self.log_tail(r)}") from None
+
+    def close(self) -> None:
+        for r, p in enumerate(self.procs):
+            if p.poll() is None:
+                with contextlib.suppress(MrcError):
+                    self.send(r, {"op": "quit"})
+        deadline = time.monotonic() + 10
+        for p in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(max(0.1, deadline - time.monotonic()))
+        for p in self.procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGTERM)
+                try:
+                    p.wait(5)
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(p.pid, signal.SIGKILL)
+                    p.wait(5)
+            for f in (p.stdin, p.stdout):
+                if f is not None:
+                    with contextlib.suppress(OSError):
+                        f.close()
+        for log in self.logs:
+            log.close()
+        self.logs = []
+
+
 class MrcRunner:
     name = "mrc"
 
@@ -82,8 +202,6 @@ class MrcRunner:
         self.timeout_s = timeout_s
         self.progress = progress
         self.slot_bytes = slot_bytes(size_bytes, ranks, algorithm)
-        self.procs: list[subprocess.Popen[str]] = []
-        self.logs: list[IO[bytes]] = []
         self.store: Any = None
         self.rendezvous = ""
         self.t_ref: int | None = None
@@ -97,6 +215,8 @@ class MrcRunner:
         self._sampler: threading.Thread | None = None
         base = "/dev/shm" if os.path.isdir("/dev/shm") else None
         self.rundir = Path(tempfile.mkdtemp(prefix="mrc-allreduce-", dir=base))
+        self.ranks = RankProcesses(self.hosts, self.rundir)
+        self.procs = self.ranks.procs  # the rank processes (Popen), rank r at index r
         try:
             self._start()
         except BaseException:
@@ -105,77 +225,22 @@ class MrcRunner:
 
     # -- ranks
     def _start(self) -> None:
-        choice = self.rendezvous_choice
-        if choice == "tcpstore" and not torch_available():
-            raise MrcError("rendezvous tcpstore needs torch (torch.distributed)")
-        if choice == "tcpstore" or (choice == "auto" and torch_available()):
-            import datetime
-
-            import torch.distributed as dist
-
-            self.store = dist.TCPStore(  # type: ignore[attr-defined]
-                "127.0.0.1", 0, None, True, datetime.timedelta(seconds=self.timeout_s),
-                wait_for_workers=False)
-            url = f"tcp://127.0.0.1:{self.store.port}"
-            self.rendezvous = "torch TCPStore"
-        else:
-            url = f"file:{self.rundir / 'rendezvous'}"
-            self.rendezvous = "json files"
+        self.store, url, self.rendezvous = serve_store(self.rendezvous_choice, self.rundir, self.timeout_s)
         self.progress(f"  {len(self.hosts)} rank processes on {', '.join(self.hosts)} "
                       f"(rendezvous: {self.rendezvous}; slots of {self.slot_bytes} B)")
-        # one BLAS thread per rank: n processes each spinning a thread pool on a small machine slow the
-        # codec's dot products twenty-fold (measured: 570 -> 28 ms for 1 MiB at 4 ranks on 2 cores)
-        env = dict(os.environ)
-        for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-            env.setdefault(k, "1")
+        env = rank_env()
         for r, h in enumerate(self.hosts):
-            log = open(self.rundir / f"rank{r}.log", "wb")  # noqa: SIM115 (closed in close())
-            self.logs.append(log)
-            cmd = [sys.executable, "-m", "mrc.ctl.allreduce_rank", "--rank", str(r), "--hosts",
-                   ",".join(self.hosts), "--ns", self.tb.ns(h), "--store", url,
-                   "--slot-bytes", str(self.slot_bytes), "--timeout", str(self.timeout_s),
-                   "--prefix", f"ar{os.getpid()}"]
-            self.procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                               stderr=log, text=True, start_new_session=True, env=env))
-        for r in range(len(self.procs)):
-            self._answer(r, READY_TIMEOUT_S, "ready")
-
-    def _log_tail(self, r: int) -> str:
-        try:
-            lines = (self.rundir / f"rank{r}.log").read_text(errors="replace").strip().splitlines()
-        except OSError:
-            return ""
-        return lines[-1] if lines else ""
+            self.ranks.start([sys.executable, "-m", "mrc.ctl.allreduce_rank", "--rank", str(r), "--hosts",
+                              ",".join(self.hosts), "--ns", self.tb.ns(h), "--store", url,
+                              "--slot-bytes", str(self.slot_bytes), "--timeout", str(self.timeout_s),
+                              "--prefix", f"ar{os.getpid()}"], env)
+        self.ranks.wait_ready()
 
     def _answer(self, r: int, timeout: float, key: str = "ok") -> Any:
-        p = self.procs[r]
-        assert p.stdout is not None
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise MrcError(f"rank {r} ({self.hosts[r]}): no answer within {timeout:.0f} s")
-            rd, _, _ = select.select([p.stdout], [], [], min(left, 1.0))
-            if rd:
-                line = p.stdout.readline()
-                if not line:
-                    p.wait(5)
-                    tail = self._log_tail(r)
-                    raise MrcError(f"rank {r} ({self.hosts[r]}) exited (status {p.returncode})"
-                                   + (f": {tail}" if tail else ""))
-                doc = json.loads(line)
-                if "error" in doc:
-                    raise MrcError(str(doc["error"]))
-                return doc[key]
+        return self.ranks.answer(r, timeout, key)
 
     def _send(self, r: int, doc: dict[str, Any]) -> None:
-        p = self.procs[r]
-        assert p.stdin is not None
-        try:
-            p.stdin.write(json.dumps(doc) + "\n")
-            p.stdin.flush()
-        except (BrokenPipeError, OSError):
-            raise MrcError(f"rank {r} ({self.hosts[r]}) is gone: {self._log_tail(r)}") from None
+        self.ranks.send(r, doc)
 
     # -- failure and sampling
     def _begin(self) -> None:
@@ -309,30 +374,7 @@ class MrcRunner:
                 with contextlib.suppress(Exception):
                     tbmod.set_link(self.testbed, self.fail_link[0], self.fail_link[1], up=True)
                 self.down[-1] = (self.down[-1][0], time.monotonic_ns())
-        for r, p in enumerate(self.procs):
-            if p.poll() is None:
-                with contextlib.suppress(MrcError):
-                    self._send(r, {"op": "quit"})
-        deadline = time.monotonic() + 10
-        for p in self.procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(max(0.1, deadline - time.monotonic()))
-        for p in self.procs:
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p.pid, signal.SIGTERM)
-                try:
-                    p.wait(5)
-                except subprocess.TimeoutExpired:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(p.pid, signal.SIGKILL)
-                    p.wait(5)
-            for f in (p.stdin, p.stdout):
-                if f is not None:
-                    with contextlib.suppress(OSError):
-                        f.close()
-        for log in self.logs:
-            log.close()
+        self.ranks.close()
         self.store = None
         shutil.rmtree(self.rundir, ignore_errors=True)
 

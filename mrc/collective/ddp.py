@@ -8,10 +8,13 @@
 `mrc_hook(state, bucket) -> torch.futures.Future[Tensor]` returns the averaged bucket, bit-identical on
 every rank. For the first `start_iter` iterations (DDP rebuilds its buckets after the first one, and early
 gradients are the most sensitive) it runs the process group's uncompressed all_reduce; afterwards the
-bucket goes through `mrc.collective.allreduce` with the process group as its transport
-(`TorchTransport`: tagged point-to-point send/recv of byte chunks — gloo or any backend with p2p). With
-`error_feedback`, each rank adds to its next gradient the residual its own quantizations left out of the
-sum (per bucket index), so the errors do not accumulate over iterations.
+bucket goes through `mrc.collective.allreduce` over a `Transport`: by default the process group itself
+(`TorchTransport`: tagged point-to-point send/recv of byte chunks — gloo or any backend with p2p), or the
+one given as `MrcHookState(transport=...)` — e.g. `mrc.dataplane.collective.MrcTransport`, chunks as
+WRITE-with-immediate through the host's mrcd (ctl/ddp_rank.py), or an in-process transport in tests —
+whose rank and world size must be the process group's. With `error_feedback`, each rank adds to its next
+gradient the residual its own quantizations left out of the sum (per bucket index), so the errors do not
+accumulate over iterations.
 
 torch is imported here only, and lazily: `mrc.collective` itself never imports it.
 """
@@ -23,6 +26,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from .ring import Config, allreduce
+from .transport import Transport
 
 if TYPE_CHECKING:
     import torch
@@ -86,20 +90,27 @@ class TorchTransport:
 
 class MrcHookState:
     """State of `mrc_hook`, in the style of PowerSGDState. `iter` counts optimizer steps (it advances when
-    DDP hands over the last bucket of an iteration)."""
+    DDP hands over the last bucket of an iteration).
+
+    `transport`: where the compressed ring runs (None: the process group itself, `TorchTransport`). Any
+    `mrc.collective.Transport` whose `rank` and `world_size` are this rank's in the process group (checked
+    here when the group is already initialised, and at every compressed bucket); the warm-up iterations
+    still use the group's own all_reduce. Its messages must fit it: for `MrcTransport`, slots of
+    `mrc.ctl.allreduce_mrc.slot_bytes(largest bucket bytes, world size, "ring")`."""
 
     __slots__ = (
         "bits", "correlation", "error_feedback", "iter", "partial_sums", "process_group", "residuals",
-        "scheme", "seed", "start_iter", "wire_bytes",
+        "scheme", "seed", "start_iter", "transport", "wire_bytes",
     )
 
     def __init__(
         self, process_group: dist.ProcessGroup | None = None, bits: float = 4.0,
         scheme: str = "eden-unbiased", seed: int = 0, start_iter: int = 1, error_feedback: bool = False,
-        partial_sums: str = "aware", correlation: float = 0.0,
+        partial_sums: str = "aware", correlation: float = 0.0, transport: Transport | None = None,
     ) -> None:
         Config(scheme, float(bits), partial_sums, correlation=correlation)  # validate early
         self.process_group = process_group
+        self.transport = transport
         self.bits = float(bits)
         self.scheme = scheme
         self.seed = seed
@@ -110,6 +121,24 @@ class MrcHookState:
         self.iter = 0
         self.residuals: dict[int, np.ndarray[Any, np.dtype[np.float32]]] = {}
         self.wire_bytes = 0  # bytes this rank posted through the compressed path so far
+
+        if transport is not None:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                self.check_transport()
+
+    def check_transport(self) -> None:
+        """The given transport must be this rank's place in the process group (same rank, same size)."""
+        t = self.transport
+        if t is None:
+            return
+        import torch.distributed as dist
+
+        rank, world = dist.get_rank(self.process_group), dist.get_world_size(self.process_group)
+        if (t.rank, t.world_size) != (rank, world):
+            raise ValueError(f"MrcHookState: the transport is rank {t.rank} of {t.world_size}, the process "
+                             f"group's rank is {rank} of {world}: they must match")
 
     def maybe_increase_iter(self, bucket: GradBucket) -> None:
         if bucket.is_last():
@@ -139,8 +168,12 @@ def mrc_hook(state: MrcHookState, bucket: GradBucket) -> torch.futures.Future[to
             x += r
     cfg = Config(state.scheme, state.bits, state.partial_sums, seed=state.seed, correlation=state.correlation)
     # the same step on every rank: iterations and bucket indices advance in lockstep under DDP
-    res = allreduce(TorchTransport(state.process_group), x, cfg, step=(state.iter << 16) | idx,
-                    residual=state.error_feedback)
+    if state.transport is None:
+        transport: Transport = TorchTransport(state.process_group)
+    else:
+        state.check_transport()
+        transport = state.transport
+    res = allreduce(transport, x, cfg, step=(state.iter << 16) | idx, residual=state.error_feedback)
     if state.error_feedback and res.residual is not None:
         state.residuals[idx] = res.residual
     state.wire_bytes += res.wire_bytes
