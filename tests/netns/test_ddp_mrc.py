@@ -13,7 +13,10 @@ testbed and daemons come from test_daemon.py's fixture (removed at the end, also
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -112,3 +115,18 @@ def test_ddp_over_mrc_tracks_uncompressed(tb: dict[str, Any]) -> None:  # noqa: 
           f"egress bytes {[tx1[x] - tx0[x] for x in hosts]}; "
           f"train time MRC {hooked['ranks'][0]['time_s']:.2f} s, plain {base['ranks'][0]['time_s']:.2f} s; "
           f"test body {time.monotonic() - t_start:.1f} s")
+
+
+def test_cli_ddp_train(tb: dict[str, Any]) -> None:  # noqa: F811
+    r = subprocess.run([sys.executable, "-m", "mrc.ctl.cli", "-j", "ddp", "train", "-n", tb["name"],
+                        "--ranks", "2", "--steps", "12", "--bits", "4", "--timeout", "60"],
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["config"]["hosts"] == ["h0", "h1"] and doc["config"]["transport"] == "mrc"
+    assert [s["step"] for s in doc["steps"]] == list(range(12))
+    assert all(s["loss_ddp"] is not None for s in doc["steps"])
+    assert doc["summary"]["params_identical"] and doc["summary"]["max_gap"] < 0.05
+    assert doc["hooked"]["messages"] == [2 * (12 - START_ITER)] * 2
+    assert doc["summary"]["wire_bytes"] == sum(doc["hooked"]["wire_bytes"]) > 0
+    assert not _rank_pids(tb["name"])
