@@ -1,4 +1,4 @@
-"""DDP over MRC on default.toml (root): two DDP rank processes (gloo process group on 127.0.0.1, one per
+"""DDP over MRC on default.toml (root): 2 and 4 DDP rank processes (gloo process group on 127.0.0.1, one per
 testbed host) train the same small model with plain DDP and with `mrc_hook` at 4-bit unbiased EDEN whose
 compressed ring runs over `MrcTransport` (WRITE-with-immediate through each host's mrcd).
 
@@ -34,7 +34,6 @@ from test_daemon import tb  # noqa: E402,F401  (the module-scoped testbed + mrcd
 from mrc.ctl.ddp_rank import DdpRanks  # noqa: E402
 from mrc.dataplane.client import MrcClient  # noqa: E402
 
-RANKS = 2
 STEPS = 60
 START_ITER = 2
 
@@ -61,25 +60,26 @@ def _rank_pids(name: str) -> list[int]:
     return out
 
 
-def test_ddp_over_mrc_tracks_uncompressed(tb: dict[str, Any]) -> None:  # noqa: F811
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_ddp_over_mrc_tracks_uncompressed(tb: dict[str, Any], ranks: int) -> None:  # noqa: F811
     t_start = time.monotonic()
-    hosts = tb["tb"].topo.host_names()[:RANKS]
-    ranks = DdpRanks(tb["name"], RANKS, timeout_s=60)
+    hosts = tb["tb"].topo.host_names()[:ranks]
+    group = DdpRanks(tb["name"], ranks, timeout_s=60)
     try:
-        base = ranks.train(hook=False, steps=STEPS)
+        base = group.train(hook=False, steps=STEPS)
         tx0 = {h: _tx_bytes(tb, h) for h in hosts}
-        hooked = ranks.train(hook=True, transport="mrc", steps=STEPS, bits=4, scheme="eden-unbiased",
+        hooked = group.train(hook=True, transport="mrc", steps=STEPS, bits=4, scheme="eden-unbiased",
                              partial_sums="aware", seed=7, start_iter=START_ITER)
         tx1 = {h: _tx_bytes(tb, h) for h in hosts}
         # the same hook and seeds over the process group itself (gloo p2p, TorchTransport)
-        over_gloo = ranks.train(hook=True, transport="gloo", steps=STEPS, bits=4, scheme="eden-unbiased",
+        over_gloo = group.train(hook=True, transport="gloo", steps=STEPS, bits=4, scheme="eden-unbiased",
                                 partial_sums="aware", seed=7, start_iter=START_ITER)
     finally:
-        ranks.close()
+        group.close()
     # every rank process is gone, ended through the launcher
-    assert all(p.poll() is not None for p in ranks.procs)
+    assert all(p.poll() is not None for p in group.procs)
     assert not _rank_pids(tb["name"])
-    assert not ranks.rundir.exists()
+    assert not group.rundir.exists()
 
     assert base["params_identical"] and hooked["params_identical"]
     b, h = base["ranks"][0]["losses"], hooked["ranks"][0]["losses"]
@@ -96,7 +96,7 @@ def test_ddp_over_mrc_tracks_uncompressed(tb: dict[str, Any]) -> None:  # noqa: 
     compressed = STEPS - START_ITER
     for r, (host, a) in enumerate(zip(hosts, hooked["ranks"], strict=True)):
         assert a["iters"] == STEPS
-        assert a["messages"] == 2 * (RANKS - 1) * compressed, (r, a["messages"])
+        assert a["messages"] == 2 * (ranks - 1) * compressed, (r, a["messages"])
         assert a["wire_bytes"] > 0
         # what left the host's egress program (headers included) holds at least the rank's messages
         assert tx1[host] - tx0[host] >= a["wire_bytes"], (host, tx1[host] - tx0[host], a["wire_bytes"])
@@ -108,9 +108,9 @@ def test_ddp_over_mrc_tracks_uncompressed(tb: dict[str, Any]) -> None:  # noqa: 
     assert all(a["messages"] == 0 and a["wire_bytes"] == 0 for a in base["ranks"])
     # 4 bits per coordinate plus headers: well under the float32 bucket's 2 (n - 1) / n x 4 x params
     params = 16 * 64 + 64 + 64 + 1
-    assert hooked["ranks"][0]["wire_bytes"] < 0.5 * compressed * 2 * (RANKS - 1) / RANKS * 4 * params
+    assert hooked["ranks"][0]["wire_bytes"] < 0.5 * compressed * 2 * (ranks - 1) / ranks * 4 * params
 
-    print(f"\nDDP over MRC, {RANKS} ranks, {STEPS} steps: max per-step loss gap {max(rel):.4%}, "
+    print(f"\nDDP over MRC, {ranks} ranks, {STEPS} steps: max per-step loss gap {max(rel):.4%}, "
           f"last-20 ratio {tail:.4f}; wire bytes per rank {[a['wire_bytes'] for a in hooked['ranks']]}, "
           f"egress bytes {[tx1[x] - tx0[x] for x in hosts]}; "
           f"train time MRC {hooked['ranks'][0]['time_s']:.2f} s, plain {base['ranks'][0]['time_s']:.2f} s; "
