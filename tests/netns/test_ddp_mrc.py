@@ -7,14 +7,16 @@ mean of the last 20 steps within 2%. And: the same hook over the process group i
 bit-identical losses and parameters (the ring is deterministic given its seeds); the compressed buckets
 crossed MRC (every rank posted its 2 (n - 1) messages per compressed iteration through its transport,
 and its host's egress program counted at least those bytes leaving); the parameters are bit-identical
-across ranks after training; no rank process is left (they are ended by PID on every exit path). The
-testbed and daemons come from test_daemon.py's fixture (removed at the end, also on failure).
+across ranks after training; no rank process is left (they are ended by PID on every exit path), also
+when one of them died (training then fails with an error instead of hanging). The testbed and daemons
+come from test_daemon.py's fixture (removed at the end, also on failure).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -33,6 +35,7 @@ from test_daemon import tb  # noqa: E402,F401  (the module-scoped testbed + mrcd
 
 from mrc.ctl.ddp_rank import DdpRanks  # noqa: E402
 from mrc.dataplane.client import MrcClient  # noqa: E402
+from mrc.errors import MrcError  # noqa: E402
 
 STEPS = 60
 START_ITER = 2
@@ -130,3 +133,18 @@ def test_cli_ddp_train(tb: dict[str, Any]) -> None:  # noqa: F811
     assert doc["hooked"]["messages"] == [2 * (12 - START_ITER)] * 2
     assert doc["summary"]["wire_bytes"] == sum(doc["hooked"]["wire_bytes"]) > 0
     assert not _rank_pids(tb["name"])
+
+
+def test_a_dead_rank_fails_training_and_leaves_nothing(tb: dict[str, Any]) -> None:  # noqa: F811
+    t0 = time.monotonic()
+    group = DdpRanks(tb["name"], 2, timeout_s=10)
+    try:
+        os.kill(group.procs[1].pid, signal.SIGKILL)
+        with pytest.raises(MrcError):
+            group.train(steps=5)
+    finally:
+        group.close()
+    assert all(p.poll() is not None for p in group.procs)
+    assert not _rank_pids(tb["name"])
+    assert not group.rundir.exists()
+    print(f"\ndead rank: {time.monotonic() - t0:.1f} s")
