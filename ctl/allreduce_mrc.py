@@ -39,8 +39,8 @@ from typing import IO, Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from mrc.collective import Config, Result, chunk_bounds
-from mrc.collective import frame as cframe
+from mrc.collective import Config, Result
+from mrc.collective.ring import max_message_bytes
 from mrc.dataplane import testbed as tbmod
 from mrc.dataplane.client import MrcClient
 from mrc.dataplane.collective import torch_available
@@ -52,11 +52,9 @@ RENDEZVOUS: Final = ("auto", "tcpstore", "file")
 
 
 def slot_bytes(size_bytes: int, ranks: int, algorithm: str) -> int:
-    """The largest message a rank sends: a chunk (ring) or the whole buffer (one-shot), raw float32 —
-    a codec frame at <= 8 bits is never larger — plus framing and codec headers."""
-    elements = size_bytes // 4
-    biggest = elements if algorithm == "oneshot" else max(e - s for s, e in chunk_bounds(elements, ranks))
-    return 4 * biggest + 4096 + 256 * len(cframe.segments(biggest))
+    """MRC slot size for a buffer of `size_bytes`: the largest message the collective posts
+    (mrc.collective.ring.max_message_bytes: one pipelined segment for the ring)."""
+    return max_message_bytes(size_bytes // 4, ranks, algorithm)
 
 
 def rank_env() -> dict[str, str]:

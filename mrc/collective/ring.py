@@ -86,6 +86,17 @@ def chunk_bounds(length: int, n: int) -> list[tuple[int, int]]:
     return out
 
 
+def max_message_bytes(length: int, n: int, algorithm: str = "ring") -> int:
+    """An upper bound on the largest message a rank posts for a buffer of `length` float32 elements:
+    one segment (ring: messages are pipelined segment by segment) or the whole buffer (one-shot), raw
+    float32 — a codec frame at <= 8 bits is never larger than that plus its header — plus framing and
+    codec headers (TurboQuant_prod's per-block norms included)."""
+    if algorithm == "oneshot":
+        return 4 * length + 4096 + 256 * len(frame.segments(length))
+    biggest = max((max(frame.segments(e - s), default=0) for s, e in chunk_bounds(length, n)), default=0)
+    return 4 * biggest + 4096 + 256
+
+
 def derive_seed(*parts: int) -> int:
     """A 64-bit seed from integers (SeedSequence hashing: independent streams for distinct tuples)."""
     ss = np.random.SeedSequence([p & 0xFFFFFFFFFFFFFFFF for p in parts])

@@ -280,3 +280,39 @@ def test_pipelined_ring_same_result_any_window(monkeypatch: pytest.MonkeyPatch, 
     assert sum(r.messages for r in got) == 2 * (n - 1) * sum(counts)
     exact = np.mean(np.asarray(xs, np.float64), axis=0)
     assert vnmse(got[0].out, exact) < (1e-10 if cfg.scheme == "none" else 2.0)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "oneshot"])
+def test_messages_fit_max_message_bytes(monkeypatch: pytest.MonkeyPatch, algorithm: str) -> None:
+    """MRC ranks size their slots with max_message_bytes: no message of any scheme may exceed it."""
+    from mrc.collective import InProcHub
+    from mrc.collective.ring import max_message_bytes
+
+    monkeypatch.setattr(frame, "MAX_SEGMENT", 1 << 12)
+    n, length = 3, 3 * (1 << 14) + 2000  # 4 or 5 segments per chunk
+    xs = _inputs(n, length, 8)
+    bound = max_message_bytes(length, n, algorithm)
+    for cfg in (Config(algorithm=algorithm), Config("eden-unbiased", 8, "aware", algorithm, seed=1),
+                Config("eden-unbiased", 0.5, "naive", algorithm, seed=1)):
+        hub = InProcHub(n)
+        sizes: list[int] = []
+
+        def run(t: Any, cfg: Config = cfg, sizes: list[int] = sizes, hub: Any = hub) -> Result:
+            inner = hub.endpoint(t.rank)
+            real_send = inner.send
+
+            def send(dst: int, tag: int, data: bytes) -> None:
+                sizes.append(len(data))
+                real_send(dst, tag, data)
+
+            inner.send = send  # type: ignore[method-assign]
+            return allreduce(inner, xs[t.rank], cfg, 0)
+
+        run_inproc(n, run)
+        assert sizes and max(sizes) <= bound, (cfg, max(sizes), bound)
+    if algorithm == "ring":  # one segment, not a chunk
+        assert bound < 4 * (length // n)
+        # the largest headers: TurboQuant_prod carries one norm per QJL block (slow codec: one frame each)
+        seg = np.ones(frame.MAX_SEGMENT, np.float32)
+        for bits in (1, 8):
+            assert len(frame.join([encode(seg, "turboquant-prod", bits, seed=2)])) <= bound
