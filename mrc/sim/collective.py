@@ -3,10 +3,11 @@
 The message sizes are the real ones: the collective (mrc.collective.allreduce) runs in-process on random
 float32 buffers through a transport that records every chunk it posts. The fabric then carries those
 messages: one rank per host (ranks spread over the leaves), each message one RDMA WRITE from rank i to
-rank i + 1 (MRC engines, or the single-path baseline), and a ring step's message leaves rank i as soon as
-rank i has received the previous step's message from rank i - 1 (the data dependency of the ring; the
-compute time of decode-add-encode is not simulated). Time = the last message's completion. The same run
-with `none` (uncompressed float32) gives the speed-up of compression on the same fabric.
+rank i + 1 (MRC engines, or the single-path baseline). The ring pipelines its chunks segment by segment
+(mrc.collective.ring): segment j of ring step s leaves rank i as soon as rank i has received segment j of
+step s - 1 from rank i - 1 (the data dependency; as with unbounded slots, and the compute time of
+decode-add-encode is not simulated). Time = the last message's completion. The same run with `none`
+(uncompressed float32) gives the speed-up of compression on the same fabric.
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ from .hosts import Flow, Traffic
 
 
 class _Recorder:
-    """A Transport that forwards to another and records the size of every chunk posted, in order."""
+    """A Transport that forwards to another and records (ring step, segment, size) of every message
+    posted, in order (the step and segment from the ring's tags)."""
 
     def __init__(self, inner: Transport) -> None:
         self.inner = inner
-        self.sizes: list[int] = []
+        self.messages: list[tuple[int, int, int]] = []
+        self.send_window = getattr(inner, "send_window", 1)
 
     @property
     def rank(self) -> int:
@@ -40,7 +43,7 @@ class _Recorder:
         return self.inner.world_size
 
     def send(self, dst: int, tag: int, data: bytes) -> None:
-        self.sizes.append(len(data))
+        self.messages.append((*ring_position(tag, self.world_size), len(data)))
         self.inner.send(dst, tag, data)
 
     def recv(self, src: int, tag: int) -> bytes:
@@ -50,47 +53,60 @@ class _Recorder:
         self.inner.flush()
 
 
-def message_sizes(ranks: int, elements: int, cfg: Config, seed: int) -> list[list[int]]:
-    """sizes[r][s]: bytes rank r posts to rank r + 1 at ring step s (2 (n - 1) steps)."""
+def ring_position(tag: int, n: int) -> tuple[int, int]:
+    """(ring step 0 .. 2 (n - 1) - 1, segment) of a ring message from its tag (mrc.collective.ring)."""
+    phase, low = tag >> 20, tag & ((1 << 20) - 1)
+    step, seg = low >> 8, low & 0xFF
+    if phase == 1:
+        return step, seg
+    if phase == 2:
+        return n - 1 + step, seg
+    raise ValueError(f"tag {tag:#x} is not a ring message")
+
+
+def message_sizes(ranks: int, elements: int, cfg: Config, seed: int) -> list[list[tuple[int, int, int]]]:
+    """msgs[r]: (ring step, segment, bytes) of every message rank r posts to rank r + 1, in order
+    (2 (n - 1) steps, one message per segment of the chunk a step carries)."""
     rng = np.random.default_rng(seed)
     bufs = [rng.standard_normal(elements, dtype=np.float32) for _ in range(ranks)]
 
-    def body(t: Transport) -> list[int]:
+    def body(t: Transport) -> list[tuple[int, int, int]]:
         rec = _Recorder(t)
         allreduce(rec, bufs[t.rank], cfg, 0)
-        return rec.sizes
+        return rec.messages
 
     return run_inproc(ranks, body)
 
 
-def _ring_time(spec: RunSpec, variant: str, sizes: list[list[int]], hosts: list[int], until_ns: int,
-               progress: Progress | None, label: str, speed: _Speed) -> dict[str, Any]:
+def _ring_time(spec: RunSpec, variant: str, msgs: list[list[tuple[int, int, int]]], hosts: list[int],
+               until_ns: int, progress: Progress | None, label: str, speed: _Speed) -> dict[str, Any]:
     fs = spec.fabric
-    n = len(sizes)
-    steps = len(sizes[0])
-    flows = [Flow(hosts[r], hosts[(r + 1) % n], max(1, sizes[r][s]), start_ns=-1)
-             for s in range(steps) for r in range(n)]
+    n = len(msgs)
+    flows: list[Flow] = []
+    index: dict[tuple[int, int, int], int] = {}  # (rank, step, segment) -> flow
+    for r in range(n):
+        for step, seg, size in msgs[r]:
+            index[(r, step, seg)] = len(flows)
+            flows.append(Flow(hosts[r], hosts[(r + 1) % n], max(1, size), start_ns=-1))
+    # flow -> the flow it waits for: the left neighbour's same segment one step earlier
+    after = {i: index[((r - 1) % n, step - 1, seg)] for (r, step, seg), i in index.items() if step > 0}
+    first = [i for (_r, step, _seg), i in index.items() if step == 0]
     fab = Fabric(fs.topology(), fs.params(trimming=variant != "mrc-notrim"))
     tr = Traffic(fab, variant, flows, _host_params(spec), until_ns)
-    started = [False] * len(flows)
-
-    def start(i: int, t: int) -> None:
-        started[i] = True
-        tr.start_flow(i, t)
+    waiting = dict(after)
 
     def tick(t: int) -> None:
         tr.poll(t)
-        for s in range(1, steps):
-            for r in range(n):
-                i = s * n + r
-                if not started[i] and tr.done_ns[(s - 1) * n + (r - 1) % n] >= 0:
-                    start(i, t)
+        for i, dep in list(waiting.items()):
+            if tr.done_ns[dep] >= 0:
+                del waiting[i]
+                tr.start_flow(i, t)
         if not tr.all_done():
             fab.at(t + 500, tick)
 
     def begin(t: int) -> None:
-        for r in range(n):
-            start(r, t)
+        for i in first:
+            tr.start_flow(i, t)
         tick(t)
 
     fab.at(0, begin)

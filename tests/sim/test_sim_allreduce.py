@@ -13,11 +13,25 @@ from mrc.sim.experiments import FabricSpec, RunSpec
 
 
 def test_message_sizes_are_the_collectives() -> None:
-    sizes = scoll.message_sizes(4, 4096, Config("none"), 1)
-    assert len(sizes) == 4 and all(len(s) == 6 for s in sizes)  # 2 (n - 1) ring steps
-    assert all(b == 1024 * 4 for s in sizes for b in s)  # a quarter of the buffer per step
+    msgs = scoll.message_sizes(4, 4096, Config("none"), 1)
+    assert len(msgs) == 4 and all(len(m) == 6 for m in msgs)  # 2 (n - 1) ring steps, one segment each
+    assert all([(s, seg) for s, seg, _ in m] == [(s, 0) for s in range(6)] for m in msgs)
+    assert all(b == 1024 * 4 for m in msgs for _, _, b in m)  # a quarter of the buffer per step
     comp = scoll.message_sizes(4, 4096, Config("eden-unbiased", 2), 1)
-    assert all(b < 1024 * 4 / 8 for s in comp for b in s)  # 2 bits instead of 32, plus headers
+    assert all(b < 1024 * 4 / 8 for m in comp for _, _, b in m)  # 2 bits instead of 32, plus headers
+
+
+def test_segmented_chunks_carry_their_step_and_segment() -> None:
+    """Chunks of 3 * 2^20 + 5 elements are 4 segments: one message per segment and ring step, and
+    every message after the first step has its dependency (the left rank's same segment, one step
+    earlier) in the recording."""
+    n, chunk = 3, 3 * (1 << 20) + 5
+    msgs = scoll.message_sizes(n, n * chunk, Config("none"), 1)
+    for r in range(n):
+        assert [(s, seg) for s, seg, _ in msgs[r]] == [(s, seg) for s in range(4) for seg in range(4)]
+        assert [b for _, _, b in msgs[r]] == [4 << 20, 4 << 20, 4 << 20, 20] * 4
+        left = {(s, seg) for s, seg, _ in msgs[(r - 1) % n]}
+        assert all((s - 1, seg) in left for s, seg, _ in msgs[r] if s > 0)
 
 
 def test_compressed_ring_is_faster_and_completes() -> None:
