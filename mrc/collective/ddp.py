@@ -96,7 +96,7 @@ class MrcHookState:
     `mrc.collective.Transport` whose `rank` and `world_size` are this rank's in the process group (checked
     here when the group is already initialised, and at every compressed bucket); the warm-up iterations
     still use the group's own all_reduce. Its messages must fit it: for `MrcTransport`, slots of
-    `mrc.ctl.allreduce_mrc.slot_bytes(largest bucket bytes, world size, "ring")`."""
+    `mrc.collective.ring.max_message_bytes(largest bucket elements, world size)` bytes."""
 
     __slots__ = (
         "bits", "correlation", "error_feedback", "iter", "partial_sums", "process_group", "residuals",
