@@ -20,7 +20,7 @@ from typing import Any, Final
 from mrc.wire.consts import Opcode
 from mrc.wire.errors import WireError
 from mrc.wire.icrc import IcrcContext
-from mrc.wire.packet import parse
+from mrc.wire.packet import parse, parse_write
 
 from .cc import NsccConfig
 from .paths import EvEvent, EvProfile, ProbeResult
@@ -194,6 +194,13 @@ class Context:
         if qp.state != _RTS or (src is not None and src != qp.peer_gid):
             self.drop("qp_state" if qp.state != _RTS else "foreign_src")
             return
+        if data[0] < 0x10 and type(data) is not memoryview:
+            # the hot path: a well-formed WRITE with a good ICRC, straight to the responder (anything
+            # else, and every rejection, goes through `parse` below)
+            f = parse_write(data, qp.rx_icrc)
+            if f is not None:
+                qp.on_write(*f, now, ecn, port, self._out)
+                return
         try:
             pkt = parse(data, qp.rx_icrc)
         except WireError as e:

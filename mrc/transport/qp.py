@@ -778,57 +778,63 @@ class QueuePair:
     # ================================================================== responder
 
     def on_data(self, pkt: MrcPacket, now: int, ecn: bool, port: int, out: list[Datagram]) -> None:
+        self.on_write(
+            pkt.psn, pkt.ackreq, pkt.va, pkt.rkey, pkt.dma_len, pkt.imm, pkt.flags, pkt.ev_index, pkt.msn,
+            pkt.msg_len, pkt.timestamp_ns, pkt.payload, now, ecn, port, out,
+        )
+
+    def on_write(
+        self, psn: int, ackreq: bool, va: int, rkey: int, n: int, imm: int | None, flags: int, ev: int,
+        msn: int, mlen: int, ts: int, payload: memoryview, now: int, ecn: bool, port: int,
+        out: list[Datagram],
+    ) -> None:
+        """A data packet (the fields of `MrcPacket` of those names; `n` its dma_len)."""
         c = self.c
-        psn = pkt.psn
         d = (psn - self.rcv_cum) & PSN_MASK
-        flags = pkt.flags
         if d >= _HALF:  # below the cumulative point: an old duplicate
             c["stale_rx"] += 1
             self.ctx.drop("stale")
-            self._sack(now, out, psn, pkt.ev_index, pkt.timestamp_ns, _S_DUP, 0, port)
+            self._sack(now, out, psn, ev, ts, _S_DUP, 0, port)
             return
         if d >= self.W:
             c["oow_rx"] += 1
             self.ctx.drop("out_of_window")
-            self._nack(out, psn, pkt, NackCode.OUT_OF_WINDOW, port)
+            self._nack(out, psn, ev, ts, NackCode.OUT_OF_WINDOW, port)
             return
         bit = 1 << d
         rbits = self.rbits
         if rbits & bit:
             c["dup_rx"] += 1
             self.ctx.drop("duplicate")
-            self._sack(now, out, psn, pkt.ev_index, pkt.timestamp_ns, _S_DUP, 0, port)
+            self._sack(now, out, psn, ev, ts, _S_DUP, 0, port)
             return
         if flags & _TRIMMED:
             c["trim_rx"] += 1
             if self.attr.trim_nack:
-                self._nack(out, psn, pkt, NackCode.TRIMMED, port)
+                self._nack(out, psn, ev, ts, NackCode.TRIMMED, port)
             return
-        n = pkt.dma_len
-        mr = self.mrs.get(pkt.rkey)
+        mr = self.mrs.get(rkey)
         if mr is None or not mr.remote_write:
             c["bad_rkey_rx"] += 1
             self.ctx.drop("bad_rkey")
-            self._nack(out, psn, pkt, NackCode.BAD_RKEY, port)
+            self._nack(out, psn, ev, ts, NackCode.BAD_RKEY, port)
             return
-        off = pkt.va - mr.addr
+        off = va - mr.addr
         if off < 0 or off + n > mr.length:
             c["bad_va_rx"] += 1
             self.ctx.drop("bad_va")
-            self._nack(out, psn, pkt, NackCode.BAD_VA, port)
+            self._nack(out, psn, ev, ts, NackCode.BAD_VA, port)
             return
-        msn = pkt.msn
         m = self.msgs.get(msn)
-        imm = pkt.imm
         if imm is not None and (m is None or m[1] is None):  # this message's immediate, first time
             if len(self.recv_q) <= self.imm_reserved:
                 c["no_recv_buffer_rx"] += 1
                 self.ctx.drop("no_recv_buffer")
-                self._nack(out, psn, pkt, NackCode.NO_RECV_BUFFER, port)
+                self._nack(out, psn, ev, ts, NackCode.NO_RECV_BUFFER, port)
                 return
             self.imm_reserved += 1
             c["imm_rx"] += 1
-        mr.view[off : off + n] = pkt.payload
+        mr.view[off : off + n] = payload
         # PSN accounting
         rbits |= bit
         if d == 0:
@@ -839,7 +845,6 @@ class QueuePair:
         self.rx_packets += 1
         self.rx_bytes += n
         # message accounting (completion of WRITE-with-immediate when every byte is placed)
-        mlen = pkt.msg_len
         if m is None:
             if n >= mlen and imm is None:
                 pass  # single-packet plain WRITE: nothing to track
@@ -861,12 +866,12 @@ class QueuePair:
         if ecn:
             c["ecn_rx"] += 1
         u = self.unacked + 1
-        if ecn or pkt.ackreq or u >= self.ack_coalesce or flags & (_ACK_NOW | _RETX):
+        if ecn or ackreq or u >= self.ack_coalesce or flags & (_ACK_NOW | _RETX):
             ef = (_CE if ecn else 0) | (_S_RETX if flags & _RETX else 0)
-            self._sack(now, out, psn, pkt.ev_index, pkt.timestamp_ns, ef, 0, port)
+            self._sack(now, out, psn, ev, ts, ef, 0, port)
         else:
             self.unacked = u
-            self.last_rx = (psn, pkt.ev_index, pkt.timestamp_ns, 0, now, port)
+            self.last_rx = (psn, ev, ts, 0, now, port)
             if self.ack_deadline == NEVER:
                 self.ack_deadline = now + self.attr.ack_delay_ns
 
@@ -887,12 +892,12 @@ class QueuePair:
         self.c["sack_tx"] += 1
         out.append(Datagram(buf, port, cev, self.peer_gid))
 
-    def _nack(self, out: list[Datagram], psn: int, pkt: MrcPacket, code: int, port: int) -> None:
+    def _nack(self, out: list[Datagram], psn: int, ev: int, ts: int, code: int, port: int) -> None:
         buf = bytearray(_NACK_SIZE)
         cev = self.paths.ctl_ev(port)
         build_nack(
             buf, self.tx_icrc, dqpn=self.peer_qpn, psn=psn, ev_index=cev, code=code,
-            echo_ev_index=pkt.ev_index, cum_psn=self.rcv_cum, echo_timestamp_ns=pkt.timestamp_ns,
+            echo_ev_index=ev, cum_psn=self.rcv_cum, echo_timestamp_ns=ts,
         )
         self.c["nack_tx"] += 1
         out.append(Datagram(buf, port, cev, self.peer_gid))

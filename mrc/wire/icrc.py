@@ -53,7 +53,7 @@ class IcrcContext:
     times the EVs it sprays on. What remains per packet is three zlib.crc32 calls: BTH bytes 0-3, the
     masked byte 4, and bytes 5 up to the ICRC, with no copy of the packet."""
 
-    __slots__ = ("_dport", "_dst", "_prefix", "_scratch", "_src")
+    __slots__ = ("_dport", "_dst", "_head", "_prefix", "_scratch", "_src")
 
     def __init__(self, src: bytes, dst: bytes, dport: int = ROCEV2_UDP_PORT) -> None:
         if len(src) != 16 or len(dst) != 16:
@@ -63,6 +63,7 @@ class IcrcContext:
         self._dport = dport
         self._scratch = bytearray(_PSEUDO_LEN)
         self._prefix: dict[tuple[int, int], int] = {}
+        self._head: dict[int, int] = {}  # (end, sport, BTH word 0) packed in one int -> CRC through BTH[4]
 
     # The envelope fields are properties so that changing one drops the CRCs cached for the old value.
     @property
@@ -73,6 +74,7 @@ class IcrcContext:
     def src(self, value: bytes) -> None:
         self._src = bytes(value)
         self._prefix.clear()
+        self._head.clear()
 
     @property
     def dst(self) -> bytes:
@@ -82,6 +84,7 @@ class IcrcContext:
     def dst(self, value: bytes) -> None:
         self._dst = bytes(value)
         self._prefix.clear()
+        self._head.clear()
 
     @property
     def dport(self) -> int:
@@ -91,6 +94,7 @@ class IcrcContext:
     def dport(self, value: int) -> None:
         self._dport = value
         self._prefix.clear()
+        self._head.clear()
 
     def _prefix_crc(self, end: int, sport: int) -> int:
         """CRC of pseudo-LRH + masked IPv6 + UDP for a datagram of UDP length end + 8 + 4 (slow path)."""
@@ -117,6 +121,23 @@ class IcrcContext:
         mv = mrc if isinstance(mrc, memoryview) else memoryview(mrc)
         crc = zlib.crc32(mv[0:4], crc)
         crc = zlib.crc32(_BTH4_MASKED, crc)
+        return zlib.crc32(mv[5:end], crc)
+
+    def compute_w0(self, mv: memoryview, end: int, sport: int, w0: int) -> int:
+        """`compute` for the packet paths that already hold the first BTH word `w0` (bytes 0-3 as a
+        big-endian integer) and a byte memoryview `mv` with end >= BTH_LEN: the CRC up to and including
+        the masked byte 4 depends only on (end, sport, w0) and is cached, so what remains per packet is
+        one zlib.crc32 over bytes 5 up to the ICRC. Same value as `compute`."""
+        key = (((w0 << 16) | sport) << 32) | end
+        crc = self._head.get(key)
+        if crc is None:
+            crc = self._prefix.get((end, sport))
+            if crc is None:
+                crc = self._prefix_crc(end, sport)
+            crc = zlib.crc32(_BTH4_MASKED, zlib.crc32(w0.to_bytes(4, "big"), crc))
+            if len(self._head) >= _PREFIX_CACHE_MAX:
+                self._head.clear()
+            self._head[key] = crc
         return zlib.crc32(mv[5:end], crc)
 
     def write(self, buf: bytearray | memoryview, end: int, sport: int) -> int:

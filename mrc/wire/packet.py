@@ -187,9 +187,13 @@ def build_write(
     if pad:
         buf[end : end + pad] = _ZERO4[:pad]
         end += pad
-    # ctx.write(), inlined: one call less per packet
+    # ctx.write(), inlined, with the first BTH word as just packed (its CRC is cached with the envelope's)
     _ICRC.pack_into(
-        buf, end, ctx.compute(buf, end, EV_SPORT_BASE | (ev_index & EV_INDEX_MAX) if sport is None else sport)
+        buf, end, ctx.compute_w0(
+            buf if isinstance(buf, memoryview) else memoryview(buf), end,
+            EV_SPORT_BASE | (ev_index & EV_INDEX_MAX) if sport is None else sport,
+            ((_OP_WRITE if imm is None else _OP_WRITE_IMM) << 24) | (pad << 20) | DEFAULT_PKEY,
+        )
     )
     return end + ICRC_LEN
 
@@ -407,8 +411,9 @@ def parse(
                 raise WireError("bad_length", f"offset {moff} + {dma_len} beyond message length {mlen}")
         if ctx is None:
             status = "unchecked"
-        elif _ICRC.unpack_from(mv, end)[0] == ctx.compute(
-            mv, end, EV_SPORT_BASE | (ev & EV_INDEX_MAX) if sport is None else sport
+        elif _ICRC.unpack_from(mv, end)[0] == ctx.compute_w0(
+            mv, end, EV_SPORT_BASE | (ev & EV_INDEX_MAX) if sport is None else sport,
+            (op << 24) | (b1 << 16) | pkey,
         ):
             status = "ok"
         elif verify:
@@ -424,3 +429,47 @@ def parse(
         op, pad, pkey, (qw & FECN_BIT) != 0, (qw & BECN_BIT) != 0, qw & QPN_MASK, (pw & ACKREQ_BIT) != 0,
         pw & PSN_MASK, va, rkey, dma_len, imm, flags, ev, msn, mlen, moff, ts, payload, body, status, n,
     )
+
+
+def parse_write(
+    data: bytes | bytearray, ctx: IcrcContext
+) -> tuple[int, bool, int, int, int, int | None, int, int, int, int, int, memoryview] | None:
+    """The receive hot path of `parse` for an RDMA WRITE Only / WRITE Only with Immediate packet that
+    `parse(data, ctx)` accepts with icrc "ok" (the default source port of its EV, `verify` on):
+    (psn, ackreq, va, rkey, dma_len, imm, flags, ev_index, msn, msg_len, timestamp_ns, payload), the
+    same values as the `MrcPacket` fields of those names, without building one. `data` is bytes or a
+    bytearray. None for everything else (other opcodes, trimmed packets, any failed check): then
+    `parse` gives the outcome, the packet or the `WireError`."""
+    n = len(data)
+    op = data[0]
+    imm: int | None
+    if op == _OP_WRITE:
+        if n < WRITE_HDR_LEN:
+            return None
+        hl = WRITE_HDR_LEN
+        (_, b1, pkey, _, pw, va, rkey, dma_len, ver, flags, ev, msn, mlen, moff, ts) = (
+            _WRITE.unpack_from(data)
+        )
+        imm = None
+    elif op == _OP_WRITE_IMM:
+        if n < WRITE_IMM_HDR_LEN:
+            return None
+        hl = WRITE_IMM_HDR_LEN
+        (_, b1, pkey, _, pw, va, rkey, dma_len, imm, ver, flags, ev, msn, mlen, moff, ts) = (
+            _WRITE_IMM.unpack_from(data)
+        )
+    else:
+        return None
+    if b1 & 0x0F or ver != MXH_VERSION or flags & _TRIMMED or dma_len > MAX_PAYLOAD:
+        return None
+    pad = (b1 >> 4) & 3
+    end = hl + dma_len + pad
+    if (dma_len + pad) & 3 or n != end + ICRC_LEN or moff + dma_len > mlen:
+        return None
+    mv = memoryview(data)
+    if _ICRC.unpack_from(data, end)[0] != ctx.compute_w0(
+        mv, end, EV_SPORT_BASE | (ev & EV_INDEX_MAX), (op << 24) | (b1 << 16) | pkey
+    ):
+        return None
+    return (pw & PSN_MASK, (pw & ACKREQ_BIT) != 0, va, rkey, dma_len, imm, flags, ev, msn, mlen, ts,
+            mv[hl : hl + dma_len])
