@@ -65,9 +65,13 @@ def widths(bits: float, scheme: str) -> list[int]:
     return sorted({min(max(w, 1), 8) for w in out})
 
 
-def choose_rotations(x: FloatArray, bits: float, scheme: str, padded: int) -> tuple[int, float]:
-    """(rotations, rho): 2 if rho(x) > max(min_b rho*_b, 6 / D), else 1."""
-    rho = participation(x)
+def choose_rotations(
+    x: FloatArray, bits: float, scheme: str, padded: int, rho: float | None = None,
+) -> tuple[int, float]:
+    """(rotations, rho): 2 if rho(x) > max(min_b rho*_b, 6 / D), else 1 (`rho`: rho(x) if the caller
+    computed it, e.g. with the numba kernel)."""
+    if rho is None:
+        rho = participation(x)
     limit = max(min(rho_threshold(w) for w in widths(bits, scheme)), 6.0 / max(padded, 1))
     return (2 if rho > limit else 1), rho
 

@@ -48,9 +48,9 @@ def pack(idx: U8, bits: int) -> U8:
     return out[: packed_size(n, bits)]
 
 
-def unpack(buf: U8, bits: int, n: int) -> U8:
-    """Inverse of `pack`: n indices from exactly packed_size(n, bits) bytes. Raises ValueError if the
-    length is wrong or the padding bits of the last byte are not zero."""
+def check_packed(buf: U8, bits: int, n: int) -> U8:
+    """`buf` as a uint8 array after checking that it can hold exactly n indices of `bits` bits:
+    ValueError if the width or the length is wrong or the padding bits of the last byte are not zero."""
     if not 1 <= bits <= 8:
         raise ValueError(f"bit width must be 1..8, got {bits}")
     buf = np.frombuffer(buf, dtype=np.uint8) if not isinstance(buf, np.ndarray) else buf
@@ -60,6 +60,13 @@ def unpack(buf: U8, bits: int, n: int) -> U8:
     tail_bits = (n * bits) % 8
     if tail_bits and int(buf[-1]) >> tail_bits:
         raise ValueError("non-zero padding bits after the last index")
+    return buf
+
+
+def unpack(buf: U8, bits: int, n: int) -> U8:
+    """Inverse of `pack`: n indices from exactly packed_size(n, bits) bytes. Raises ValueError if the
+    length is wrong or the padding bits of the last byte are not zero."""
+    buf = check_packed(buf, bits, n)
     if bits == 8:
         return buf.copy()
     if bits == 1:

@@ -30,6 +30,12 @@ stream 1 = the signs of rotation i (rht.py), 2 = the Bernoulli group mask of fra
 
 Decoding checks every field against the others and raises `CodecError(reason)` on the first
 inconsistency — never returns an array from a malformed buffer. Only seeds and scalars travel.
+
+Two implementations produce and read this format: the numba kernels (kernels.py, the default when numba
+imports) and the numpy reference; MRC_QUANT_KERNELS=numba|numpy picks one per process (accel.py). A
+buffer from either decodes with the other. They round differently (FWHT order, float64 sums), so the
+decoded values agree to float tolerance, not bit for bit, and a coordinate within rounding of a cell
+boundary may get the neighbouring index; on one path every result is deterministic.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ import os
 import struct
 import zlib
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -47,7 +54,7 @@ import numpy.typing as npt
 
 from mrc.errors import MrcError
 
-from . import bitpack, eden, turboquant
+from . import accel, bitpack, eden, turboquant
 from .adaptive import choose_rotations, fits_theory
 from .rht import MAX_ROTATIONS, FloatArray, next_pow2, rotate, unrotate
 
@@ -113,8 +120,12 @@ def _qjl_blocks(padded: int) -> int:
 
 def encode(
     x: npt.ArrayLike, scheme: str, bits: float, *, seed: int | None = None, rotations: int | str = "auto",
+    backend: str | None = None,
 ) -> bytes:
-    """Compress an array of any shape (float16/32/64) into one self-describing buffer."""
+    """Compress an array of any shape (float16/32/64) into one self-describing buffer. `backend`:
+    'numba' or 'numpy' (same wire format, rounding may differ); None: the process default
+    (MRC_QUANT_KERNELS, accel.py)."""
+    kern = accel.kernels(backend)
     check_bits(scheme, bits)
     bits = float(bits)
     a = np.asarray(x)
@@ -133,27 +144,32 @@ def encode(
     cdt = compute_dtype(a.dtype)
     flat = a.reshape(-1)
     auto = rotations == "auto"
-    if auto:
-        rot, _ = choose_rotations(flat, float(bits), scheme, padded)  # rule (a), before rotating
+    if auto:  # rule (a), before rotating
+        rho = float(kern.participation(flat)) if kern is not None else None
+        rot, _ = choose_rotations(flat, float(bits), scheme, padded, rho=rho)
     elif isinstance(rotations, int) and 1 <= rotations <= MAX_ROTATIONS:
         rot = rotations
     else:
         raise CodecError(f"rotations must be 1..{MAX_ROTATIONS} or 'auto', got {rotations!r}")
-    if d == padded:
-        y = flat.astype(cdt, copy=True)
+    ny2: float | None = None
+    if kern is not None:
+        y, ny2 = kern.rotate_from(flat, padded, cdt, seed, rot)  # copy, pad, signs, FWHT: one pass
     else:
-        y = np.zeros(padded, cdt)
-        y[:d] = flat
-    y = rotate(y, seed, rot)
+        if d == padded:
+            y = flat.astype(cdt, copy=True)
+        else:
+            y = np.zeros(padded, cdt)
+            y[:d] = flat
+        y = rotate(y, seed, rot)
     try:
-        scales, sections, fit, fit_bits = _encode_rotated(y, scheme, float(bits), seed, check=auto)
+        scales, sections, fit, fit_bits = _encode_rotated(y, scheme, float(bits), seed, auto, kern, ny2)
         if auto and rot == 1 and not fits_theory(fit, fit_bits, padded):  # rule (b), after one rotation
             rot = 2
-            y = rotate(y, seed, 1, start=1)
-            scales, sections, _, _ = _encode_rotated(y, scheme, float(bits), seed, check=False)
+            y = rotate(y, seed, 1, start=1) if kern is None else kern.rotate(y, seed, 1, start=1)
+            scales, sections, _, _ = _encode_rotated(y, scheme, float(bits), seed, False, kern, None)
     except ValueError as e:
         raise CodecError(str(e)) from e
-    payload = b"".join(bitpack.pack(idx, b).tobytes() for b, idx in sections)
+    payload = b"".join(packed.tobytes() for packed in sections)
     head = _FIXED.pack(
         MAGIC, VERSION, SCHEMES[scheme], DTYPE_CODES[a.dtype], rot, FLAG_AUTO if auto else 0, a.ndim,
         len(scales), float(bits), seed, d, padded,
@@ -169,18 +185,16 @@ def encode(
 
 
 def _encode_rotated(
-    y: FloatArray, scheme: str, bits: float, seed: int, check: bool,
-) -> tuple[list[float], list[tuple[int, npt.NDArray[np.uint8]]], float, float]:
-    """(scales, sections, check, bits the check refers to) for the rotated vector y."""
-    if scheme in ("eden-unbiased", "drive"):
-        enc = eden.quantize(y, bits, seed, "unbiased")
-        return [enc.scale], enc.sections, enc.check, bits
-    if scheme == "eden-biased":
-        enc = eden.quantize(y, bits, seed, "biased")
-        return [enc.scale], enc.sections, enc.check, bits
-    if scheme == "turboquant-mse":
-        enc = eden.quantize(y, bits, seed, "fixed")
-        return [enc.scale], enc.sections, enc.check, bits
+    y: FloatArray, scheme: str, bits: float, seed: int, check: bool, kern: ModuleType | None,
+    ny2: float | None,
+) -> tuple[list[float], list[npt.NDArray[np.uint8]], float, float]:
+    """(scales, packed sections, check, bits the check refers to) for the rotated vector y (||y||^2 =
+    ny2 when given). The EDEN schemes run on `kern` (numba kernels, or numpy for None)."""
+    mode = {"eden-unbiased": "unbiased", "drive": "unbiased", "eden-biased": "biased",
+            "turboquant-mse": "fixed"}.get(scheme)
+    if mode is not None:
+        enc = eden.quantize(y, bits, seed, mode, kernels=kern, ny2=ny2, pack=True)
+        return [enc.scale], [packed for _, packed in enc.sections], enc.check, bits
     # turboquant-prod
     mse_bits = int(bits) - 1
     sections: list[tuple[int, npt.NDArray[np.uint8]]] = []
@@ -201,7 +215,7 @@ def _encode_rotated(
         fit, fit_bits = (eden.quantize(y, 1, seed, "biased").check if check else 0.0), 1.0
     signs, norms = turboquant.qjl_encode(residual, seed)
     sections.append((1, signs))
-    return [scale, *norms.tolist()], sections, fit, fit_bits
+    return [scale, *norms.tolist()], [bitpack.pack(idx, b) for b, idx in sections], fit, fit_bits
 
 
 def parse(buf: bytes | bytearray | memoryview) -> Header:
@@ -285,8 +299,10 @@ def _check_payload_bounds(h: Header) -> None:
         raise CodecError(f"payload of {h.payload_length} bytes cannot hold {n} coordinates at b={h.bits:g}")
 
 
-def decode(buf: bytes | bytearray | memoryview) -> npt.NDArray[np.floating]:
-    """Reconstruct the array (original shape and dtype) from `encode`'s output."""
+def decode(buf: bytes | bytearray | memoryview, *, backend: str | None = None) -> npt.NDArray[np.floating]:
+    """Reconstruct the array (original shape and dtype) from `encode`'s output. `backend`: as for
+    `encode`; a buffer decodes on either path, whichever encoded it."""
+    kern = accel.kernels(backend)
     h = parse(buf)
     mv = memoryview(buf).cast("B")
     payload = np.frombuffer(mv, np.uint8, h.payload_length, h.payload_offset)
@@ -305,18 +321,24 @@ def decode(buf: bytes | bytearray | memoryview) -> npt.NDArray[np.floating]:
         raise CodecError(f"payload is {h.payload_length} bytes, the header implies {sum(sizes)}")
     sections = []
     pos = 0
+    # numba path, EDEN schemes: the sections stay packed, unpacking is fused with the lookup
+    packed = kern is not None and h.scheme != "turboquant-prod"
     for (b, c), size in zip(counts, sizes, strict=True):
         try:
-            sections.append(bitpack.unpack(payload[pos : pos + size], b, c))
+            chunk = payload[pos : pos + size]
+            sections.append(bitpack.check_packed(chunk, b, c) if packed else bitpack.unpack(chunk, b, c))
         except ValueError as e:
             raise CodecError(str(e)) from e
         pos += size
-    if h.scheme == "turboquant-prod":
+    if packed:
+        assert kern is not None
+        y = eden.reconstruct_packed(layout, sections, h.scales[0], n, cdt, kern)
+    elif h.scheme == "turboquant-prod":
         y = turboquant.qjl_decode(sections[-1], np.asarray(h.scales[1:]), h.seed, n, cdt)
         if layout:
             y += eden.reconstruct(layout, sections[:-1], h.scales[0], n, cdt)
     else:
         y = eden.reconstruct(layout, sections, h.scales[0], n, cdt)
-    y = unrotate(y, h.seed, h.rotations)
+    y = unrotate(y, h.seed, h.rotations) if kern is None else kern.unrotate(y, h.seed, h.rotations)
     out = y[: h.d] if h.d != n else y
     return out.astype(h.dtype, copy=False).reshape(h.shape)

@@ -23,14 +23,17 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
+from types import ModuleType
 
 import numpy as np
 import numpy.typing as npt
 
+from . import bitpack
 from .lloydmax import MAX_BITS, codebook, error_clip
 from .rht import STREAM_MASK, FloatArray
 
 _CHUNK = 1 << 15
+_F32_MAX = float(np.finfo(np.float32).max)
 U8 = npt.NDArray[np.uint8]
 BoolArray = npt.NDArray[np.bool_]
 IndexArray = npt.NDArray[np.intp]
@@ -163,12 +166,19 @@ class Encoded:
     check: float
 
 
-def quantize(y: FloatArray, bits: float, seed: int, mode: str) -> Encoded:
+def quantize(
+    y: FloatArray, bits: float, seed: int, mode: str, *, kernels: ModuleType | None = None,
+    ny2: float | None = None, pack: bool = False,
+) -> Encoded:
     """EDEN quantization of the rotated vector y. mode: 'unbiased', 'biased' or 'fixed' (TurboQuant_mse:
-    S = ||y|| / sqrt(D))."""
+    S = ||y|| / sqrt(D)). `kernels`: the numba kernels module (accel.py) or None for numpy; `ny2`:
+    ||y||^2 if the caller has it; `pack`: sections hold the packed bytes (bitpack.pack) instead of the
+    indices."""
     n = y.size
-    ny2 = float(np.dot(y, y))
-    if not math.isfinite(ny2):
+    if ny2 is None:
+        ny2 = float(kernels.sumsq(y)) if kernels is not None else float(np.dot(y, y))
+    if not math.isfinite(ny2) or (y.dtype == np.float32 and ny2 > _F32_MAX):
+        # (the kernels sum in float64; refuse what the float32 numpy dot overflows on, as it does)
         raise ValueError("input has non-finite values (or overflows the compute precision)")
     sigma = math.sqrt(ny2 / n)
     sp = split(bits)
@@ -177,18 +187,27 @@ def quantize(y: FloatArray, bits: float, seed: int, mode: str) -> Encoded:
     sections: list[tuple[int, U8]] = []
     for b, sel in parts(sp, seed, n):
         ys = y if sel is None else y.take(sel)
-        idx, st = nearest(ys, b, sigma, with_q0=sparse)
+        st: GroupStats
+        if kernels is not None:
+            data, st = (kernels.nearest_packed if pack else kernels.nearest)(ys, b, sigma, sparse)
+        else:
+            data, st = nearest(ys, b, sigma, with_q0=sparse)
+            if pack:
+                data = bitpack.pack(data, b)
         rc += st.rc
         cc += st.cc
         q += st.q
         q0_kept += st.q0
-        sections.append((b, idx))
+        sections.append((b, data))
     if sparse and sigma > 0.0:  # dropped coordinates: their error is y itself, clipped at L_0
         clip0 = y.dtype.type(error_clip(0) * sigma * sigma)
         q0_all = 0.0
-        for lo in range(0, n, _CHUNK):
-            sq = np.square(y[lo : lo + _CHUNK])
-            q0_all += float(np.minimum(sq, clip0, out=sq).sum(dtype=np.float64))
+        if kernels is not None:
+            q0_all = float(kernels.clipped_sumsq(y, clip0))
+        else:
+            for lo in range(0, n, _CHUNK):
+                sq = np.square(y[lo : lo + _CHUNK])
+                q0_all += float(np.minimum(sq, clip0, out=sq).sum(dtype=np.float64))
         q += max(q0_all - q0_kept, 0.0)
     yc = rc + sigma * cc
     if mode == "fixed":
@@ -225,4 +244,20 @@ def reconstruct(
     for (b, _, sel), idx in zip(layout, sections, strict=True):
         table = (_tables(b, dtype)[0] * dtype.type(scale)).astype(dtype)
         out[sel] = table.take(idx)
+    return out
+
+
+def reconstruct_packed(
+    layout: list[tuple[int, int, IndexArray | None]], packed: list[U8], scale: float, n: int,
+    dtype: np.dtype[np.floating], kernels: ModuleType,
+) -> FloatArray:
+    """`reconstruct` from the packed sections (sizes and padding bits already checked), unpacking
+    fused with the centroid lookup in the numba kernels."""
+    tables = [(_tables(b, dtype)[0] * dtype.type(scale)).astype(dtype) for b, _, _ in layout]
+    if len(layout) == 1 and layout[0][2] is None:
+        res: FloatArray = kernels.lookup(packed[0], layout[0][0], n, tables[0])
+        return res
+    out = np.zeros(n, dtype)
+    for (b, count, sel), buf, table in zip(layout, packed, tables, strict=True):
+        out[sel] = kernels.lookup(buf, b, count, table)
     return out

@@ -134,11 +134,18 @@ def fwht_textbook(a: FloatArray) -> FloatArray:
     return out
 
 
+def sign_words(seed: int, index: int, n: int, stream: int = STREAM_ROTATION) -> npt.NDArray[np.uint64]:
+    """The ceil(n/64) raw 64-bit words of PCG64(SeedSequence((seed, stream, index))) behind n sign
+    bits: bit k of the stream is bit k % 64 of word k // 64."""
+    bg = np.random.PCG64(np.random.SeedSequence((int(seed), stream, int(index))))
+    words: npt.NDArray[np.uint64] = bg.random_raw((n + 63) // 64).astype("<u8", copy=False)
+    return words
+
+
 def sign_bits(seed: int, index: int, n: int, stream: int = STREAM_ROTATION) -> npt.NDArray[np.uint8]:
     """n pseudo-random bits (0/1, uint8) from PCG64(SeedSequence((seed, stream, index))).random_raw —
     little-endian bit order of the raw 64-bit words, stable across numpy versions and platforms."""
-    bg = np.random.PCG64(np.random.SeedSequence((int(seed), stream, int(index))))
-    words = bg.random_raw((n + 63) // 64).astype("<u8", copy=False)
+    words = sign_words(seed, index, n, stream)
     return np.unpackbits(words.view(np.uint8), bitorder="little")[:n]
 
 

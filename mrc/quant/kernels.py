@@ -1,0 +1,635 @@
+"""numba kernels for the codec's hot path: the FWHT with the rotation signs fused in, EDEN quantization
+fused with bit packing, decoding (unpacking fused with the centroid lookup), and the moment statistic.
+
+Same results as the numpy reference (rht.py, eden.py, bitpack.py) and the same wire format: a buffer
+made by either path decodes with the other. What may differ is floating-point rounding: the FWHT sums
+in another order (radix-8/4/2 butterflies, 1/sqrt(D) applied once with the first signs instead of
+folded into 2^4-point matrices), and the sums the scale and the adaptive check use (||y||^2, <r, c>,
+||c||^2, the clipped errors) accumulate in float64 in another order. So the two paths agree to float
+tolerance, and a coordinate that lands within rounding distance of a cell boundary can get the
+neighbouring index (counted in tests/unit/test_quant_kernels.py: none in millions of coordinates).
+Given the *same* rotated vector and sigma, the indices are identical: both compare y > sigma * t_k in
+the compute dtype. Each path is deterministic, so every rank of a collective (all on one path) gets
+bit-identical results.
+
+Which path runs is chosen once per process by `accel.py` (MRC_QUANT_KERNELS=numba|numpy).
+
+FWHT layout (why it is shaped like this: a plain radix-2 loop `a[j], a[j + h] = ...` does not vectorize,
+LLVM cannot prove a[j] and a[j + h] apart): the vector is cut into blocks of 128 KiB (2^15 float32, 2^14
+float64; L2-resident) and in each block levels 0..2 run as one radix-8 butterfly per 8 contiguous
+elements (a flat loop that LLVM vectorizes as an interleaved access group), then radix-8/4/2 stages whose
+operands are separate slices of the block (distinct array pointers: LLVM checks them apart once per loop
+and vectorizes the inner loop with full-width registers). The outer levels (stride >= one block) are
+radix-8 passes over the whole vector with the same slice stages: eight sequential streams per pass, which
+the hardware prefetchers follow (a gather of column strips into a scratch buffer was 10x slower: short
+runs at power-of-two strides). The signs of a forward rotation and the 1/sqrt(D) scale are fused into the
+first read of each block; those of an inverse rotation, and ||y||^2, into the last pass.
+
+All kernels are compiled on first use (`cache=True`: numba caches the machine code next to this file in
+__pycache__, or in its user cache dir when that is not writable); see docs/quant.md §8 for the compile
+times.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from numba import njit
+
+from .eden import GroupStats, _tables
+from .lloydmax import error_clip
+from .rht import STREAM_ROTATION, FloatArray, sign_words
+
+U8 = npt.NDArray[np.uint8]
+
+def _jit(fn: Callable[..., Any]) -> Any:
+    return njit(cache=True, boundscheck=False, nogil=True)(fn)
+
+
+def _jit_sum(fn: Callable[..., Any]) -> Any:
+    """reassoc only: lets LLVM vectorize the float64 reductions (summation order changes, documented);
+    no nnan/ninf/contract, so compares, min() and products are the IEEE operations of the numpy path."""
+    return njit(cache=True, boundscheck=False, nogil=True, fastmath={"reassoc"})(fn)
+
+_CHUNK = 1024  # elements per quantization chunk (a multiple of 8: chunks start on byte boundaries)
+
+
+def _block_bits(dtype: np.dtype[np.floating]) -> int:
+    return 15 if dtype == np.float32 else 14
+
+
+# ---------------------------------------------------------------------------------------------- FWHT
+
+
+@_jit
+def _radix8_first(a):  # type: ignore[no-untyped-def]
+    """Levels 0..2 (h = 1, 2, 4) of every group of 8 contiguous elements, in place."""
+    for k in range(a.size // 8):
+        b = 8 * k
+        x0 = a[b]
+        x1 = a[b + 1]
+        x2 = a[b + 2]
+        x3 = a[b + 3]
+        x4 = a[b + 4]
+        x5 = a[b + 5]
+        x6 = a[b + 6]
+        x7 = a[b + 7]
+        s0 = x0 + x1
+        d0 = x0 - x1
+        s1 = x2 + x3
+        d1 = x2 - x3
+        s2 = x4 + x5
+        d2 = x4 - x5
+        s3 = x6 + x7
+        d3 = x6 - x7
+        y0 = s0 + s1
+        y1 = d0 + d1
+        y2 = s0 - s1
+        y3 = d0 - d1
+        y4 = s2 + s3
+        y5 = d2 + d3
+        y6 = s2 - s3
+        y7 = d2 - d3
+        a[b] = y0 + y4
+        a[b + 4] = y0 - y4
+        a[b + 1] = y1 + y5
+        a[b + 5] = y1 - y5
+        a[b + 2] = y2 + y6
+        a[b + 6] = y2 - y6
+        a[b + 3] = y3 + y7
+        a[b + 7] = y3 - y7
+
+
+@_jit
+def _stages(a, h):  # type: ignore[no-untyped-def]
+    """Butterfly levels h, 2h, ... up to a.size (all powers of two), in place: radix-8 stages while
+    they fit, then one radix-4 or radix-2. The operands of a butterfly are separate slices."""
+    n = a.size
+    while h * 8 <= n:
+        for i in range(0, n, 8 * h):
+            p0 = a[i : i + h]
+            p1 = a[i + h : i + 2 * h]
+            p2 = a[i + 2 * h : i + 3 * h]
+            p3 = a[i + 3 * h : i + 4 * h]
+            p4 = a[i + 4 * h : i + 5 * h]
+            p5 = a[i + 5 * h : i + 6 * h]
+            p6 = a[i + 6 * h : i + 7 * h]
+            p7 = a[i + 7 * h : i + 8 * h]
+            for j in range(h):
+                x0 = p0[j]
+                x1 = p1[j]
+                x2 = p2[j]
+                x3 = p3[j]
+                x4 = p4[j]
+                x5 = p5[j]
+                x6 = p6[j]
+                x7 = p7[j]
+                s0 = x0 + x1
+                d0 = x0 - x1
+                s1 = x2 + x3
+                d1 = x2 - x3
+                s2 = x4 + x5
+                d2 = x4 - x5
+                s3 = x6 + x7
+                d3 = x6 - x7
+                y0 = s0 + s1
+                y1 = d0 + d1
+                y2 = s0 - s1
+                y3 = d0 - d1
+                y4 = s2 + s3
+                y5 = d2 + d3
+                y6 = s2 - s3
+                y7 = d2 - d3
+                p0[j] = y0 + y4
+                p4[j] = y0 - y4
+                p1[j] = y1 + y5
+                p5[j] = y1 - y5
+                p2[j] = y2 + y6
+                p6[j] = y2 - y6
+                p3[j] = y3 + y7
+                p7[j] = y3 - y7
+        h *= 8
+    if h * 4 <= n:
+        for i in range(0, n, 4 * h):
+            p0 = a[i : i + h]
+            p1 = a[i + h : i + 2 * h]
+            p2 = a[i + 2 * h : i + 3 * h]
+            p3 = a[i + 3 * h : i + 4 * h]
+            for j in range(h):
+                x0 = p0[j]
+                x1 = p1[j]
+                x2 = p2[j]
+                x3 = p3[j]
+                s0 = x0 + x1
+                d0 = x0 - x1
+                s1 = x2 + x3
+                d1 = x2 - x3
+                p0[j] = s0 + s1
+                p1[j] = d0 + d1
+                p2[j] = s0 - s1
+                p3[j] = d0 - d1
+        h *= 4
+    if h * 2 <= n:
+        for i in range(0, n, 2 * h):
+            p0 = a[i : i + h]
+            p1 = a[i + h : i + 2 * h]
+            for j in range(h):
+                x0 = p0[j]
+                x1 = p1[j]
+                p0[j] = x0 + x1
+                p1[j] = x0 - x1
+
+
+@_jit
+def _signed_copy(dst, src, base, words, scale):  # type: ignore[no-untyped-def]
+    """dst[i] = src[i] * (+-scale), the sign of global element base + i from bit (base+i) % 64 of
+    words[(base+i) // 64] (1 -> minus); no words: +scale. base is a multiple of 64 (or 0); dst and src
+    may be the same array."""
+    m = src.size
+    if words.size == 0:
+        for i in range(m):
+            dst[i] = src[i] * scale
+        return
+    neg = -scale
+    w0 = base >> 6
+    full = m >> 6
+    for w in range(full):  # one word per 64 elements: a constant-trip inner loop LLVM vectorizes
+        word = words[w0 + w]
+        d = dst[64 * w : 64 * w + 64]
+        s = src[64 * w : 64 * w + 64]
+        for b in range(64):
+            d[b] = s[b] * (neg if (word >> np.uint64(b)) & np.uint64(1) else scale)
+    for i in range(64 * full, m):
+        k = base + i
+        bit = (words[k >> 6] >> np.uint64(k & 63)) & np.uint64(1)
+        dst[i] = src[i] * (neg if bit else scale)
+
+
+@_jit_sum
+def _sumsq(a):  # type: ignore[no-untyped-def]
+    s = 0.0
+    for i in range(a.size):
+        v = np.float64(a[i])
+        s += v * v
+    return s
+
+
+@_jit
+def _fwht_core(src, a, pre_words, pre_scale, post_words, post_scale, block_bits):  # type: ignore[no-untyped-def]
+    """a = post_signs * post_scale * H (pre_signs * pre_scale * [src, 0...]) with H the unnormalised
+    Hadamard matrix of size a.size (a power of two >= src.size); src may be a itself. Returns ||a||^2
+    (float64) of the result."""
+    n = a.size
+    d = src.size
+    bsz = min(n, 1 << block_bits)
+    total = 0.0
+    for base in range(0, n, bsz):
+        blk = a[base : base + bsz]
+        hi = min(max(d - base, 0), bsz)
+        if hi > 0:
+            _signed_copy(blk[:hi], src[base : base + hi], base, pre_words, pre_scale)
+        for i in range(hi, bsz):
+            blk[i] = 0.0
+        if bsz >= 8:
+            _radix8_first(blk)
+            _stages(blk, 8)
+        else:
+            _stages(blk, 1)
+        if n == bsz:
+            total += _post(blk, post_words, post_scale)
+    if n == bsz:
+        return total
+    _stages(a, bsz)  # outer levels: radix-8 passes over the whole vector, 8 sequential streams each
+    return _post(a, post_words, post_scale)
+
+
+@_jit_sum
+def _post(a, words, scale):  # type: ignore[no-untyped-def]
+    """a *= +-scale (signs as in _signed_copy, global index = position in a); returns ||a||^2 (float64)."""
+    total = 0.0
+    if words.size == 0:
+        for i in range(a.size):
+            v = a[i] * scale
+            a[i] = v
+            vd = np.float64(v)
+            total += vd * vd
+        return total
+    neg = -scale
+    full = a.size >> 6
+    for w in range(full):
+        word = words[w]
+        blk = a[64 * w : 64 * w + 64]
+        for b in range(64):
+            v = blk[b] * (neg if (word >> np.uint64(b)) & np.uint64(1) else scale)
+            blk[b] = v
+            vd = np.float64(v)
+            total += vd * vd
+    for i in range(64 * full, a.size):
+        bit = (words[i >> 6] >> np.uint64(i & 63)) & np.uint64(1)
+        v = a[i] * (neg if bit else scale)
+        a[i] = v
+        vd = np.float64(v)
+        total += vd * vd
+    return total
+
+
+_NO_WORDS = np.zeros(0, np.uint64)
+
+
+def _check_float(a: FloatArray) -> None:
+    if a.ndim != 1 or a.dtype not in (np.float32, np.float64) or not a.flags.c_contiguous:
+        raise TypeError("needs a contiguous 1-D float32 or float64 array")
+
+
+def fwht(a: FloatArray, scratch: FloatArray | None = None) -> FloatArray:
+    """Orthonormal Walsh–Hadamard transform of `a` (1-D float32/float64, length 2**n), in place;
+    returns `a` (same contract as rht.fwht; `scratch` is accepted and unused)."""
+    if a.ndim != 1 or a.dtype not in (np.float32, np.float64):
+        raise TypeError("fwht needs a 1-D float32 or float64 array")
+    n = a.size
+    if n & (n - 1):
+        raise ValueError(f"fwht length must be a power of two, got {n}")
+    if n <= 1:
+        return a
+    _check_float(a)
+    one = a.dtype.type(1.0)
+    _fwht_core(a, a, _NO_WORDS, a.dtype.type(1.0 / math.sqrt(n)), _NO_WORDS, one, _block_bits(a.dtype))
+    return a
+
+
+def _check_rotations(rotations: int) -> None:
+    from .rht import _check_rotations as check
+
+    check(rotations)
+
+
+def rotate_from(
+    x: FloatArray, padded: int, dtype: np.dtype[np.floating], seed: int, rotations: int,
+) -> tuple[FloatArray, float]:
+    """(y, ||y||^2): x (1-D, any float dtype, length <= padded) zero-padded to `padded`, in `dtype`,
+    rotated by rotations 0 .. rotations-1 — one pass fuses the copy, padding, signs and scale."""
+    _check_rotations(rotations)
+    src = np.ascontiguousarray(x, dtype=dtype)
+    y = np.empty(padded, dtype)
+    ny2 = _rotate_into(src, y, seed, 0)
+    for k in range(1, rotations):
+        ny2 = _rotate_into(y, y, seed, k)
+    return y, ny2
+
+
+def _rotate_into(src: FloatArray, y: FloatArray, seed: int, k: int) -> float:
+    n = y.size
+    words = sign_words(seed, k, n, STREAM_ROTATION)
+    scale = y.dtype.type(1.0 / math.sqrt(n))
+    return float(_fwht_core(src, y, words, scale, _NO_WORDS, y.dtype.type(1.0), _block_bits(y.dtype)))
+
+
+def rotate(y: FloatArray, seed: int, rotations: int, start: int = 0) -> FloatArray:
+    """rht.rotate, in place (returns y)."""
+    _check_rotations(start + rotations)
+    _check_float(y)
+    for k in range(start, start + rotations):
+        _rotate_into(y, y, seed, k)
+    return y
+
+
+def unrotate(y: FloatArray, seed: int, rotations: int) -> FloatArray:
+    """rht.unrotate, in place (returns y): H then the signs (fused into the last pass), in reverse."""
+    _check_rotations(rotations)
+    _check_float(y)
+    n = y.size
+    scale = y.dtype.type(1.0 / math.sqrt(n))
+    one = y.dtype.type(1.0)
+    for k in reversed(range(rotations)):
+        words = sign_words(seed, k, n, STREAM_ROTATION)
+        _fwht_core(y, y, _NO_WORDS, one, words, scale, _block_bits(y.dtype))
+    return y
+
+
+def sumsq(y: FloatArray) -> float:
+    """||y||^2 accumulated in float64."""
+    return float(_sumsq(y))
+
+
+# -------------------------------------------------------------------------------- moment statistic
+
+
+@_jit_sum
+def _moments(v):  # type: ignore[no-untyped-def]
+    s2 = 0.0
+    s4 = 0.0
+    for i in range(v.size):
+        x = np.float64(v[i])
+        x2 = x * x
+        s2 += x2
+        s4 += x2 * x2
+    return s2, s4
+
+
+@_jit_sum
+def _moments_scaled(v):  # type: ignore[no-untyped-def]
+    peak = 0.0
+    for i in range(v.size):
+        peak = max(peak, abs(v[i]))
+    if peak == 0.0 or not np.isfinite(peak):
+        return 0.0, 0.0
+    inv = 1.0 / peak
+    s2 = 0.0
+    s4 = 0.0
+    for i in range(v.size):
+        x = v[i] * inv
+        x2 = x * x
+        s2 += x2
+        s4 += x2 * x2
+    return s2, s4
+
+
+def participation(x: FloatArray) -> float:
+    """rho(x) = sum x^4 / (sum x^2)^2 (rht.participation) in one pass. float16/32 inputs: x^4 of a
+    float32 cannot overflow float64, so no rescaling; float64: scaled by max|x| first (two passes)."""
+    v = np.asarray(x).ravel()
+    if v.size == 0:
+        return 0.0
+    if v.dtype == np.float64:
+        s2, s4 = _moments_scaled(np.ascontiguousarray(v))
+    else:
+        if v.dtype != np.float32:
+            v = v.astype(np.float32)
+        s2, s4 = _moments(np.ascontiguousarray(v))
+    if not (s2 > 0.0 and math.isfinite(s2) and math.isfinite(s4)):
+        return 0.0
+    return float(s4 / (s2 * s2))
+
+
+# ----------------------------------------------------------------------------------- quantization
+
+
+@_jit_sum
+def _quantize(y, thr, ext, cent, bits, sig, clip, clip0, with_q0, idx_out, packed):  # type: ignore[no-untyped-def]
+    """Nearest centroid index of each y_i (count of thresholds below it; ties go down) and the sums
+    (rc, cc, q, q0) of eden.nearest; the indices go to idx_out (uint8, when its size is y.size) and/or
+    packed little-endian `bits` wide into `packed` (when its size is > 0)."""
+    n = y.size
+    ib = np.zeros(_CHUNK, np.int32)
+    cv = np.empty(_CHUNK, y.dtype)
+    rc = 0.0
+    cc = 0.0
+    q = 0.0
+    q0 = 0.0
+    nthr = thr.size
+    want_idx = idx_out.size == n
+    want_pack = packed.size > 0
+    c0 = cent[0]
+    for base in range(0, n, _CHUNK):
+        m = min(_CHUNK, n - base)
+        ych = y[base : base + m]
+        if bits <= 4:
+            # one vectorized pass per threshold over the L1-resident chunk: index count and centroid
+            # (a select, no gather) together
+            for i in range(m):
+                ib[i] = 0
+                cv[i] = c0
+            for t in range(nthr):
+                tv = thr[t]
+                cn = cent[t + 1]
+                for i in range(m):
+                    gt = ych[i] > tv
+                    ib[i] += np.int32(gt)
+                    cv[i] = cn if gt else cv[i]
+        else:  # branch-free binary search over the cell upper edges
+            for i in range(m):
+                ib[i] = 0
+            step = 1 << (bits - 1)
+            while step:
+                for i in range(m):
+                    if ych[i] > ext[ib[i] + step - 1]:
+                        ib[i] += step
+                step >>= 1
+            for i in range(m):
+                cv[i] = cent[ib[i]]
+        for i in range(m):
+            c = cv[i]
+            r = ych[i] - sig * c
+            c64 = np.float64(c)
+            rc += np.float64(r) * c64
+            cc += c64 * c64
+            q += np.float64(min(r * r, clip))
+        if with_q0:
+            for i in range(m):
+                yv = ych[i]
+                q0 += np.float64(min(yv * yv, clip0))
+        if want_idx:
+            for i in range(m):
+                idx_out[base + i] = np.uint8(ib[i])
+        if want_pack:
+            _pack_chunk(ib, m, bits, packed, (base * bits) // 8)
+    return rc, cc, q, q0
+
+
+@_jit
+def _pack_chunk(ib, m, bits, out, pos):  # type: ignore[no-untyped-def]
+    """Pack ib[:m] (m a multiple of 8 unless it is the last chunk) at byte `pos` of out."""
+    if bits == 8:
+        for i in range(m):
+            out[pos + i] = np.uint8(ib[i])
+    elif bits == 4:
+        full = m // 2
+        for j in range(full):
+            out[pos + j] = np.uint8(ib[2 * j] | (ib[2 * j + 1] << 4))
+        if m & 1:
+            out[pos + full] = np.uint8(ib[m - 1])
+    elif bits == 2:
+        full = m // 4
+        for j in range(full):
+            b = 4 * j
+            out[pos + j] = np.uint8(ib[b] | (ib[b + 1] << 2) | (ib[b + 2] << 4) | (ib[b + 3] << 6))
+        rest = m - 4 * full
+        if rest:
+            v = 0
+            for k in range(rest):
+                v |= ib[4 * full + k] << (2 * k)
+            out[pos + full] = np.uint8(v)
+    elif bits == 1:
+        full = m // 8
+        for j in range(full):
+            b = 8 * j
+            out[pos + j] = np.uint8(
+                ib[b] | (ib[b + 1] << 1) | (ib[b + 2] << 2) | (ib[b + 3] << 3) | (ib[b + 4] << 4)
+                | (ib[b + 5] << 5) | (ib[b + 6] << 6) | (ib[b + 7] << 7)
+            )
+        rest = m - 8 * full
+        if rest:
+            v = 0
+            for k in range(rest):
+                v |= ib[8 * full + k] << k
+            out[pos + full] = np.uint8(v)
+    else:  # 3, 5, 6, 7: a bit accumulator, flushed byte by byte
+        acc = np.uint64(0)
+        nacc = 0
+        p = pos
+        for i in range(m):
+            acc |= np.uint64(ib[i]) << np.uint64(nacc)
+            nacc += bits
+            while nacc >= 8:
+                out[p] = np.uint8(acc & np.uint64(0xFF))
+                acc >>= np.uint64(8)
+                nacc -= 8
+                p += 1
+        if nacc > 0:
+            out[p] = np.uint8(acc & np.uint64(0xFF))
+
+
+Scalar = np.floating[Any]
+
+
+def _prep(
+    y: FloatArray, bits: int, sigma: float,
+) -> tuple[FloatArray, FloatArray, FloatArray, Scalar, Scalar, Scalar]:
+    """Thresholds exactly as eden.nearest computes them (so indices match for the same y and sigma)."""
+    cent, t = _tables(bits, y.dtype)
+    thr = t * y.dtype.type(sigma)
+    ext = np.concatenate((thr, [np.inf])).astype(y.dtype)
+    sig = y.dtype.type(sigma)
+    clip = y.dtype.type(error_clip(bits) * sigma * sigma)
+    clip0 = y.dtype.type(error_clip(0) * sigma * sigma)
+    return np.ascontiguousarray(thr, y.dtype), ext, cent, sig, clip, clip0
+
+
+_NO_U8 = np.zeros(0, np.uint8)
+
+
+def nearest(y: FloatArray, bits: int, sigma: float, with_q0: bool = False) -> tuple[U8, GroupStats]:
+    """eden.nearest: (uint8 indices, GroupStats)."""
+    y = np.ascontiguousarray(y)
+    thr, ext, cent, sig, clip, clip0 = _prep(y, bits, sigma)
+    idx = np.empty(y.size, np.uint8)
+    rc, cc, q, q0 = _quantize(y, thr, ext, cent, bits, sig, clip, clip0, with_q0, idx, _NO_U8)
+    return idx, GroupStats(float(rc), float(cc), float(q), float(q0))
+
+
+def nearest_packed(y: FloatArray, bits: int, sigma: float, with_q0: bool = False) -> tuple[U8, GroupStats]:
+    """eden.nearest followed by bitpack.pack, fused: (packed bytes, GroupStats)."""
+    y = np.ascontiguousarray(y)
+    thr, ext, cent, sig, clip, clip0 = _prep(y, bits, sigma)
+    packed = np.empty((y.size * bits + 7) // 8, np.uint8)
+    if packed.size == 0:
+        return packed, GroupStats()
+    rc, cc, q, q0 = _quantize(y, thr, ext, cent, bits, sig, clip, clip0, with_q0, _NO_U8, packed)
+    return packed, GroupStats(float(rc), float(cc), float(q), float(q0))
+
+
+@_jit_sum
+def _clipped_sumsq(y, clip):  # type: ignore[no-untyped-def]
+    s = 0.0
+    for i in range(y.size):
+        v = y[i]
+        s += np.float64(min(v * v, clip))
+    return s
+
+
+def clipped_sumsq(y: FloatArray, clip: float) -> float:
+    """sum min(y_i^2, clip) (clip in y's dtype), float64 accumulation."""
+    return float(_clipped_sumsq(np.ascontiguousarray(y), y.dtype.type(clip)))
+
+
+# ------------------------------------------------------------------------------------------ decode
+
+
+@_jit
+def _lookup(packed, bits, table, out):  # type: ignore[no-untyped-def]
+    """out[i] = table[index i of the packed stream] for i < out.size."""
+    n = out.size
+    if bits == 8:
+        for i in range(n):
+            out[i] = table[packed[i]]
+    elif bits == 4:
+        full = n // 2
+        for j in range(full):
+            v = packed[j]
+            out[2 * j] = table[v & 15]
+            out[2 * j + 1] = table[v >> 4]
+        if n & 1:
+            out[n - 1] = table[packed[full] & 15]
+    elif bits == 2:
+        full = n // 4
+        for j in range(full):
+            v = packed[j]
+            out[4 * j] = table[v & 3]
+            out[4 * j + 1] = table[(v >> 2) & 3]
+            out[4 * j + 2] = table[(v >> 4) & 3]
+            out[4 * j + 3] = table[v >> 6]
+        for i in range(4 * full, n):
+            out[i] = table[(packed[full] >> (2 * (i - 4 * full))) & 3]
+    elif bits == 1:
+        full = n // 8
+        for j in range(full):
+            v = packed[j]
+            for k in range(8):
+                out[8 * j + k] = table[(v >> k) & 1]
+        for i in range(8 * full, n):
+            out[i] = table[(packed[full] >> (i - 8 * full)) & 1]
+    else:
+        mask = (1 << bits) - 1
+        acc = np.int64(0)
+        nacc = 0
+        p = 0
+        for i in range(n):
+            while nacc < bits:
+                acc |= np.int64(packed[p]) << nacc
+                p += 1
+                nacc += 8
+            out[i] = table[acc & mask]
+            acc >>= bits
+            nacc -= bits
+
+
+def lookup(packed: U8, bits: int, n: int, table: FloatArray) -> FloatArray:
+    """table[index] for the n indices of a packed section (its size and padding already checked)."""
+    out = np.empty(n, table.dtype)
+    if n:
+        _lookup(np.ascontiguousarray(packed), bits, np.ascontiguousarray(table), out)
+    return out
