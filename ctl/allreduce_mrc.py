@@ -1,12 +1,15 @@
 """Ranks over MRC for `mrcctl allreduce --transport mrc` (docs/collective.md, "Ranks over MRC").
 
-`MrcRunner` is a `mrc.collective.bench.Runner`: it starts one rank process per testbed host
-(`python -m mrc.ctl.allreduce_rank`, its own session, ended by PID on every exit path), gives them a
+`MrcRunner` is a `mrc.collective.bench.Runner`: it starts K rank processes per testbed host, host-major
+(`place_ranks`: ranks 0..K-1 on the first host, K..2K-1 on the second, ...; `python -m
+mrc.ctl.allreduce_rank`, each in its own session, ended by PID on every exit path), gives them a
 rendezvous (a torch.distributed TCPStore served from this process when torch is importable, else a
 directory of JSON files written atomically), and for each iteration hands every rank its input buffer
 (a float32 file in a private run directory on /dev/shm), lets them all-reduce over their mrcds and reads
-their results back: the iteration time runs from the first rank's start to the last rank's end (one
-machine, one CLOCK_MONOTONIC), and every rank's result must be bit-identical to rank 0's.
+their results back (with the bytes each rank sent through MRC and to co-located ranks, which go through
+shared memory: `dataplane.collective.RankTransport`): the iteration time runs from the first rank's
+start to the last rank's end (one machine, one CLOCK_MONOTONIC), and every rank's result must be
+bit-identical to rank 0's.
 
 With a failure (A:B@SECONDS, optional heal-after) the link goes down SECONDS after the first measured
 iteration started (through the testbed API, as `mrcctl bench write --fail-link`) and comes back later;
@@ -57,6 +60,33 @@ def slot_bytes(size_bytes: int, ranks: int, algorithm: str) -> int:
     return max_message_bytes(size_bytes // 4, ranks, algorithm)
 
 
+def place_ranks(hosts: list[str], ranks: int, ranks_per_host: int | None = None) -> list[str]:
+    """Every rank's host, host-major: ranks 0..K-1 on hosts[0], K..2K-1 on hosts[1], ... so that the
+    ring crosses the fabric only between host groups. K = `ranks_per_host`, or by default 1 when `ranks`
+    fits the hosts and `ranks / len(hosts)` otherwise (then `ranks` must be a multiple of the hosts).
+    At least 2 hosts are used (a ring within one host would not touch MRC)."""
+    if ranks < 2:
+        raise MrcError("--transport mrc needs at least 2 ranks")
+    if ranks_per_host is None:
+        if ranks <= len(hosts):
+            ranks_per_host = 1
+        elif ranks % len(hosts):
+            raise MrcError(f"{ranks} ranks on {len(hosts)} hosts: the ranks must be at most the hosts or a "
+                           "multiple of them (or say --ranks-per-host)")
+        else:
+            ranks_per_host = ranks // len(hosts)
+    if ranks_per_host < 1 or ranks % ranks_per_host:
+        raise MrcError(f"{ranks} ranks are not a whole number of hosts at {ranks_per_host} ranks per host")
+    used = ranks // ranks_per_host
+    if used > len(hosts):
+        raise MrcError(f"{ranks} ranks at {ranks_per_host} per host need {used} hosts; the testbed has "
+                       f"{len(hosts)}")
+    if used < 2:
+        raise MrcError(f"{ranks} ranks at {ranks_per_host} per host use one host: --transport mrc needs "
+                       "ranks on at least 2 hosts")
+    return [hosts[r // ranks_per_host] for r in range(ranks)]
+
+
 def rank_env() -> dict[str, str]:
     """The rank processes' environment: one BLAS thread per rank. n processes each spinning a thread pool
     on a small machine slow the codec's dot products twenty-fold (measured: 570 -> 28 ms for 1 MiB at 4
@@ -87,10 +117,11 @@ def serve_store(choice: str, rundir: Path, timeout_s: float) -> tuple[Any, str, 
 
 
 class RankProcesses:
-    """Rank processes of one run, rank r on hosts[r]: each started in its own session with a JSON-lines
-    protocol (commands on stdin, one answer per line on stdout: {"ready"|"ok": ...} or {"error": ...}),
-    stderr to `rundir/rank<r>.log`; `close` ends them by PID on every exit path (a `quit` line, then
-    SIGTERM, then SIGKILL) — a rank whose launcher vanished sees end of stdin and leaves."""
+    """Rank processes of one run, rank r on hosts[r] (a host may hold several): each started in its own
+    session with a JSON-lines protocol (commands on stdin, one answer per line on stdout: {"ready"|"ok":
+    ...} or {"error": ...}), stderr to `rundir/rank<r>.log`; `close` ends them by PID on every exit path
+    (a `quit` line, then SIGTERM, then SIGKILL) — a rank whose launcher vanished sees end of stdin and
+    leaves."""
 
     def __init__(self, hosts: list[str], rundir: Path) -> None:
         self.hosts = hosts
@@ -179,19 +210,20 @@ class MrcRunner:
     def __init__(self, testbed: str, ranks: int, size_bytes: int, algorithm: str, *,
                  fail_link: tuple[str, str, float] | None = None, heal_after: float | None = None,
                  sample_s: float = 0.0, timeout_s: float = 120.0, rendezvous: str = "auto",
-                 progress: Any = lambda _m: None) -> None:
+                 ranks_per_host: int | None = None, progress: Any = lambda _m: None) -> None:
         if rendezvous not in RENDEZVOUS:
             raise MrcError(f"rendezvous must be one of {', '.join(RENDEZVOUS)}")
         self.rendezvous_choice = rendezvous
         self.testbed = testbed
         self.tb = tbmod.Testbed.load(testbed)
-        hosts = self.tb.topo.host_names()
-        if ranks > len(hosts):
-            raise MrcError(f"testbed {testbed} has {len(hosts)} hosts: at most {len(hosts)} ranks over MRC "
-                           "(one rank per host)")
-        if ranks < 2:
-            raise MrcError("--transport mrc needs at least 2 ranks")
-        self.hosts = hosts[:ranks]
+        try:
+            self.rank_hosts = place_ranks(self.tb.topo.host_names(), ranks, ranks_per_host)
+        except MrcError as e:
+            raise MrcError(f"testbed {testbed}: {e}") from None
+        self.hosts = list(dict.fromkeys(self.rank_hosts))  # the hosts used, in order
+        self.ranks_per_host = ranks // len(self.hosts)
+        # per measured iteration: message bytes of all ranks through MRC and to co-located ranks
+        self.split_bytes: dict[int, tuple[int, int]] = {}
         if fail_link is not None:
             self.tb.link(fail_link[0], fail_link[1])
         self.fail_link = fail_link
@@ -213,7 +245,7 @@ class MrcRunner:
         self._sampler: threading.Thread | None = None
         base = "/dev/shm" if os.path.isdir("/dev/shm") else None
         self.rundir = Path(tempfile.mkdtemp(prefix="mrc-allreduce-", dir=base))
-        self.ranks = RankProcesses(self.hosts, self.rundir)
+        self.ranks = RankProcesses(self.rank_hosts, self.rundir)
         self.procs = self.ranks.procs  # the rank processes (Popen), rank r at index r
         try:
             self._start()
@@ -224,12 +256,13 @@ class MrcRunner:
     # -- ranks
     def _start(self) -> None:
         self.store, url, self.rendezvous = serve_store(self.rendezvous_choice, self.rundir, self.timeout_s)
-        self.progress(f"  {len(self.hosts)} rank processes on {', '.join(self.hosts)} "
-                      f"(rendezvous: {self.rendezvous}; slots of {self.slot_bytes} B)")
+        self.progress(f"  {len(self.rank_hosts)} rank processes, {self.ranks_per_host} per host on "
+                      f"{', '.join(self.hosts)} (rendezvous: {self.rendezvous}; "
+                      f"slots of {self.slot_bytes} B)")
         env = rank_env()
-        for r, h in enumerate(self.hosts):
-            self.ranks.start([sys.executable, "-m", "mrc.ctl.allreduce_rank", "--rank", str(r), "--hosts",
-                              ",".join(self.hosts), "--ns", self.tb.ns(h), "--store", url,
+        for h in self.rank_hosts:
+            self.ranks.start([sys.executable, "-m", "mrc.ctl.allreduce_rank", "--rank", str(len(self.procs)),
+                              "--hosts", ",".join(self.rank_hosts), "--ns", self.tb.ns(h), "--store", url,
                               "--slot-bytes", str(self.slot_bytes), "--timeout", str(self.timeout_s),
                               "--prefix", f"ar{os.getpid()}"], env)
         self.ranks.wait_ready()
@@ -327,6 +360,9 @@ class MrcRunner:
             if not np.array_equal(results[r].out, results[0].out):
                 raise MrcError(f"rank {r}'s result differs from rank 0's")
         down = any(d0 <= t1 and (d1 is None or d1 >= t0) for d0, d1 in self.down)
+        if step >= 0:
+            self.split_bytes[step] = (sum(int(a.get("mrc_bytes", 0)) for a in answers),
+                                      sum(int(a.get("local_bytes", 0)) for a in answers))
         if step >= 0 and self.t_ref is not None:
             self.iter_marks.append({"iter": step, "start_s": (t0 - self.t_ref) / 1e9,
                                     "end_s": (t1 - self.t_ref) / 1e9, "link_down": down})
@@ -339,7 +375,8 @@ class MrcRunner:
         """What the MRC run adds to the report: hosts, rendezvous, the failure, the timeline."""
         ref = self.t_ref or 0
         doc: dict[str, Any] = {"testbed": self.testbed, "hosts": self.hosts, "rendezvous": self.rendezvous,
-                               "slot_bytes": self.slot_bytes}
+                               "slot_bytes": self.slot_bytes, "ranks_per_host": self.ranks_per_host,
+                               "split_bytes": dict(self.split_bytes)}
         if self.fail_link is not None:
             a, b, at = self.fail_link
             doc["failure"] = {

@@ -1,13 +1,17 @@
-"""One all-reduce rank over MRC (started by `mrcctl allreduce --transport mrc`, one per testbed host).
+"""One all-reduce rank over MRC (started by `mrcctl allreduce --transport mrc`, K per testbed host).
 
-    python -m mrc.ctl.allreduce_rank --rank R --hosts h0,h1,h2,h3 --ns NS --store URL --slot-bytes N
+    python -m mrc.ctl.allreduce_rank --rank R --hosts h0,h0,h1,h1 --ns NS --store URL --slot-bytes N
 
-It opens an `MrcTransport` through its host's mrcd (rendezvous in the store), says ``{"ready": ...}`` on
-stdout, then follows commands from stdin, one JSON object per line:
+`--hosts` names every rank's host (rank i on the i-th; a host appears once per rank it holds). It opens a
+`RankTransport` (rendezvous in the store): ranks on other hosts through its host's mrcd, co-located ranks
+through shared memory; says ``{"ready": ...}`` on stdout, then follows commands from stdin, one JSON
+object per line:
 
     {"op": "run", "step": K, "input": PATH, "output": PATH, "config": {...}}
         read the float32 buffer at PATH, all-reduce it (mrc.collective.allreduce), write the result to
-        OUTPUT; answer {"ok": {"t_start_ns", "t_end_ns", "wire_bytes", "messages", "bits_per_hop"}}
+        OUTPUT; answer {"ok": {"t_start_ns", "t_end_ns", "wire_bytes", "mrc_bytes", "local_bytes",
+        "messages", "bits_per_hop"}} (mrc_bytes + local_bytes = wire_bytes: this run's message bytes
+        that went through MRC / to co-located ranks)
     {"op": "quit"}  (or end of stdin: the launcher went away)  -> destroy the QPs and exit
 
 Any failure is answered {"error": "one line"}; after a transport failure the rank exits (its peers then
@@ -26,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from mrc.collective import Config, TransportError, allreduce
-from mrc.dataplane.collective import MrcTransport, open_store
+from mrc.dataplane.collective import RankTransport, open_store
 from mrc.errors import MrcError
 
 
@@ -51,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher handles Ctrl-C and ends us
     hosts = a.hosts.split(",")
     try:
-        t = MrcTransport(open_store(a.store, a.timeout), a.rank, hosts, a.ns, a.slot_bytes,
-                         slots=a.slots, timeout_s=a.timeout, prefix=a.prefix)
+        t = RankTransport(open_store(a.store, a.timeout), a.rank, hosts, a.ns, a.slot_bytes,
+                          slots=a.slots, timeout_s=a.timeout, prefix=a.prefix)
     except (MrcError, OSError) as e:
         _say({"error": f"rank {a.rank} ({hosts[a.rank]}): {e}"})
         return 1
@@ -67,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             cfg = Config(**cmd["config"])
             x = np.fromfile(cmd["input"], dtype=np.float32)
+            mrc0, local0 = t.mrc_bytes, t.local_bytes
             try:
                 t0 = time.monotonic_ns()
                 res = allreduce(t, x, cfg, int(cmd["step"]))
@@ -76,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             res.out.tofile(cmd["output"])
             _say({"ok": {"t_start_ns": t0, "t_end_ns": t1, "wire_bytes": res.wire_bytes,
+                         "mrc_bytes": t.mrc_bytes - mrc0, "local_bytes": t.local_bytes - local0,
                          "messages": res.messages, "bits_per_hop": list(res.bits_per_hop)}})
     finally:
         t.close()

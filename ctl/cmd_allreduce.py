@@ -3,15 +3,17 @@
     mrcctl allreduce --ranks N --size S [--bits B] [--scheme SCHEME] [--partial-sums naive|aware]
                      [--algorithm ring|oneshot] [--iters K] [--dist iid|correlated]
                      [--correlation RHO] [--seed S]
-                     [--transport inproc|mrc] [-n TESTBED] [--fail-link A:B@SECONDS]
+                     [--transport inproc|mrc] [--ranks-per-host K] [-n TESTBED] [--fail-link A:B@SECONDS]
                      [--heal-after SECONDS] [--sample-ms MS] [--rendezvous auto|tcpstore|file]
                      [--report FILE] [-j]
 
 Prints one row per iteration — time, algbw and busbw (nccl-tests definitions), bytes on the wire (all
 ranks), vNMSE against the exact float64 mean — and a summary row. `--transport inproc` runs the ranks as
-threads of this process; `--transport mrc` runs one rank process per host of a testbed that is up with
-its daemons (`mrcctl testbed up --with-daemons`), exchanging chunks by WRITE-with-immediate through the
-hosts' mrcds (ctl/allreduce_mrc.py), with the same output; `--fail-link` takes a leaf-spine link down
+threads of this process; `--transport mrc` runs rank processes on the hosts of a testbed that is up with
+its daemons (`mrcctl testbed up --with-daemons`; one per host, or K per host host-major when the ranks
+outnumber the hosts), exchanging chunks by WRITE-with-immediate through the hosts' mrcds and through
+shared memory between ranks of one host (ctl/allreduce_mrc.py), with the same output (plus the bytes
+that crossed MRC); `--fail-link` takes a leaf-spine link down
 SECONDS after the first measured iteration started (and `--heal-after` brings it back).
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import os
 import signal
+import statistics
 from typing import Any
 
 import click
@@ -57,6 +60,8 @@ def render(doc: dict[str, Any]) -> str:
         + (f" bits={c['bits']:g} partial-sums={c['partial_sums']}" if c["scheme"] != "none" else "")
         + f" algorithm={c['algorithm']} transport={c['transport']} dist={c['dist']}"
     )
+    if c.get("ranks_per_host", 1) > 1:
+        head += f"\nranks per host: {c['ranks_per_host']} on {', '.join(c['hosts'])}"
     if c.get("bits_per_hop"):
         head += "\nbits per hop: " + " ".join(f"{b:g}" for b in c["bits_per_hop"])
     rows = []
@@ -67,6 +72,7 @@ def render(doc: dict[str, Any]) -> str:
             "algbw": _g(r["algbw_gbps"], ".4g"),
             "busbw": _g(r["busbw_gbps"], ".4g"),
             "wire": r["wire_bytes"] if r["wire_bytes"] is not None else "-",
+            "mrc": r.get("wire_bytes_mrc", "-"),
             "vnmse": _g(r["vnmse"], ".4g"),
             "down": r["failed_link_down"],
             "error": r.get("error", ""),
@@ -80,11 +86,14 @@ def render(doc: dict[str, Any]) -> str:
     rows.append({
         "iter": "median", "time": _g(s["median_time_s"] and s["median_time_s"] * 1e3, ".2f"),
         "algbw": "", "busbw": _g(s["median_busbw_gbps"], ".4g"),
-        "wire": _g(s["mean_wire_bytes"], ".0f"), "vnmse": _g(s["mean_vnmse"], ".4g") + " (mean)",
+        "wire": _g(s["mean_wire_bytes"], ".0f"), "mrc": _g(s.get("mean_wire_bytes_mrc"), ".0f"),
+        "vnmse": _g(s["mean_vnmse"], ".4g") + " (mean)",
         "down": "", "error": f"errors={s['errors']}",
     })
     cols = [("iter", "ITER"), ("time", "TIME_ms"), ("algbw", "ALGBW_GB/s"), ("busbw", "BUSBW_GB/s"),
             ("wire", "WIRE_B"), ("vnmse", "vNMSE"), ("down", "LINK_DOWN"), ("error", "")]
+    if c.get("ranks_per_host", 1) > 1:  # some hops stay within a host: show what crossed MRC
+        cols.insert(5, ("mrc", "MRC_B"))
     return head + "\n" + table(rows, cols)
 
 
@@ -103,7 +112,10 @@ def render(doc: dict[str, Any]) -> str:
               help="aware: assumed pairwise correlation of the ranks' buffers (sizes the per-hop budgets).")
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True)
 @click.option("--transport", type=click.Choice(TRANSPORTS), default="inproc", show_default=True,
-              help="inproc: threads of this process; mrc: one rank process per testbed host, over mrcd.")
+              help="inproc: threads of this process; mrc: rank processes on the testbed hosts, over mrcd.")
+@click.option("--ranks-per-host", type=click.IntRange(1, 1024), default=None, metavar="K",
+              help="mrc: K rank processes per host, host-major (default: 1 when --ranks fits the hosts, "
+              "else --ranks / hosts); co-located ranks exchange chunks through shared memory.")
 @click.option("-n", "--name", default=None, metavar="NAME", help="mrc: the testbed (may be omitted when only "
               "one is up).")
 @click.option("--fail-link", default=None, metavar="A:B@SECONDS",
@@ -123,23 +135,24 @@ def render(doc: dict[str, Any]) -> str:
 @click.pass_obj
 def allreduce(
     out: Output, ranks: int, size_text: str, bits: float, scheme: str, partial_sums: str, algorithm: str,
-    iters: int, dist: str, correlation: float, seed: int, transport: str, name: str | None,
-    fail_link: str | None, heal_after: float | None, sample_ms: int, timeout_s: float, rendezvous: str,
-    report_path: str | None,
+    iters: int, dist: str, correlation: float, seed: int, transport: str, ranks_per_host: int | None,
+    name: str | None, fail_link: str | None, heal_after: float | None, sample_ms: int, timeout_s: float,
+    rendezvous: str, report_path: str | None,
 ) -> None:
     """All-reduce of a float32 buffer across ranks with compressed chunks: time, bandwidth, wire bytes,
     error against the exact mean."""
     size = parse_size(size_text)
     cfg = Config(scheme, float(bits), partial_sums, algorithm, seed=seed, correlation=correlation)
     if transport == "inproc":
-        if fail_link or heal_after or sample_ms or rendezvous != "auto":
-            raise UsageError("--fail-link, --heal-after, --sample-ms and --rendezvous need --transport mrc")
+        if fail_link or heal_after or sample_ms or rendezvous != "auto" or ranks_per_host is not None:
+            raise UsageError("--fail-link, --heal-after, --sample-ms, --rendezvous and --ranks-per-host need "
+                             "--transport mrc")
         out.progress(f"allreduce: {ranks} ranks, {size} B, {scheme}, {iters} iterations ({transport})")
         doc = cbench.run(cbench.InProcRunner(), ranks, size, cfg, iters, dist=dist, seed=seed,
                          progress=out.progress)
     else:
         doc = _run_mrc(out, ranks, size, cfg, iters, dist, seed, name, fail_link, heal_after, sample_ms,
-                       timeout_s, rendezvous)
+                       timeout_s, rendezvous, ranks_per_host)
     if report_path is not None:
         import json
         from pathlib import Path
@@ -154,7 +167,7 @@ def allreduce(
 
 def _run_mrc(out: Output, ranks: int, size: int, cfg: Config, iters: int, dist: str, seed: int,
              name: str | None, fail_link: str | None, heal_after: float | None, sample_ms: int,
-             timeout_s: float, rendezvous: str = "auto") -> dict[str, Any]:
+             timeout_s: float, rendezvous: str = "auto", ranks_per_host: int | None = None) -> dict[str, Any]:
     from mrc.dataplane import testbed as tbmod
 
     from .allreduce_mrc import MrcRunner
@@ -174,16 +187,31 @@ def _run_mrc(out: Output, ranks: int, size: int, cfg: Config, iters: int, dist: 
     try:
         with MrcRunner(testbed, ranks, size, cfg.algorithm, fail_link=fl, heal_after=heal_after,
                        sample_s=sample_ms / 1e3, timeout_s=timeout_s, rendezvous=rendezvous,
-                       progress=out.progress) as runner:
+                       ranks_per_host=ranks_per_host, progress=out.progress) as runner:
             doc = cbench.run(runner, ranks, size, cfg, iters, dist=dist, seed=seed, progress=out.progress)
             extra = runner.extra()
     finally:
         signal.signal(signal.SIGTERM, old)
-    doc["config"].update({k: extra[k] for k in ("testbed", "hosts", "rendezvous", "slot_bytes")})
+    doc["config"].update({k: extra[k] for k in ("testbed", "hosts", "ranks_per_host", "rendezvous",
+                                                "slot_bytes")})
+    add_split_bytes(doc, extra["split_bytes"])
     for k in ("failure", "timeline"):
         if k in extra:
             doc[k] = extra[k]
     return doc
+
+
+def add_split_bytes(doc: dict[str, Any], split: dict[int, tuple[int, int]]) -> None:
+    """Per iteration, `wire_bytes_mrc` (message bytes that went through MRC) and `wire_bytes_local` (to
+    co-located ranks, shared memory): `wire_bytes` is their sum. The summary gets their means."""
+    ok = []
+    for row in doc["iterations"]:
+        if row.get("time_s") is not None and row["iter"] in split:
+            row["wire_bytes_mrc"], row["wire_bytes_local"] = split[row["iter"]]
+            ok.append(row)
+    if ok:
+        doc["summary"]["mean_wire_bytes_mrc"] = statistics.fmean(r["wire_bytes_mrc"] for r in ok)
+        doc["summary"]["mean_wire_bytes_local"] = statistics.fmean(r["wire_bytes_local"] for r in ok)
 
 
 _MAIN_PID = 0

@@ -39,6 +39,7 @@ from mrc.collective.transport import TransportError
 from mrc.errors import MrcError
 
 from .client import ClientQp, MrcClient, RemoteMr
+from .intrahost import IntraHost
 
 IMM_CREDIT: Final = 1 << 31
 SLOT_SHIFT: Final = 23
@@ -126,7 +127,8 @@ def torch_available() -> bool:
 
 class MrcTransport:
     """One rank's `Transport` over its host's mrcd. `hosts[i]` is rank i's testbed host (peer name for
-    create_qp); `ns` is this rank's host namespace (its mrcd's control socket)."""
+    create_qp); `ns` is this rank's host namespace (its mrcd's control socket). It carries the messages to
+    and from the ranks on other hosts (one QP each); ranks on the same host are `RankTransport`'s."""
 
     def __init__(self, store: Store, rank: int, hosts: list[str], ns: str, slot_bytes: int, *,
                  slots: int = 2, timeout_s: float = 120.0, prefix: str = "mrc-ar") -> None:
@@ -139,7 +141,8 @@ class MrcTransport:
         self.slots = slots
         self.slot_bytes = max(8, -(-slot_bytes // 8) * 8)
         self.timeout_s = timeout_s
-        self.peers = [p for p in range(n) if p != rank]
+        # the ranks on other hosts (co-located ranks go through `RankTransport`'s intra-host carrier)
+        self.peers = [p for p in range(n) if p != rank and hosts[p] != hosts[rank]]
         self.client = MrcClient.for_host(ns, timeout=timeout_s)
         try:
             self._setup(store, hosts, prefix)
@@ -297,4 +300,78 @@ class MrcTransport:
         self.client.close()
 
 
-__all__ = ["FileStore", "MrcTransport", "Store", "TorchStore", "open_store", "torch_available"]
+class RankTransport:
+    """A rank's `Transport` when several ranks share a host (docs/collective.md, "Ranks per host"): a
+    message to a rank on another host goes through MRC (`MrcTransport`, WRITE-with-immediate through this
+    host's mrcd), one to a co-located rank through shared memory (`IntraHost`). Both carriers use credits
+    over `slots` slots per peer, so `send` blocks only until the peer consumed a message, and
+    `send_window` is `slots` either way. `mrc_bytes` / `local_bytes` count the message bytes this rank
+    posted over each (the ring's wire bytes, split by carrier)."""
+
+    def __init__(self, store: Store, rank: int, hosts: list[str], ns: str, slot_bytes: int, *,
+                 slots: int = 2, timeout_s: float = 120.0, prefix: str = "mrc-ar") -> None:
+        self._rank, self._n = rank, len(hosts)
+        self.slots = slots
+        self.mrc_bytes = 0
+        self.local_bytes = 0
+        # the intra-host listener is up and published before anything below waits on a peer
+        self.local = IntraHost(store, rank, hosts, slot_bytes, slots=slots, timeout_s=timeout_s,
+                               prefix=prefix)
+        self.mrc: MrcTransport | None = None
+        try:
+            if any(h != hosts[rank] for h in hosts):
+                self.mrc = MrcTransport(store, rank, hosts, ns, slot_bytes, slots=slots, timeout_s=timeout_s,
+                                        prefix=prefix)
+        except BaseException:
+            self.local.close()
+            raise
+        self.slot_bytes = self.mrc.slot_bytes if self.mrc is not None else self.local.slot_bytes
+        self._local = set(self.local.peers)
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._n
+
+    @property
+    def send_window(self) -> int:
+        return self.slots
+
+    @property
+    def qps(self) -> dict[int, ClientQp]:
+        return self.mrc.qps if self.mrc is not None else {}
+
+    def send(self, dst: int, tag: int, data: bytes) -> None:
+        if dst in self._local:
+            self.local.send(dst, tag, data)
+            self.local_bytes += len(data)
+        elif self.mrc is not None:
+            self.mrc.send(dst, tag, data)
+            self.mrc_bytes += len(data)
+        else:
+            raise TransportError(f"rank {self._rank}: bad destination {dst}")
+
+    def recv(self, src: int, tag: int) -> bytes:
+        if src in self._local:
+            return self.local.recv(src, tag)
+        if self.mrc is None:
+            raise TransportError(f"rank {self._rank}: bad source {src}")
+        return self.mrc.recv(src, tag)
+
+    def flush(self) -> None:
+        if self.mrc is not None:
+            self.mrc.flush()
+
+    def close(self) -> None:
+        try:
+            if self.mrc is not None:
+                self.mrc.close()
+        finally:
+            self.local.close()
+
+
+__all__ = ["FileStore", "MrcTransport", "RankTransport", "Store", "TorchStore", "open_store",
+           "torch_available"]

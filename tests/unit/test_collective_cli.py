@@ -1,16 +1,24 @@
 """`mrcctl allreduce` (in-process transport): table, JSON keys of the issue, errors; the JSON-file
-rendezvous of the MRC ranks."""
+rendezvous of the MRC ranks; host-major rank placement and the intra-host carrier of co-located ranks
+(shared memory + a Unix socket per pair, no mrcd needed when every rank is on one host)."""
 
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
+from mrc.collective import Config, TransportError, allreduce, run_inproc
+from mrc.collective.bench import make_inputs
+from mrc.ctl.allreduce_mrc import place_ranks
 from mrc.ctl.cli import main
-from mrc.ctl.cmd_allreduce import parse_size
-from mrc.dataplane.collective import FileStore, open_store
+from mrc.ctl.cmd_allreduce import add_split_bytes, parse_size, render
+from mrc.dataplane.collective import FileStore, RankTransport, open_store
 from mrc.errors import MrcError, UsageError
 
 
@@ -59,7 +67,8 @@ def test_errors(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, _ = _run(capsys, "-j", "allreduce", "--transport", "mrc", "-n", "no-such-testbed-x")
     assert rc != 0 and "no-such-testbed-x" in json.loads(out)["error"]
     # failure injection, sampling and rendezvous belong to ranks over MRC
-    for extra in (["--fail-link", "p0l0:p0s0@1"], ["--sample-ms", "100"], ["--rendezvous", "file"]):
+    for extra in (["--fail-link", "p0l0:p0s0@1"], ["--sample-ms", "100"], ["--rendezvous", "file"],
+                  ["--ranks-per-host", "2"]):
         rc, out, _ = _run(capsys, "-j", "allreduce", *extra)
         assert rc != 0 and "--transport mrc" in json.loads(out)["error"]
 
@@ -92,3 +101,99 @@ def test_parse_size() -> None:
     assert parse_size("1048576") == 1 << 20
     with pytest.raises(UsageError):
         parse_size("lots")
+
+
+def test_place_ranks_host_major() -> None:
+    hosts = ["h0", "h1", "h2", "h3"]
+    assert place_ranks(hosts, 4) == hosts
+    assert place_ranks(hosts, 3) == ["h0", "h1", "h2"]
+    assert place_ranks(hosts, 8) == ["h0", "h0", "h1", "h1", "h2", "h2", "h3", "h3"]
+    assert place_ranks(hosts, 8, 4) == ["h0"] * 4 + ["h1"] * 4
+    assert place_ranks(hosts, 6, 2) == ["h0", "h0", "h1", "h1", "h2", "h2"]
+    for ranks, k, why in ((6, None, "multiple"), (1, None, "at least 2"), (8, 8, "one host"),
+                          (12, 2, "6 hosts"), (8, 3, "whole number")):
+        with pytest.raises(MrcError, match=why):
+            place_ranks(hosts, ranks, k)
+
+
+def _co_located(tmp_path: Path, n: int, fn: Callable[[RankTransport], Any], slot_bytes: int = 1 << 16,
+                timeout_s: float = 20.0) -> list[Any]:
+    """fn(transport) for n ranks of one host, each a thread with its own RankTransport (intra-host carrier
+    only: no mrcd involved), rendezvous in JSON files."""
+    out: list[Any] = [None] * n
+    errs: list[BaseException] = []
+
+    def body(r: int) -> None:
+        try:
+            t = RankTransport(FileStore(tmp_path / "rv", timeout_s), r, ["h0"] * n, "unused", slot_bytes,
+                              timeout_s=timeout_s, prefix=f"u{tmp_path.name}")
+        except BaseException as e:
+            errs.append(e)
+            return
+        try:
+            out[r] = fn(t)
+        except BaseException as e:
+            errs.append(e)
+        finally:
+            t.close()
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    if errs:
+        raise errs[0]
+    return out
+
+
+def test_intra_host_ring_bit_identical_to_inproc(tmp_path: Path) -> None:
+    cfg = Config("eden-unbiased", 2.0, "aware", seed=4)
+    xs = make_inputs(3, 70_001, "iid", 4, 0)  # chunks of several segments: pipelined over 2 slots
+    got = _co_located(tmp_path, 3, lambda t: (allreduce(t, xs[t.rank], cfg, 0), t.mrc_bytes, t.local_bytes,
+                                              t.send_window), slot_bytes=1 << 18)
+    ref = run_inproc(3, lambda t: allreduce(t, xs[t.rank], cfg, 0))
+    for (res, mrc_b, local_b, window), r in zip(got, ref, strict=True):
+        assert np.array_equal(res.out, ref[0].out) and np.array_equal(r.out, ref[0].out)
+        assert res.wire_bytes == r.wire_bytes == local_b and mrc_b == 0 and window == 2
+
+
+def test_intra_host_tag_check_deadline_and_gone_peer(tmp_path: Path) -> None:
+    sent = threading.Event()
+
+    def fn(t: RankTransport) -> str:
+        if t.rank == 0:
+            t.send(1, 7, b"x" * 100)
+            t.send(1, 8, b"y")
+            with pytest.raises(TransportError, match="exceeds the slot"):
+                t.send(1, 9, b"z" * (1 << 17))
+            with pytest.raises(TransportError, match="no credit"):  # 2 slots, nobody consumed them
+                t.send(1, 9, b"z")
+            sent.set()
+            return "sent"
+        assert sent.wait(10)
+        assert t.recv(0, 7) == b"x" * 100
+        with pytest.raises(TransportError, match="expected tag 9"):
+            t.recv(0, 9)
+        with pytest.raises(TransportError, match="closed|lost"):  # rank 0 left: end of stream
+            t.recv(0, 9)
+        return "checked"
+
+    assert _co_located(tmp_path, 2, fn, timeout_s=1.0) == ["sent", "checked"]
+
+
+def test_split_bytes_in_the_report() -> None:
+    doc = {"config": {"ranks": 8, "size_bytes": 64, "scheme": "none", "algorithm": "ring",
+                      "transport": "mrc", "dist": "iid", "ranks_per_host": 2, "hosts": ["h0", "h1"]},
+           "iterations": [{"iter": 0, "time_s": 0.1, "algbw_gbps": 1.0, "busbw_gbps": 1.0, "wire_bytes": 30,
+                           "vnmse": 0.0, "failed_link_down": False},
+                          {"iter": 1, "time_s": None, "algbw_gbps": None, "busbw_gbps": None,
+                           "wire_bytes": None, "vnmse": None, "failed_link_down": False, "error": "x"}],
+           "summary": {"median_time_s": 0.1, "median_busbw_gbps": 1.0, "mean_vnmse": 0.0,
+                       "mean_wire_bytes": 30.0, "errors": 1}}
+    add_split_bytes(doc, {0: (10, 20), 1: (5, 5)})
+    assert doc["iterations"][0]["wire_bytes_mrc"] == 10 and doc["iterations"][0]["wire_bytes_local"] == 20
+    assert "wire_bytes_mrc" not in doc["iterations"][1]
+    assert doc["summary"]["mean_wire_bytes_mrc"] == 10
+    text = render(doc)
+    assert "MRC_B" in text and "ranks per host: 2" in text

@@ -1,0 +1,142 @@
+"""More than one rank per host over MRC on default.toml (root): 8 rank processes on the 4 hosts, two per
+host, host-major (ranks 0, 1 on h0; 2, 3 on h1; ...). The ring's hops between host groups go through MRC
+(WRITE-with-immediate through the hosts' mrcds, two rank processes sharing each mrcd), the hops inside a
+host through shared memory (dataplane/intrahost.py).
+
+Behaviour only: every rank ends with the same result, bit for bit the in-process ranks' result with the
+same seeds (one BLAS thread on both sides), the same per-rank wire bytes, bytes went through MRC (each
+host's egress program counted at least what its ranks posted through MRC) and through shared memory,
+and no rank process is left afterwards, also when one of them dies mid-run. The testbed and daemons come
+from test_daemon.py's fixture (removed at the end, also on failure).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.root, pytest.mark.netns, pytest.mark.bpf]
+
+if os.geteuid() != 0:
+    pytest.skip("needs root: namespaces, eBPF programs, daemons", allow_module_level=True)
+
+from test_daemon import tb  # noqa: E402,F401  (the module-scoped testbed + mrcd fixture)
+
+from mrc.collective import Config  # noqa: E402
+from mrc.collective.bench import make_inputs  # noqa: E402
+from mrc.ctl.allreduce_mrc import MrcRunner  # noqa: E402
+from mrc.dataplane.client import MrcClient  # noqa: E402
+from mrc.errors import MrcError  # noqa: E402
+
+SIZE = 2 << 20
+RANKS = 8
+ONE_BLAS_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+HOSTS = ["h0", "h1", "h2", "h3"]
+
+# the in-process ranks (threads), in a process of their own with one BLAS thread, as the rank processes
+REFERENCE = """
+import sys
+import numpy as np
+from mrc.collective import Config, allreduce, run_inproc
+from mrc.collective.bench import make_inputs
+n, size, seed, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+cfg = Config("eden-unbiased", 2.0, "aware", seed=seed)
+xs = make_inputs(n, size // 4, "iid", seed, 0)
+res = run_inproc(n, lambda t: allreduce(t, xs[t.rank], cfg, 0))
+assert all(np.array_equal(r.out, res[0].out) for r in res)
+np.save(out, res[0].out)
+print(" ".join(str(r.wire_bytes) for r in res))
+"""
+
+
+def _rank_pids(name: str) -> list[int]:
+    """Live rank processes of testbed `name` (their command line names its host namespaces)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"mrc.ctl.allreduce_rank" in cmd and f"{name}-".encode() in cmd:
+            out.append(int(d.name))
+    return out
+
+
+def _tx_bytes(bed: dict[str, Any], host: str) -> int:
+    """Bytes the host's egress program sent, all planes (mrcd `stats`)."""
+    with MrcClient.for_host(bed["tb"].ns(host)) as c:
+        st = c.call("stats")
+    return sum(int(row.get("tx_bytes", 0)) for row in st["dataplane"]["planes"].values())
+
+
+def test_two_ranks_per_host_agree_with_inproc_then_a_dead_rank_leaves_nothing(
+        tb: dict[str, Any], tmp_path: Path) -> None:  # noqa: F811
+    seed = 3
+    cfg = Config("eden-unbiased", 2.0, "aware", seed=seed)
+    buffers = make_inputs(RANKS, SIZE // 4, "iid", seed, 0)
+    runner = MrcRunner(tb["name"], RANKS, SIZE, cfg.algorithm, timeout_s=8)
+    try:
+        assert runner.rank_hosts == [h for h in HOSTS for _ in range(2)]
+        assert runner.hosts == HOSTS and runner.ranks_per_host == 2
+        assert len(_rank_pids(tb["name"])) == RANKS
+        tx0 = {h: _tx_bytes(tb, h) for h in HOSTS}
+        res, secs, down = runner.run(buffers, cfg, 0)
+        tx1 = {h: _tx_bytes(tb, h) for h in HOSTS}
+        assert secs > 0 and down is False
+        for r in res[1:]:
+            assert np.array_equal(r.out, res[0].out)
+        assert all(r.messages == 2 * (RANKS - 1) for r in res)
+        # half the ring's hops cross the fabric (1->2, 3->4, 5->6, 7->0), half stay on a host
+        mrc_b, local_b = runner.split_bytes[0]
+        assert mrc_b + local_b == sum(r.wire_bytes for r in res)
+        assert mrc_b > 0 and local_b > 0
+        for i, h in enumerate(HOSTS):
+            # the host's odd rank sends to the next host: its bytes crossed this host's egress program
+            assert tx1[h] - tx0[h] >= res[2 * i + 1].wire_bytes, h
+
+        # the in-process ranks with the same seeds: the same result bit for bit, the same frames
+        ref_file = tmp_path / "ref.npy"
+        r = subprocess.run([sys.executable, "-c", REFERENCE, str(RANKS), str(SIZE), str(seed), str(ref_file)],
+                           capture_output=True, text=True, timeout=120, env={**os.environ, **ONE_BLAS_THREAD})
+        assert r.returncode == 0, r.stderr
+        assert np.array_equal(res[0].out, np.load(ref_file))
+        assert [rr.wire_bytes for rr in res] == [int(w) for w in r.stdout.split()]
+
+        # a rank dies (rank 3: its left neighbour is on its host, its right one on the next): the next
+        # iteration fails with an error, no hang
+        os.kill(runner.procs[3].pid, signal.SIGKILL)
+        with pytest.raises(MrcError):
+            runner.run(make_inputs(RANKS, SIZE // 4, "iid", seed, 1), cfg, 1)
+    finally:
+        runner.close()
+    assert all(p.poll() is not None for p in runner.procs)
+    assert not _rank_pids(tb["name"])
+    assert not runner.rundir.exists()
+
+
+def test_cli_eight_ranks_reports_mrc_bytes(tb: dict[str, Any]) -> None:  # noqa: F811
+    r = subprocess.run([sys.executable, "-m", "mrc.ctl.cli", "-j", "allreduce", "--transport", "mrc", "-n",
+                        tb["name"], "--ranks", "8", "--size", "2M", "--bits", "2", "--iters", "1",
+                        "--rendezvous", "file"],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, **ONE_BLAS_THREAD})
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["summary"]["errors"] == 0
+    c = doc["config"]
+    assert c["ranks"] == 8 and c["ranks_per_host"] == 2 and c["hosts"] == HOSTS
+    for it in doc["iterations"]:
+        assert it["wire_bytes_mrc"] + it["wire_bytes_local"] == it["wire_bytes"]
+        assert it["wire_bytes_mrc"] > 0 and it["wire_bytes_local"] > 0
+        assert it["vnmse"] < 1.0
+    assert doc["summary"]["mean_wire_bytes_mrc"] > 0
+    assert not _rank_pids(tb["name"])
