@@ -124,6 +124,8 @@ class Fabric:
         self.busy: list[int] = []
         self.port_tx_bytes: list[int] = []
         self.port_max_backlog: list[int] = []
+        self.port_up: list[bool] = []  # link_up / link_epoch of each port's link (one index less per hop)
+        self.port_epoch: list[int] = []
         self.link_names: list[tuple[str, str]] = []
         self.link_index: dict[frozenset[str], int] = {}
         self.link_up: list[bool] = []
@@ -159,7 +161,7 @@ class Fabric:
         # ---- event loop
         # the event queue: (time, sequence, kind, a, container, data, size, ecn) tuples
         self.cb = -1  # current bucket
-        self.cur: list[tuple[Any, ...]] = []  # heap of the current bucket's events
+        self.cur: list[tuple[Any, ...]] = []  # the current bucket's events, sorted latest first
         self.future: dict[int, list[tuple[Any, ...]]] = {}  # bucket -> events (unordered)
         self.bidx: list[int] = []  # heap of the buckets in `future`
         self._seq = itertools.count(1)  # tie-break: events at the same time run in push order
@@ -192,6 +194,8 @@ class Fabric:
         self.busy.append(0)
         self.port_tx_bytes.append(0)
         self.port_max_backlog.append(0)
+        self.port_up.append(True)
+        self.port_epoch.append(0)
         return k
 
     def ser(self, wire_bytes: int) -> int:
@@ -237,7 +241,9 @@ class Fabric:
     def _sched(self, ev: tuple[Any, ...]) -> None:
         b = ev[0] >> _SHIFT
         if b <= self.cb:
-            heapq.heappush(self.cur, ev)
+            cur = self.cur
+            cur.append(ev)
+            cur.sort(reverse=True)  # rare: events land at least one link delay ahead
             return
         lst = self.future.get(b)
         if lst is None:
@@ -262,8 +268,10 @@ class Fabric:
             return
         self.link_up[li] = up
         self.link_epoch[li] += 1
-        if not up:
-            for k in self.link_ports[li]:
+        for k in self.link_ports[li]:
+            self.port_up[k] = up
+            self.port_epoch[k] = self.link_epoch[li]
+            if not up:
                 self.busy[k] = now  # the queue is gone with the link
 
     def fail_link(self, a: str, b: str, start_ns: int, end_ns: int = NEVER) -> None:
@@ -296,23 +304,28 @@ class Fabric:
         ser = self._ser
         ovh = self.ovh
         delay = self.p.delay_ns
-        sched = self._sched
         seq = self._seq.__next__
-        link_of = self.port_link
-        epoch = self.link_epoch
-        up = self.link_up
+        port_up = self.port_up
+        port_epoch = self.port_epoch
         tx = self.port_tx_bytes
+        future = self.future
+        cb = self.cb
+        last_dst: Any = None
+        row: Any = None
         for dg in out:
             data = dg[0]
             if table is not None:
-                port, cont = table[dg[3]][dg[2]]
+                dst = dg[3]
+                if dst is not last_dst:  # an engine emits runs of datagrams to one peer
+                    row = table[dst]
+                    last_dst = dst
+                port, cont = row[dg[2]]
             else:
                 assert route is not None
                 port, cont = route(dg)
             n = len(data)
-            li = link_of[port]
-            if not up[li]:
-                self._down_drop(li, data, t)
+            if not port_up[port]:
+                self._down_drop(self.port_link[port], data, t)
                 continue
             w = n + ovh
             s = ser.get(w)
@@ -328,7 +341,18 @@ class Fabric:
                 end = b + s
                 busy[port] = end
             tx[port] += w
-            sched((end + delay, seq(), port, epoch[li], cont, data, n, False))
+            end += delay
+            ev = (end, seq(), port, port_epoch[port], cont, data, n, False)
+            bk = end >> _SHIFT
+            if bk <= cb:
+                self._sched(ev)
+            else:
+                lst = future.get(bk)
+                if lst is None:
+                    future[bk] = [ev]
+                    heapq.heappush(self.bidx, bk)
+                else:
+                    lst.append(ev)
 
     # ------------------------------------------------------------------ the event loop
 
@@ -344,26 +368,24 @@ class Fabric:
         `check_every` events). `progress(self)` is called about every `progress_every_s` wall seconds."""
         pop = heapq.heappop
         push = heapq.heappush
-        heapify = heapq.heapify
         sched = self._sched
         future = self.future
         bidx = self.bidx
         cur = self.cur
+        cur_pop = cur.pop
         cb = self.cb
         endpoints = self.endpoints
         timer_at = self.timer_at
         nhosts = self.nhosts
         port_node = self.port_node
-        port_link = self.port_link
         port_plane = self.port_plane
         port_buffer = self.port_buffer
+        port_up = self.port_up
+        port_epoch = self.port_epoch
         max_backlog = self.port_max_backlog
         tx = self.port_tx_bytes
         busy = self.busy
         fib = self.fib
-        link_up = self.link_up
-        link_epoch = self.link_epoch
-        lost_on_link = self.lost_on_link
         rate = self.rate_Bpns
         ovh = self.ovh
         delay = self.p.delay_ns
@@ -391,27 +413,25 @@ class Fabric:
                 cb = pop(bidx)
                 self.cb = cb
                 cur = future.pop(cb)
-                heapify(cur)
+                # (time, sequence) is unique: popping from the end of the descending sort runs events in
+                # exactly the order of a heap, at a fraction of the cost (one C sort per bucket)
+                cur.sort(reverse=True)
+                cur_pop = cur.pop
                 self.cur = cur
-            ev = cur[0]
-            t = ev[0]
+            ev = cur_pop()
+            t, _, kind, a, cont, data, n, ecn = ev
             if t > until_ns:
+                cur.append(ev)
                 self.now = until_ns
                 break
-            pop(cur)
-            kind = ev[2]
             events += 1
             if kind >= 0:
                 hops += 1
-                li = port_link[kind]
-                if ev[3] != link_epoch[li]:  # the link failed while the packet was queued or on it
-                    lost_on_link[li] += 1
+                if a != port_epoch[kind]:  # the link failed while the packet was queued or on it
+                    self.lost_on_link[self.port_link[kind]] += 1
                     self._drop("link_failed")
                     continue
                 node = port_node[kind]
-                data = ev[5]
-                n = ev[6]
-                ecn = ev[7]
                 if node < nhosts:
                     eng = endpoints[node]
                     if eng is None:
@@ -430,14 +450,13 @@ class Fabric:
                         sched((dl if dl > t else t, seq(), _EV_TIMER, node, 0, None, 0, False))
                     continue
                 # a switch: End with NEXT-C-SID (shift the container), then the static route
-                cont = (ev[4] << 16) & _M96
+                cont = (cont << 16) & _M96
                 port = fib[node].get(cont >> 80, -1)
                 if port < 0:
                     self._drop("no_route")
                     continue
-                li = port_link[port]
-                if not link_up[li]:
-                    self._down_drop(li, data, t)
+                if not port_up[port]:
+                    self._down_drop(self.port_link[port], data, t)
                     continue
                 b = busy[port]
                 if b > t:
@@ -461,47 +480,28 @@ class Fabric:
                     if s is None:
                         s = serf(w)
                     busy[port] = b + s
-                    tx[port] += w
-                    ev = (t + s + delay, seq(), port, link_epoch[li], cont, data, n, ecn)
-                    bk = ev[0] >> _SHIFT
-                    if bk <= cb:
-                        push(cur, ev)
-                    else:
-                        lst = future.get(bk)
-                        if lst is None:
-                            future[bk] = [ev]
-                            push(bidx, bk)
-                        else:
-                            lst.append(ev)
-                    continue
-                s = ser.get(w)
-                if s is None:
-                    s = serf(w)
-                if n <= PRIO_BYTES:  # control packets: the priority queue
+                    ta = t + s + delay
+                elif n <= PRIO_BYTES:  # control packets: the priority queue
+                    s = ser.get(w)
+                    if s is None:
+                        s = serf(w)
                     busy[port] = b + s
-                    tx[port] += w
-                    ev = (t + s + delay, seq(), port, link_epoch[li], cont, data, n, ecn)
-                    bk = ev[0] >> _SHIFT
-                    if bk <= cb:
-                        push(cur, ev)
-                    else:
-                        lst = future.get(bk)
-                        if lst is None:
-                            future[bk] = [ev]
-                            push(bidx, bk)
-                        else:
-                            lst.append(ev)
-                    continue
-                if q + w > port_buffer[port]:
-                    self._drop("buffer" if trimming else "buffer_no_trim")
-                    continue
-                b += s
-                busy[port] = b
+                    ta = t + s + delay
+                else:
+                    if q + w > port_buffer[port]:
+                        self._drop("buffer" if trimming else "buffer_no_trim")
+                        continue
+                    s = ser.get(w)
+                    if s is None:
+                        s = serf(w)
+                    b += s
+                    busy[port] = b
+                    ta = b + delay
                 tx[port] += w
-                ev = (b + delay, seq(), port, link_epoch[li], cont, data, n, ecn)
-                bk = ev[0] >> _SHIFT
+                ev = (ta, seq(), port, port_epoch[port], cont, data, n, ecn)
+                bk = ta >> _SHIFT
                 if bk <= cb:
-                    push(cur, ev)
+                    sched(ev)
                 else:
                     lst = future.get(bk)
                     if lst is None:
@@ -510,24 +510,23 @@ class Fabric:
                     else:
                         lst.append(ev)
             elif kind == _EV_TIMER:
-                node = ev[3]
-                if timer_at[node] != t:
+                if timer_at[a] != t:
                     continue
-                timer_at[node] = NEVER
-                eng = endpoints[node]
+                timer_at[a] = NEVER
+                eng = endpoints[a]
                 assert eng is not None
                 self.now = t
                 eng.handle_timer(t)
                 out = eng.datagrams_to_send(t)
                 if out:
-                    send_from_host(node, out, t)
+                    send_from_host(a, out, t)
                 dl = eng.next_deadline()
-                if dl is not None and dl < timer_at[node]:
-                    timer_at[node] = dl
-                    sched((dl if dl > t else t, seq(), _EV_TIMER, node, 0, None, 0, False))
+                if dl is not None and dl < timer_at[a]:
+                    timer_at[a] = dl
+                    sched((dl if dl > t else t, seq(), _EV_TIMER, a, 0, None, 0, False))
             else:
                 self.now = t
-                ev[3](t)
+                a(t)
             if not events & 1023:
                 if stop is not None and not events % check_every and stop():
                     break
