@@ -15,6 +15,7 @@ differently); ranks started from one environment do. `encode` / `decode` also ta
 from __future__ import annotations
 
 import os
+import warnings
 from functools import cache
 from types import ModuleType
 
@@ -39,6 +40,12 @@ def _load_numba(required: bool) -> ModuleType | None:
     except ImportError:
         if required:
             raise
+        return None
+    except Exception as e:  # numba present but broken (llvmlite, ...): say so, use numpy
+        if required:
+            raise
+        warnings.warn(f"mrc.quant: numba kernels unavailable ({e!r}); using numpy", RuntimeWarning,
+                      stacklevel=2)
         return None
     return kernels
 

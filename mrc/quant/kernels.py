@@ -17,10 +17,10 @@ Which path runs is chosen once per process by `accel.py` (MRC_QUANT_KERNELS=numb
 FWHT layout (why it is shaped like this: a plain radix-2 loop `a[j], a[j + h] = ...` does not vectorize,
 LLVM cannot prove a[j] and a[j + h] apart): the vector is cut into blocks of 128 KiB (2^15 float32, 2^14
 float64; L2-resident) and in each block levels 0..2 run as one radix-8 butterfly per 8 contiguous
-elements (a flat loop that LLVM vectorizes as an interleaved access group), then radix-8/4/2 stages whose
+elements (a flat loop that LLVM vectorizes as an interleaved access group), then radix-4/2 stages whose
 operands are separate slices of the block (distinct array pointers: LLVM checks them apart once per loop
 and vectorizes the inner loop with full-width registers). The outer levels (stride >= one block) are
-radix-8 passes over the whole vector with the same slice stages: eight sequential streams per pass, which
+radix-4 passes over the whole vector with the same slice stages: four sequential streams per pass, which
 the hardware prefetchers follow (a gather of column strips into a scratch buffer was 10x slower: short
 runs at power-of-two strides). The signs of a forward rotation and the 1/sqrt(D) scale are fused into the
 first read of each block; those of an inverse rotation, and ||y||^2, into the last pass.
@@ -46,14 +46,22 @@ from .rht import STREAM_ROTATION, FloatArray, sign_words
 
 U8 = npt.NDArray[np.uint8]
 
+def _njit(fn: Callable[..., Any], **opts: Any) -> Any:
+    try:
+        return njit(cache=True, boundscheck=False, nogil=True, **opts)(fn)
+    except RuntimeError:  # no writable cache dir (read-only install and no writable user cache)
+        return njit(cache=False, boundscheck=False, nogil=True, **opts)(fn)
+
+
 def _jit(fn: Callable[..., Any]) -> Any:
-    return njit(cache=True, boundscheck=False, nogil=True)(fn)
+    return _njit(fn)
 
 
 def _jit_sum(fn: Callable[..., Any]) -> Any:
     """reassoc only: lets LLVM vectorize the float64 reductions (summation order changes, documented);
     no nnan/ninf/contract, so compares, min() and products are the IEEE operations of the numpy path."""
-    return njit(cache=True, boundscheck=False, nogil=True, fastmath={"reassoc"})(fn)
+    return _njit(fn, fastmath={"reassoc"})
+
 
 _CHUNK = 1024  # elements per quantization chunk (a multiple of 8: chunks start on byte boundaries)
 
@@ -106,54 +114,11 @@ def _radix8_first(a):  # type: ignore[no-untyped-def]
 
 @_jit
 def _stages(a, h):  # type: ignore[no-untyped-def]
-    """Butterfly levels h, 2h, ... up to a.size (all powers of two), in place: radix-8 stages while
-    they fit, then one radix-4 or radix-2. The operands of a butterfly are separate slices."""
+    """Butterfly levels h, 2h, ... up to a.size (all powers of two), in place: radix-4 stages while
+    they fit, then one radix-2. The operands of a butterfly are separate slices (distinct pointers).
+    (Radix-8 stages measured no faster and compile slower.)"""
     n = a.size
-    while h * 8 <= n:
-        for i in range(0, n, 8 * h):
-            p0 = a[i : i + h]
-            p1 = a[i + h : i + 2 * h]
-            p2 = a[i + 2 * h : i + 3 * h]
-            p3 = a[i + 3 * h : i + 4 * h]
-            p4 = a[i + 4 * h : i + 5 * h]
-            p5 = a[i + 5 * h : i + 6 * h]
-            p6 = a[i + 6 * h : i + 7 * h]
-            p7 = a[i + 7 * h : i + 8 * h]
-            for j in range(h):
-                x0 = p0[j]
-                x1 = p1[j]
-                x2 = p2[j]
-                x3 = p3[j]
-                x4 = p4[j]
-                x5 = p5[j]
-                x6 = p6[j]
-                x7 = p7[j]
-                s0 = x0 + x1
-                d0 = x0 - x1
-                s1 = x2 + x3
-                d1 = x2 - x3
-                s2 = x4 + x5
-                d2 = x4 - x5
-                s3 = x6 + x7
-                d3 = x6 - x7
-                y0 = s0 + s1
-                y1 = d0 + d1
-                y2 = s0 - s1
-                y3 = d0 - d1
-                y4 = s2 + s3
-                y5 = d2 + d3
-                y6 = s2 - s3
-                y7 = d2 - d3
-                p0[j] = y0 + y4
-                p4[j] = y0 - y4
-                p1[j] = y1 + y5
-                p5[j] = y1 - y5
-                p2[j] = y2 + y6
-                p6[j] = y2 - y6
-                p3[j] = y3 + y7
-                p7[j] = y3 - y7
-        h *= 8
-    if h * 4 <= n:
+    while h * 4 <= n:
         for i in range(0, n, 4 * h):
             p0 = a[i : i + h]
             p1 = a[i + h : i + 2 * h]
@@ -243,7 +208,7 @@ def _fwht_core(src, a, pre_words, pre_scale, post_words, post_scale, block_bits)
             total += _post(blk, post_words, post_scale)
     if n == bsz:
         return total
-    _stages(a, bsz)  # outer levels: radix-8 passes over the whole vector, 8 sequential streams each
+    _stages(a, bsz)  # outer levels: radix-4 passes over the whole vector, 4 sequential streams each
     return _post(a, post_words, post_scale)
 
 
@@ -427,7 +392,11 @@ def _quantize(y, thr, ext, cent, bits, sig, clip, clip0, with_q0, idx_out, packe
     for base in range(0, n, _CHUNK):
         m = min(_CHUNK, n - base)
         ych = y[base : base + m]
-        if bits <= 4:
+        if bits == 4:
+            _search16(ych, thr, ib)
+            for i in range(m):
+                cv[i] = cent[ib[i]]
+        elif bits <= 3:
             # one vectorized pass per threshold over the L1-resident chunk: index count and centroid
             # (a select, no gather) together
             for i in range(m):
@@ -468,6 +437,38 @@ def _quantize(y, thr, ext, cent, bits, sig, clip, clip0, with_q0, idx_out, packe
         if want_pack:
             _pack_chunk(ib, m, bits, packed, (base * bits) // 8)
     return rc, cc, q, q0
+
+
+@_jit
+def _search16(ych, thr, ib):  # type: ignore[no-untyped-def]
+    """ib[i] = number of the 15 thresholds below ych[i] (ties go down): a 4-level binary search written
+    as selects between scalars, so the loop over i vectorizes (no per-element branches or gathers)."""
+    t0 = thr[0]
+    t1 = thr[1]
+    t2 = thr[2]
+    t3 = thr[3]
+    t4 = thr[4]
+    t5 = thr[5]
+    t6 = thr[6]
+    t7 = thr[7]
+    t8 = thr[8]
+    t9 = thr[9]
+    t10 = thr[10]
+    t11 = thr[11]
+    t12 = thr[12]
+    t13 = thr[13]
+    t14 = thr[14]
+    for i in range(ych.size):
+        v = ych[i]
+        b3 = v > t7
+        b2 = v > (t11 if b3 else t3)
+        b1 = v > ((t13 if b2 else t9) if b3 else (t5 if b2 else t1))
+        if b3:
+            u = (t14 if b1 else t12) if b2 else (t10 if b1 else t8)
+        else:
+            u = (t6 if b1 else t4) if b2 else (t2 if b1 else t0)
+        b0 = v > u
+        ib[i] = np.int32(b3) * 8 + np.int32(b2) * 4 + np.int32(b1) * 2 + np.int32(b0)
 
 
 @_jit
