@@ -44,7 +44,7 @@ from mrc.dataplane import abi, netns
 from mrc.dataplane import testbed as tbmod
 from mrc.dataplane.client import socket_path
 from mrc.dataplane.driver import SocketDriver, wait
-from mrc.dataplane.fabric import FabricDataplane
+from mrc.dataplane.fabric import FabricDataplane, ct_u32
 from mrc.dataplane.udp import mrc_socket
 from mrc.errors import MrcError
 from mrc.topology import Path as TopoPath
@@ -57,6 +57,7 @@ from mrc.transport import (
     EvState,
     MemoryRegion,
     NsccConfig,
+    ProbeResult,
     QpAttr,
     QueuePair,
     WorkCompletion,
@@ -69,6 +70,7 @@ SO_PEERCRED_FMT: Final = "3i"
 CTRL_PERIOD_NS: Final = 2_000_000  # controller pass at most every 2 ms
 RESTORE_PROBE_NS: Final = 50_000_000  # probe a denied link every 50 ms
 BUSY_NS: Final = 1_000_000_000  # a QP that sent nothing for this long says nothing about its EVs
+ACCESS_QUIET_NS: Final = 20_000_000  # own access link: failed only once its port received nothing this long
 MAX_LOG: Final = 100_000
 
 Link = frozenset[str]
@@ -81,7 +83,7 @@ def link_name(lk: Link) -> str:
 @dataclass
 class Action:
     time_ns: int
-    kind: str  # deny | restore | port_down | port_up | probe
+    kind: str  # deny | replace | restore | port_down | port_up | suspect | cleared
     link: str
     evs: int
     detail: str = ""
@@ -135,12 +137,16 @@ class Controller:
         self.min_bad = min_bad
         self.bad: dict[tuple[int, int], int] = {}  # (qpn, ev index) -> time it went bad
         self.denied: dict[Link, dict[str, list[int]]] = {}
-        self.replaced: dict[Link, dict[str, list[int]]] = {}  # EVs moved off the link (REPLACE_EV)
+        self.moved: dict[str, set[int]] = {}  # peer -> EVs off their own path (REPLACE_EV)
         self.denied_at: dict[Link, int] = {}
         self.remote: dict[Link, set[str]] = {}  # links denied because these peers' mrcds reported them
         self.probing: dict[tuple[int, int], Link] = {}  # (qpn, ev index) -> link under test
         self.next_probe: dict[Link, int] = {}
         self.ports_down: set[int] = set()
+        # our own access links whose EVs look failed, held back until the port has been silent for
+        # ACCESS_QUIET_NS: plane -> (the port's receive count, since when it has not changed)
+        self.suspect: dict[int, tuple[int | None, int]] = {}
+        self.port_alive: dict[int, int] = {}  # plane -> last time a probe sent through it was answered
         self.tx_seen: dict[int, tuple[int, int]] = {}  # qpn -> (packets sent, when that last changed)
         self.log: deque[Action] = deque(maxlen=MAX_LOG)
         self.events: deque[dict[str, Any]] = deque(maxlen=MAX_LOG)
@@ -175,6 +181,13 @@ class Controller:
             elif e.state == EvState.GOOD and self.bad.pop(key, None) is not None:
                 self._dirty = True  # a verdict held back by siblings' or others' bad EVs may hold now
 
+    def on_probe_results(self, results: list[ProbeResult]) -> None:
+        """The engine's probe outcomes: an answered probe sent on port p shows that our plane-p access
+        link carries packets (whatever the EV states say)."""
+        for r in results:
+            if r.ok:
+                self.port_alive[r.port] = max(self.port_alive.get(r.port, 0), r.time_ns)
+
     def forget_qp(self, qpn: int) -> None:
         for key in [k for k in self.bad if k[0] == qpn]:
             del self.bad[key]
@@ -202,7 +215,7 @@ class Controller:
 
     def tick(self, now: int) -> None:
         self._note_tx(now)
-        if self._dirty:
+        if self._dirty or self.suspect:
             self._dirty = False
             self.localise(now)
         for lk in list(self.denied):
@@ -269,9 +282,41 @@ class Controller:
         # the same EV set cannot be told apart and are all held failed
         sets = {lk: {(q, i) for q, peer in active.items() for i in d.peers[peer].by_link.get(lk, [])}
                 for lk in failed}
+        suspect: set[int] = set()
         for lk in failed:
-            if not any(sets[lk] < sets[o] for o in failed if o != lk):
-                self.deny(lk, now)
+            if any(sets[lk] < sets[o] for o in failed if o != lk):
+                continue
+            own = d.access_plane(lk)
+            if own is not None:
+                suspect.add(own)
+                if not self.port_silent(lk, own, now):
+                    continue  # the fabric links of its plane stay explained by it meanwhile
+            self.deny(lk, now)
+        for gone in [p for p in self.suspect if p not in suspect]:
+            del self.suspect[gone]
+            self.act(Action(now, "cleared", link_name(d.access_link(gone)), 0, "its EVs are not failed"))
+
+    def port_silent(self, lk: Link, plane: int, now: int) -> bool:
+        """Is our own access link `lk` (plane `plane`) dead? Its EVs all look failed, but so do they when
+        the port is merely late: a plane's queue of this host (or a stall) delays every packet on it, and
+        the engine's per-port loss threshold then retires the plane's EVs toward every peer at once
+        (under make demo's ring load: h1-p1l0, h2-p3l1, h3-p2l1, h0-p3l0, h0-p0l0 in one run, each denied
+        with its port for 60 ms to 4 s). A dead link also stops the port from receiving; a late one does
+        not (data, SACKs, probe replies keep arriving). So the verdict is held until the port has
+        received nothing, and no probe through it has been answered, for `ACCESS_QUIET_NS`."""
+        rx = self.d.port_rx_packets(plane)
+        held = self.suspect.get(plane)
+        if held is None:
+            self.suspect[plane] = (rx, now)
+            self.act(Action(now, "suspect", link_name(lk), 0, f"plane {plane}: held until its port is quiet"))
+            return False
+        if rx != held[0] or self.port_alive.get(plane, -1) >= held[1]:
+            self.suspect[plane] = (rx, now)  # it received (or a probe came back): not dead, look again later
+            return False
+        if now - held[1] < ACCESS_QUIET_NS:
+            return False
+        del self.suspect[plane]
+        return True
 
     def deny(self, lk: Link, now: int, reporter: str | None = None) -> None:
         d = self.d
@@ -322,13 +367,37 @@ class Controller:
                 d.fd.set_path(d.host, peer, i, alt)
                 t.paths[i] = alt
                 moved.setdefault(peer, []).append(i)
+                self.moved.setdefault(peer, set()).add(i)
             self.denied[lk][peer] = keep
             t.reindex()
             if peer in moved:
                 t.profile.allow(moved[peer], now)
         if moved:
-            self.replaced[lk] = moved
             self.act(Action(now, "replace", link_name(lk), sum(len(v) for v in moved.values())))
+
+    def move_back(self) -> int:
+        """Every replaced EV whose own path crosses no denied link goes back to it (after a restore).
+        Per EV, not per link: a replaced EV is held off its path by every denied link on that path, and
+        links restored one at a time (a peer reports p0l0-p0s0 and p0s0-p0l1 back in two messages) must
+        leave no EV behind on the other spine. An EV that a still-denied link keeps DENIED (its probe EV)
+        stays where it is until that link is restored."""
+        d = self.d
+        n = 0
+        for peer, idx in list(self.moved.items()):
+            t = d.peers[peer]
+            held = {i for per in self.denied.values() for i in per.get(peer, [])}
+            back = [i for i in sorted(idx) if i not in held
+                    and not any(t.orig[i].crosses(*tuple(x)) for x in self.denied)]
+            for i in back:
+                d.fd.set_path(d.host, peer, i, t.orig[i])
+                t.paths[i] = t.orig[i]
+                idx.discard(i)
+            if back:
+                t.reindex()
+                n += len(back)
+            if not idx:
+                del self.moved[peer]
+        return n
 
     def probe(self, lk: Link, now: int) -> None:
         """Move one EV through the denied link to ASSUMED_BAD on one QP: the engine probes it."""
@@ -357,15 +426,7 @@ class Controller:
             self.denied_at.pop(lk, None)
             for key in [k for k, v in self.probing.items() if v == lk]:
                 del self.probing[key]
-        for lk in links:  # replaced EVs go back to their own paths (unless those cross a denied link)
-            for peer, idx in self.replaced.pop(lk, {}).items():
-                t = d.peers[peer]
-                for i in idx:
-                    p = t.orig[i]
-                    if not any(p.crosses(*tuple(x)) for x in self.denied):
-                        d.fd.set_path(d.host, peer, i, p)
-                        t.paths[i] = p
-                t.reindex()
+        self.move_back()  # replaced EVs go back to their own paths (unless those cross a denied link)
         for lk, per_peer in gone.items():
             n = 0
             for peer, idx in per_peer.items():
@@ -481,6 +542,21 @@ class Daemon:
             if self.topo.leaf_name(p, self.topo.host_leaf(self.host)) == other:
                 return p
         return None
+
+    def access_link(self, plane: int) -> Link:
+        return frozenset((self.host, self.topo.leaf_name(plane, self.topo.host_leaf(self.host))))
+
+    def port_rx_packets(self, plane: int) -> int | None:
+        """Packets that arrived on our plane port (host_ingress's per-port counters; None without them).
+        Read only while an own access link is suspected (32 per-CPU map lookups)."""
+        ing = self.fd.ingress
+        if ing is None:
+            return None
+        pid = self.fd._find_id(ing, "port", self.host, self.port_ifname[plane])
+        if not pid:
+            return None
+        m = ing.maps["mrc_ingress_ev"]
+        return sum(int(m.total(ct_u32(pid * abi.EV_BUCKETS + b)).packets) for b in range(abi.EV_BUCKETS))
 
     def peer_table(self, peer: str) -> PeerTable:
         t = self.peers.get(peer)
@@ -616,6 +692,9 @@ class Daemon:
                 evs = ctx.poll_ev_events()
                 if evs:
                     ctrl.on_events(evs)
+                probes = ctx.poll_probe_results()
+                if probes:
+                    ctrl.on_probe_results(probes)
                 if now >= next_ctrl:
                     next_ctrl = now + CTRL_PERIOD_NS
                     ctrl.tick(now)

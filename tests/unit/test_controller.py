@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from mrc import topology
-from mrc.ctl.daemon import RESTORE_PROBE_NS, Controller, Daemon
-from mrc.transport import Context, EvEvent, EvState, QueuePair
+from mrc.ctl.daemon import ACCESS_QUIET_NS, RESTORE_PROBE_NS, Controller, Daemon
+from mrc.transport import Context, EvEvent, EvState, ProbeResult, QueuePair
 from mrc.transport.paths import EvProfile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,6 +36,8 @@ def _daemon() -> Any:
     d.lock = threading.Lock()
     d.told = []
     d.tell_peers = lambda lk, state: d.told.append(("-".join(sorted(lk)), state))
+    d.rx = [0] * topo.planes  # packets received per plane port (host_ingress's counters on a testbed)
+    d.port_rx_packets = lambda plane: d.rx[plane]
     d.controller = Controller(d)
     for h in ("h1", "h2", "h3"):
         d.peer_table(h)
@@ -114,6 +116,10 @@ def test_access_link_is_the_smallest_explanation() -> None:
     for qp in qps:  # every plane-0 EV toward every peer
         d.controller.on_events(_bad(qp, [i for i in range(64) if i % 4 == 0], 1000))
     d.controller.tick(2000)
+    assert not d.controller.denied  # held: the port must have received nothing for ACCESS_QUIET_NS
+    d.controller.tick(2000 + ACCESS_QUIET_NS // 2)
+    assert not d.controller.denied
+    d.controller.tick(2000 + ACCESS_QUIET_NS)
     assert {"-".join(sorted(lk)) for lk in d.controller.denied} == {"h0-p0l0"}
     assert d.controller.ports_down == {0}
     assert d.ctx.port_enabled[0] is False
@@ -168,3 +174,122 @@ def test_ring_load_denies_only_the_failed_fabric_link() -> None:
     for i in range(64):
         if i % 4 in (1, 2, 3):  # planes 1-3 untouched
             assert d.peers["h2"].paths[i] == d.peers["h2"].orig[i]
+
+
+def _spine0_plane0() -> list[int]:
+    return [i for i in range(64) if i % 4 == 0 and (i // 4) % 2 == 0]
+
+
+@pytest.mark.parametrize("order", ["down-order", "reversed"])
+def test_reported_link_pair_restored_one_at_a_time_puts_every_ev_back(order: str) -> None:
+    """make demo's peers: h3 localises p0l0-p0s0 and p0s0-p0l1 (one EV set) and reports them one after
+    the other, then reports them back one after the other. h0's EVs toward h2 cross both: after the
+    second report every replaced EV is back on its own path (spine 0), none is denied, nothing left
+    in the controller's books."""
+    d = _daemon()
+    qp = _qp(d, "h2")
+    ctl: Controller = d.controller
+    a, b = frozenset(("p0l0", "p0s0")), frozenset(("p0s0", "p0l1"))
+    assert ctl.peer_report(a, "down", "h3", 1000) == "denied"
+    assert ctl.peer_report(b, "down", "h3", 1001) == "denied"
+    t = d.peers["h2"]
+    through = _spine0_plane0()
+    assert sum(1 for i in through if t.paths[i].spine == 1) == len(through) - 1  # replaced, one kept
+    ups = [a, b] if order == "down-order" else [b, a]
+    assert ctl.peer_report(ups[0], "up", "h3", 2000) == "restored"
+    assert ctl.peer_report(ups[1], "up", "h3", 2001) == "restored"
+    assert not ctl.denied and not ctl.remote
+    assert t.paths == t.orig
+    assert all(d.fd.paths[("h0", "h2", i)] == t.orig[i] for i in range(64))
+    assert not t.profile.denied
+    assert all(s == EvState.GOOD for s in qp.paths.state)
+    assert sorted(t.by_link[a]) == through
+
+
+def test_replaced_ev_stays_off_a_link_that_is_still_denied() -> None:
+    """Restoring one of two denied links moves a replaced EV back only when its own path avoids every
+    link still denied; the later restore of the other link moves it back."""
+    d = _daemon()
+    _qp(d, "h2")
+    ctl: Controller = d.controller
+    a, b = frozenset(("p0l0", "p0s0")), frozenset(("p0s0", "p0l1"))
+    ctl.peer_report(a, "down", "h3", 1000)
+    ctl.peer_report(b, "down", "h3", 1001)
+    ctl.peer_report(a, "up", "h3", 2000)
+    t = d.peers["h2"]
+    through = _spine0_plane0()
+    assert all(not t.paths[i].crosses("p0s0", "p0l1") for i in through if i not in t.profile.denied)
+    assert b in ctl.denied
+    ctl.peer_report(b, "up", "h3", 3000)
+    assert t.paths == t.orig and not t.profile.denied
+
+
+def _plane_bad_everywhere(d: Any, plane: int, t: int) -> list[QueuePair]:
+    """QPs toward h1, h2, h3, every one of their EVs of `plane` ASSUMED_BAD (a late port looks like this:
+    the engine's per-port loss threshold retires a plane's EVs toward every peer at once)."""
+    qps = [_qp(d, p) for p in ("h1", "h2", "h3")]
+    for qp in qps:
+        d.controller.on_events(_bad(qp, [i for i in range(64) if i % 4 == plane], t))
+    return qps
+
+
+def test_own_access_link_is_not_denied_while_its_port_receives() -> None:
+    """make demo's false positive (h0-p1l0 denied, its port down, for 105 ms): every plane-1 EV toward
+    all three peers bad at once, while packets keep arriving on the plane-1 port. The link is only
+    suspected; nothing is denied, no port goes down; when the EVs come back the suspicion is cleared."""
+    d = _daemon()
+    ctl: Controller = d.controller
+    qps = _plane_bad_everywhere(d, 1, 1000)
+    t = 2000
+    for _ in range(40):  # 4 x ACCESS_QUIET_NS of passes, the port receiving all along
+        ctl.tick(t)
+        d.rx[1] += 3
+        t += ACCESS_QUIET_NS // 10
+    assert not ctl.denied and not ctl.ports_down and all(d.ctx.port_enabled)
+    assert d.told == []
+    assert [a.kind for a in ctl.log] == ["suspect"] and ctl.log[0].link == "h0-p1l0"
+    for qp in qps:  # the engine's probes bring the EVs back
+        ctl.on_events([EvEvent(t, 1, qp.qpn, i, i, 1, EvState.GOOD, 0) for i in range(1, 64, 4)])
+    ctl.tick(t + 1)
+    assert not ctl.suspect and [a.kind for a in ctl.log] == ["suspect", "cleared"]
+    ctl.tick(t + 2 * ACCESS_QUIET_NS)
+    assert not ctl.denied
+
+
+def test_own_access_link_is_not_denied_when_a_probe_through_it_is_answered() -> None:
+    """Without receive counters (None), an answered engine probe sent on the port shows it alive."""
+    d = _daemon()
+    d.port_rx_packets = lambda plane: None
+    ctl: Controller = d.controller
+    qps = _plane_bad_everywhere(d, 2, 1000)
+    ctl.tick(2000)
+    t = 2000
+    for _ in range(30):
+        t += ACCESS_QUIET_NS // 10
+        ctl.on_probe_results([ProbeResult(t - 1, qps[0].qpn, 2, 2, True, 900_000)])
+        ctl.tick(t)
+    assert not ctl.denied and not ctl.ports_down
+    # the probes stop being answered (and nothing arrives): after ACCESS_QUIET_NS it is failed
+    ctl.on_probe_results([ProbeResult(t + 10, qps[0].qpn, 2, 2, False, -1)])
+    ctl.tick(t + ACCESS_QUIET_NS // 2)
+    assert not ctl.denied
+    ctl.tick(t + ACCESS_QUIET_NS + 1)
+    assert {"-".join(sorted(lk)) for lk in ctl.denied} == {"h0-p2l0"} and ctl.ports_down == {2}
+
+
+def test_own_access_link_is_denied_once_its_port_falls_silent() -> None:
+    """A dead access link: packets still queued toward it arrive for a while (the leaf's queue drains),
+    then nothing. It is denied ACCESS_QUIET_NS after the last arrival, with its port."""
+    d = _daemon()
+    ctl: Controller = d.controller
+    _plane_bad_everywhere(d, 3, 1000)
+    ctl.tick(2000)
+    d.rx[3] += 5
+    ctl.tick(2000 + ACCESS_QUIET_NS)  # received since the last look: not silent yet
+    assert not ctl.denied
+    ctl.tick(2000 + ACCESS_QUIET_NS + ACCESS_QUIET_NS // 2)
+    assert not ctl.denied
+    ctl.tick(2000 + 2 * ACCESS_QUIET_NS)
+    assert {"-".join(sorted(lk)) for lk in ctl.denied} == {"h0-p3l0"}
+    assert ctl.ports_down == {3} and d.ctx.port_enabled[3] is False
+    assert not ctl.suspect
