@@ -24,15 +24,13 @@ from mrc.wire.consts import (
 )
 from mrc.wire.packet import (
     CTRL_HDR_LEN,
-    WRITE_HDR_LEN,
-    WRITE_IMM_HDR_LEN,
     MrcPacket,
     build_nack,
     build_port_status,
     build_probe,
     build_probe_reply,
     build_sack,
-    build_write,
+    write_packet,
 )
 
 from .cc import NsccConfig, make_cc
@@ -369,18 +367,14 @@ class QueuePair:
             if last:
                 flags |= _LAST
                 m_imm = imm
-                size = (WRITE_HDR_LEN if imm is None else WRITE_IMM_HDR_LEN) + n + (-n & 3) + _ICRC
             else:
                 m_imm = None
-                size = WRITE_HDR_LEN + n + (-n & 3) + _ICRC
-            buf = bytearray(size)
             lo = base + off
             # AckReq on a message's last packet and when so little is in flight that coalesced SACKs
             # might not come (the responder's delayed-ACK timer covers the rest)
-            build_write(
-                buf, icrc, dqpn=dqpn, psn=psn & PSN_MASK, ev_index=ev, va=va0 + off, rkey=rkey,
-                payload=view[lo : lo + n], msn=msn, msg_len=length, msg_offset=off, timestamp_ns=now,
-                flags=flags, ackreq=last or inflight + n < ack_floor, imm=m_imm,
+            buf = write_packet(
+                icrc, dqpn, psn, ev, va0 + off, rkey, view[lo : lo + n], msn, length, off, now, flags,
+                last or inflight + n < ack_floor, m_imm,
             )
             slot = psn % W
             tx_wr[slot] = wr
@@ -427,13 +421,10 @@ class QueuePair:
         last = off + n == wr.length
         flags = (_FIRST if off == 0 else 0) | (_LAST if last else 0) | _RETX
         imm = wr.imm if last else None
-        size = (WRITE_HDR_LEN if imm is None else WRITE_IMM_HDR_LEN) + n + (-n & 3) + _ICRC
-        buf = bytearray(size)
         lo = wr.offset + off
-        build_write(
-            buf, self.tx_icrc, dqpn=self.peer_qpn, psn=psn & PSN_MASK, ev_index=ev,
-            va=wr.remote_addr + off, rkey=wr.rkey, payload=wr.mr.view[lo : lo + n], msn=wr.msn,
-            msg_len=wr.length, msg_offset=off, timestamp_ns=now, flags=flags, ackreq=True, imm=imm,
+        buf = write_packet(
+            self.tx_icrc, self.peer_qpn, psn, ev, wr.remote_addr + off, wr.rkey, wr.mr.view[lo : lo + n],
+            wr.msn, wr.length, off, now, flags, True, imm,
         )
         t0 = self.trim_pending.pop(psn, -1)
         if t0 >= 0:

@@ -60,6 +60,7 @@ assert CTRL_HDR_LEN == BTH_LEN + MXH_LEN
 _TRIM_FLAGS: Final = int(MxhFlag.TRIMMED | MxhFlag.PRIO)
 _TRIMMED: Final = int(MxhFlag.TRIMMED)
 _ZERO4: Final = b"\x00\x00\x00\x00"
+_ZERO8: Final = bytes(8)
 #: Plain ints for the hot paths: comparing with an IntEnum member costs a class attribute lookup.
 _OP_WRITE: Final = int(Opcode.RDMA_WRITE_ONLY)
 _OP_WRITE_IMM: Final = int(Opcode.RDMA_WRITE_ONLY_IMM)
@@ -196,6 +197,50 @@ def build_write(
         )
     )
     return end + ICRC_LEN
+
+
+def write_packet(
+    ctx: IcrcContext,
+    dqpn: int,
+    psn: int,
+    ev_index: int,
+    va: int,
+    rkey: int,
+    payload: Buffer,
+    msn: int,
+    msg_len: int,
+    msg_offset: int,
+    timestamp_ns: int,
+    flags: int,
+    ackreq: bool,
+    imm: int | None,
+) -> bytearray:
+    """`build_write` into a new bytearray of exactly the packet's length, with positional arguments (the
+    engine's transmit path): the same bytes, the ICRC with the EV's fabric source port. The buffer is
+    assembled by one join of header, payload and pad + ICRC room (no zero-fill of the payload part)."""
+    n = len(payload)
+    if n > MAX_PAYLOAD:
+        raise ValueError(f"payload of {n} bytes exceeds MAX_PAYLOAD {MAX_PAYLOAD}")
+    pad = -n & 3
+    w0 = (ACKREQ_BIT if ackreq else 0) | (psn & PSN_MASK)
+    if imm is None:
+        op = _OP_WRITE
+        hdr = _WRITE.pack(
+            _OP_WRITE, pad << 4, DEFAULT_PKEY, dqpn & QPN_MASK, w0, va, rkey, n,
+            MXH_VERSION, flags, ev_index, msn, msg_len, msg_offset, timestamp_ns,
+        )
+    else:
+        op = _OP_WRITE_IMM
+        hdr = _WRITE_IMM.pack(
+            _OP_WRITE_IMM, pad << 4, DEFAULT_PKEY, dqpn & QPN_MASK, w0, va, rkey, n,
+            imm & 0xFFFFFFFF, MXH_VERSION, flags, ev_index, msn, msg_len, msg_offset, timestamp_ns,
+        )
+    buf = bytearray().join((hdr, payload, _ZERO8[: pad + ICRC_LEN]))
+    end = len(buf) - ICRC_LEN
+    sport = EV_SPORT_BASE | (ev_index & EV_INDEX_MAX)
+    w0 = (op << 24) | (pad << 20) | DEFAULT_PKEY
+    _ICRC.pack_into(buf, end, ctx.compute_w0(memoryview(buf), end, sport, w0))
+    return buf
 
 
 def _control(
