@@ -175,7 +175,7 @@ def test_intra_host_tag_check_deadline_and_gone_peer(tmp_path: Path) -> None:
         assert t.recv(0, 7) == b"x" * 100
         with pytest.raises(TransportError, match="expected tag 9"):
             t.recv(0, 9)
-        with pytest.raises(TransportError, match="closed|lost"):  # rank 0 left: end of stream
+        with pytest.raises(TransportError, match=r"closed|lost"):  # rank 0 left: end of stream
             t.recv(0, 9)
         return "checked"
 
@@ -183,14 +183,16 @@ def test_intra_host_tag_check_deadline_and_gone_peer(tmp_path: Path) -> None:
 
 
 def test_split_bytes_in_the_report() -> None:
-    doc = {"config": {"ranks": 8, "size_bytes": 64, "scheme": "none", "algorithm": "ring",
-                      "transport": "mrc", "dist": "iid", "ranks_per_host": 2, "hosts": ["h0", "h1"]},
-           "iterations": [{"iter": 0, "time_s": 0.1, "algbw_gbps": 1.0, "busbw_gbps": 1.0, "wire_bytes": 30,
-                           "vnmse": 0.0, "failed_link_down": False},
-                          {"iter": 1, "time_s": None, "algbw_gbps": None, "busbw_gbps": None,
-                           "wire_bytes": None, "vnmse": None, "failed_link_down": False, "error": "x"}],
-           "summary": {"median_time_s": 0.1, "median_busbw_gbps": 1.0, "mean_vnmse": 0.0,
-                       "mean_wire_bytes": 30.0, "errors": 1}}
+    doc: dict[str, Any] = {
+        "config": {"ranks": 8, "size_bytes": 64, "scheme": "none", "algorithm": "ring", "transport": "mrc",
+                   "dist": "iid", "ranks_per_host": 2, "hosts": ["h0", "h1"]},
+        "iterations": [{"iter": 0, "time_s": 0.1, "algbw_gbps": 1.0, "busbw_gbps": 1.0, "wire_bytes": 30,
+                        "vnmse": 0.0, "failed_link_down": False},
+                       {"iter": 1, "time_s": None, "algbw_gbps": None, "busbw_gbps": None,
+                        "wire_bytes": None, "vnmse": None, "failed_link_down": False, "error": "x"}],
+        "summary": {"median_time_s": 0.1, "median_busbw_gbps": 1.0, "mean_vnmse": 0.0,
+                    "mean_wire_bytes": 30.0, "errors": 1},
+    }
     add_split_bytes(doc, {0: (10, 20), 1: (5, 5)})
     assert doc["iterations"][0]["wire_bytes_mrc"] == 10 and doc["iterations"][0]["wire_bytes_local"] == 20
     assert "wire_bytes_mrc" not in doc["iterations"][1]
