@@ -470,34 +470,43 @@ class Fabric:
                     ecn = True
                     self.ecn_marks += 1
                 w = n + ovh
-                if q > trim_t and type(data) is bytearray and data[0] < 0x10:
-                    # trimmed: headers only, served from the priority queue ahead of the backlog
-                    n = trim_in_place(data, n)
-                    del data[n:]
-                    w = n + ovh
-                    self.trims += 1
+                trim = q > trim_t and type(data) is bytearray and data[0] < 0x10
+                if trim or n <= PRIO_BYTES:
+                    if trim:
+                        # trimmed: headers only, served from the priority queue ahead of the backlog
+                        n = trim_in_place(data, n)
+                        del data[n:]
+                        w = n + ovh
+                        self.trims += 1
+                    # control packets and trimmed headers: the priority queue
                     s = ser.get(w)
                     if s is None:
                         s = serf(w)
                     busy[port] = b + s
+                    tx[port] += w
                     ta = t + s + delay
-                elif n <= PRIO_BYTES:  # control packets: the priority queue
-                    s = ser.get(w)
-                    if s is None:
-                        s = serf(w)
-                    busy[port] = b + s
-                    ta = t + s + delay
-                else:
-                    if q + w > port_buffer[port]:
-                        self._drop("buffer" if trimming else "buffer_no_trim")
-                        continue
-                    s = ser.get(w)
-                    if s is None:
-                        s = serf(w)
-                    b += s
-                    busy[port] = b
-                    ta = b + delay
+                    ev = (ta, seq(), port, port_epoch[port], cont, data, n, ecn)
+                    bk = ta >> _SHIFT
+                    if bk <= cb:
+                        sched(ev)
+                    else:
+                        lst = future.get(bk)
+                        if lst is None:
+                            future[bk] = [ev]
+                            push(bidx, bk)
+                        else:
+                            lst.append(ev)
+                    continue  # (as before: the stop/progress check below runs after data hops only)
+                if q + w > port_buffer[port]:
+                    self._drop("buffer" if trimming else "buffer_no_trim")
+                    continue
+                s = ser.get(w)
+                if s is None:
+                    s = serf(w)
+                b += s
+                busy[port] = b
                 tx[port] += w
+                ta = b + delay
                 ev = (ta, seq(), port, port_epoch[port], cont, data, n, ecn)
                 bk = ta >> _SHIFT
                 if bk <= cb:

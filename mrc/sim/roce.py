@@ -83,13 +83,25 @@ class RoceConn:
         self.retries = 0
         self.rto_at = NEVER
         self.done_at = -1
-        self.active = True
+        self._active = True
+        self._wake: Any = None  # the host's wake-up list (set by RoceHost.connect)
         # counters
         self.tx_packets = 0
         self.retx_packets = 0
         self.timeouts = 0
         self.naks = 0
         self.acked_bytes = 0
+
+    @property
+    def active(self) -> bool:
+        """False holds the connection (it sends nothing) until set True again."""
+        return self._active
+
+    @active.setter
+    def active(self, value: bool) -> None:
+        self._active = value
+        if self._wake is not None:
+            self._wake(self)
 
     def rto(self) -> int:
         k = self.retries - self.linear_cnt
@@ -148,11 +160,21 @@ class RoceHost:
         # responder: cid -> [expected psn, nak sent for this gap, bytes delivered, src host, plane, sport]
         self.rx: dict[int, list[Any]] = {}
         self._out: list[tuple[RocePacket, int, int, int]] = []
+        # Connections that may send: a connection leaves this list when datagrams_to_send looks at it (it
+        # then sends up to its window, or is held) and comes back only when something that can open it
+        # changes (an ACK/NAK, a timeout's rewind, `active`). The others would be skipped anyway.
+        self._woken: list[RoceConn] = []
+        self._index: dict[RoceConn, int] = {}
+        self._deadline: int | None = None
+        self._deadline_ok = False  # no rto_at changed since next_deadline computed _deadline
 
     def connect(self, cid: int, dst: int, plane: int, sport: int, total: int | None) -> RoceConn:
         c = RoceConn(cid, dst, plane, sport, total, self.p)
+        self._index[c] = len(self.conns)
         self.conns.append(c)
         self.by_cid[cid] = c
+        c._wake = self._woken.append
+        self._woken.append(c)
         return c
 
     def accept(self, cid: int, src: int, plane: int, sport: int) -> None:
@@ -184,6 +206,8 @@ class RoceHost:
         c = self.by_cid.get(pkt.cid)
         if c is None:
             return
+        self._woken.append(c)
+        self._deadline_ok = False
         c.on_ack(pkt.psn, pkt.ecn, now)
         if k == NAK:
             c.naks += 1
@@ -196,6 +220,8 @@ class RoceHost:
     def handle_timer(self, now: int) -> None:
         for c in self.conns:
             if c.rto_at <= now:
+                self._woken.append(c)
+                self._deadline_ok = False
                 c.timeouts += 1
                 c.retries += 1
                 c.rewind(c.una)
@@ -203,9 +229,16 @@ class RoceHost:
 
     def datagrams_to_send(self, now: int) -> list[Any]:
         out = self._out
-        for c in self.conns:
+        woken = self._woken
+        if not woken:
+            self._out = []
+            return out
+        # in connection order, each once: what a scan of every connection would send
+        todo = sorted(set(woken), key=self._index.__getitem__) if len(woken) > 1 else [woken[0]]
+        woken.clear()
+        for c in todo:
             nxt = c.nxt
-            if nxt >= c.npkts or not c.active:
+            if nxt >= c.npkts or not c._active:
                 continue
             limit = c.una + max(1, int(c.cwnd // c.mtu))
             if nxt >= limit:
@@ -222,12 +255,17 @@ class RoceHost:
                 c.high = end
             if c.rto_at == NEVER:
                 c.rto_at = now + c.rto()
+                self._deadline_ok = False
         self._out = []
         return out
 
     def next_deadline(self) -> int | None:
+        if self._deadline_ok:
+            return self._deadline
         d = NEVER
         for c in self.conns:
             if c.rto_at < d:
                 d = c.rto_at
-        return None if d >= NEVER else d
+        self._deadline = None if d >= NEVER else d
+        self._deadline_ok = True
+        return self._deadline
