@@ -303,17 +303,22 @@ class Controller:
         (under make demo's ring load: h1-p1l0, h2-p3l1, h3-p2l1, h0-p3l0, h0-p0l0 in one run, each denied
         with its port for 60 ms to 4 s). A dead link also stops the port from receiving; a late one does
         not (data, SACKs, probe replies keep arriving). So the verdict is held until the port has
-        received nothing, and no probe through it has been answered, for `ACCESS_QUIET_NS`."""
-        rx = self.d.port_rx_packets(plane)
+        received nothing, and no probe through it has been answered, for `ACCESS_QUIET_NS`: the receive
+        count is read when the suspicion starts and at the end of each quiet window (32 per-CPU map
+        lookups; every pass would cost the engine's loop most of its time under a long suspicion)."""
         held = self.suspect.get(plane)
         if held is None:
-            self.suspect[plane] = (rx, now)
+            self.suspect[plane] = (self.d.port_rx_packets(plane), now)
             self.act(Action(now, "suspect", link_name(lk), 0, f"plane {plane}: held until its port is quiet"))
             return False
-        if rx != held[0] or self.port_alive.get(plane, -1) >= held[1]:
-            self.suspect[plane] = (rx, now)  # it received (or a probe came back): not dead, look again later
+        if self.port_alive.get(plane, -1) >= held[1]:
+            self.suspect[plane] = (held[0], now)  # a probe through it came back: alive; look again later
             return False
         if now - held[1] < ACCESS_QUIET_NS:
+            return False
+        rx = self.d.port_rx_packets(plane)
+        if rx != held[0]:
+            self.suspect[plane] = (rx, now)  # it received in this window: alive; another window
             return False
         del self.suspect[plane]
         return True
