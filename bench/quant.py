@@ -1,19 +1,24 @@
 #!/usr/bin/env python3
-"""Compression hot path on one core, float32, d = 2^20 and 2^24: the RHT, EDEN 4-bit encode and decode,
-next to the textbook radix-2 numpy FWHT and to `numpy.copy` bandwidth, all measured in the same run.
+"""Compression hot path on one core, float32, d = 2^20 and 2^22: the RHT, EDEN 2- and 4-bit encode and
+decode on both implementations (numba kernels and numpy reference, mrc/quant/accel.py), next to the
+textbook radix-2 numpy FWHT and to `numpy.copy` bandwidth, all measured in the same run.
 
-Usage: ``python bench/quant.py [--sizes 20,24] [--rounds R] [-j]``
+Usage: ``python bench/quant.py [--sizes 20,22] [--rounds R] [-j]``
 
 One core: BLAS/OpenMP threads are limited to 1 before numpy is imported and the process pins itself to
-one CPU when it may. Cases are interleaved round by round and each reports the median of its rounds,
-so that frequency scaling or a noisy neighbour shifts all cases alike.
+one CPU when it may. Cases are interleaved round by round and each reports the fastest of its rounds
+(the machine this was written on is shared: a neighbour's burst lands in single rounds, which the
+minimum drops and a median of a few rounds does not). The numba kernels are compiled
+(or loaded from numba's cache) in the warm-up round, before any timing.
 
-Rows: `copy` = numpy.copy of the input (memory bandwidth, read + write); `fwht-textbook` = log2(D)
-vectorised radix-2 butterfly stages (mrc.quant.rht.fwht_textbook); `fwht` = our blocked Kronecker
-formulation; `rht-textbook` / `rht` = one full rotation (seeded signs + transform) with either; `eden4
-encode` = mrc.quant.codec.encode(x, "eden-unbiased", 4) with one rotation (and with `auto`, which adds
-the O(d) moment statistic); `eden4 decode` = codec.decode. MB/s are of float32 input (4 d bytes), the
-convention of the issue's targets; `x copy` = time / copy time.
+Rows, each for backend `numpy` and `numba`: `copy` = numpy.copy of the input (memory bandwidth, read +
+write); `fwht-textbook` = log2(D) vectorised radix-2 butterfly stages (mrc.quant.rht.fwht_textbook);
+`fwht` = the fast transform (numpy: blocked Kronecker matmuls; numba: blocked radix-8/4/2 kernels);
+`rht-textbook` / `rht` = one full rotation (seeded signs + transform) with either; `edenB encode rot=1` =
+mrc.quant.codec.encode(x, "eden-unbiased", B) with one rotation, `edenB encode auto` with the default
+`auto` (which adds the O(d) moment statistic); `edenB decode` = codec.decode. MB/s are of float32 input
+(4 d bytes), the convention of the issue's targets; `x copy` = time / copy time; `vs numpy` = the numpy
+row's time / the numba row's time.
 
 Prints a table, then the same results as one JSON document (only the JSON with -j).
 """
@@ -28,18 +33,20 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
-import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
+from functools import partial  # noqa: E402
 from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from mrc.quant import codec, rht  # noqa: E402
+from mrc.quant import accel, codec, rht  # noqa: E402
 
 TARGET_EDEN_MBPS = 250.0
 TARGET_RHT_SPEEDUP = 3.0
+TARGET_NUMBA_SPEEDUP = 3.0
+BACKENDS = ("numpy", "numba")
 
 
 def _pin() -> str:
@@ -51,100 +58,136 @@ def _pin() -> str:
         return "unpinned"
 
 
-def _cases(d: int) -> dict[str, Callable[[], object]]:
+def _on_copy(f: Callable[[np.ndarray], object], x: np.ndarray) -> object:
+    return f(x.copy())
+
+
+def _rotate_copy(rotate: Callable[[np.ndarray, int, int], object], x: np.ndarray) -> object:
+    return rotate(x.copy(), 7, 1)
+
+
+def _cases(d: int, backends: tuple[str, ...]) -> dict[tuple[str, str], Callable[[], object]]:
     x = np.random.default_rng(0).standard_normal(d).astype(np.float32)
-    buf4 = codec.encode(x, "eden-unbiased", 4, seed=7, rotations=1)
 
     def rht_textbook() -> object:
         y = x * rht.signs(7, 0, d, np.float32)
         return rht.fwht_textbook(y)
 
-    def rht_fast() -> object:
-        return rht.rotate(x.copy(), 7, 1)
-
-    return {
-        "copy": lambda: np.copy(x),
-        "fwht-textbook": lambda: rht.fwht_textbook(x),
-        "fwht": lambda: rht.fwht(x.copy()),
-        "rht-textbook": rht_textbook,
-        "rht": rht_fast,
-        "eden4 encode rot=1": lambda: codec.encode(x, "eden-unbiased", 4, seed=7, rotations=1),
-        "eden4 encode auto": lambda: codec.encode(x, "eden-unbiased", 4, seed=7, rotations="auto"),
-        "eden4 decode": lambda: codec.decode(buf4),
+    cases: dict[tuple[str, str], Callable[[], object]] = {
+        ("copy", "numpy"): lambda: np.copy(x),
+        ("fwht-textbook", "numpy"): lambda: rht.fwht_textbook(x),
+        ("rht-textbook", "numpy"): rht_textbook,
     }
+    for be in backends:
+        kern = accel.kernels(be)
+        fwht: Callable[[np.ndarray], object] = rht.fwht if kern is None else kern.fwht
+        rotate: Callable[[np.ndarray, int, int], object] = rht.rotate if kern is None else kern.rotate
+        cases[("fwht", be)] = partial(_on_copy, fwht, x)
+        cases[("rht", be)] = partial(_rotate_copy, rotate, x)
+        for bits in (2, 4):
+            buf = codec.encode(x, "eden-unbiased", bits, seed=7, rotations=1, backend=be)
+            cases[(f"eden{bits} encode rot=1", be)] = partial(
+                codec.encode, x, "eden-unbiased", bits, seed=7, rotations=1, backend=be)
+            cases[(f"eden{bits} encode auto", be)] = partial(codec.encode, x, "eden-unbiased", bits, seed=7,
+                                                             backend=be)
+            cases[(f"eden{bits} decode", be)] = partial(codec.decode, buf, backend=be)
+    return cases
 
 
-def measure(log2d: int, rounds: int) -> list[dict[str, Any]]:
+def measure(log2d: int, rounds: int, backends: tuple[str, ...] = BACKENDS) -> list[dict[str, Any]]:
     d = 1 << log2d
-    cases = _cases(d)
-    for f in cases.values():  # warm-up: caches, first-touch pages
+    cases = _cases(d, backends)
+    for f in cases.values():  # warm-up: JIT compilation / cache load, caches, first-touch pages
         f()
-    times: dict[str, list[float]] = {k: [] for k in cases}
+    times: dict[tuple[str, str], list[float]] = {k: [] for k in cases}
     for _ in range(rounds):
-        for name, f in cases.items():
+        for key, f in cases.items():
             t0 = time.perf_counter()
             f()
-            times[name].append(time.perf_counter() - t0)
-    med = {k: statistics.median(v) for k, v in times.items()}
+            times[key].append(time.perf_counter() - t0)
+    med = {k: min(v) for k, v in times.items()}
+    copy_t = med[("copy", "numpy")]
     rows = []
-    for name in cases:
-        t = med[name]
+    order = list(dict.fromkeys(name for name, _ in cases))
+    for name, be in sorted(cases, key=lambda k: (order.index(k[0]), BACKENDS.index(k[1]))):
+        t = med[(name, be)]
         row: dict[str, Any] = {
-            "case": name, "log2_d": log2d, "d": d, "ms": t * 1e3, "mbps": 4.0 * d / t / 1e6,
-            "x_copy": t / med["copy"],
+            "case": name, "backend": be, "log2_d": log2d, "d": d, "ms": t * 1e3, "mbps": 4.0 * d / t / 1e6,
+            "x_copy": t / copy_t,
         }
-        if name == "fwht":
-            row["speedup_vs_textbook"] = med["fwht-textbook"] / t
-        if name == "rht":
-            row["speedup_vs_textbook"] = med["rht-textbook"] / t
+        if name in ("fwht", "rht"):
+            row["speedup_vs_textbook"] = med[(f"{name}-textbook", "numpy")] / t
+        if be != "numpy" and (name, "numpy") in med:
+            row["speedup_vs_numpy"] = med[(name, "numpy")] / t
         rows.append(row)
     return rows
 
 
 def render(rows: list[dict[str, Any]]) -> str:
-    head = f"{'case':<20} {'d':>9} {'ms':>9} {'MB/s':>8} {'x copy':>7} {'vs textbook':>11}"
+    head = (f"{'case':<20} {'backend':<7} {'d':>5} {'ms':>8} {'MB/s':>7} {'x copy':>7} {'vs textbook':>11} "
+            f"{'vs numpy':>8}")
     out = [head]
     for r in rows:
-        sp = f"{r['speedup_vs_textbook']:.1f}x" if "speedup_vs_textbook" in r else ""
+        tb = f"{r['speedup_vs_textbook']:.1f}x" if "speedup_vs_textbook" in r else ""
+        vn = f"{r['speedup_vs_numpy']:.1f}x" if "speedup_vs_numpy" in r else ""
+        d = "2^" + str(r["log2_d"])
         out.append(
-            f"{r['case']:<20} {'2^' + str(r['log2_d']):>9} {r['ms']:>9.2f} {r['mbps']:>8.0f} "
-            f"{r['x_copy']:>7.1f} {sp:>11}".rstrip()
+            f"{r['case']:<20} {r['backend']:<7} {d:>5} {r['ms']:>8.2f} {r['mbps']:>7.0f} "
+            f"{r['x_copy']:>7.1f} {tb:>11} {vn:>8}".rstrip()
         )
     return "\n".join(out)
 
 
 def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     res = []
-    at20 = {r["case"]: r for r in rows if r["log2_d"] == 20}
-    for case in ("eden4 encode rot=1", "eden4 decode"):
-        if case in at20:
-            v = at20[case]["mbps"]
-            res.append({"target": f"{case} >= {TARGET_EDEN_MBPS:.0f} MB/s at d=2^20", "value": v,
+    at20 = {(r["case"], r["backend"]): r for r in rows if r["log2_d"] == 20}
+    for (case, be), r in at20.items():
+        if case in ("eden4 encode rot=1", "eden4 decode"):
+            v = r["mbps"]
+            res.append({"target": f"{case} [{be}] >= {TARGET_EDEN_MBPS:.0f} MB/s at d=2^20", "value": v,
                         "pass": v >= TARGET_EDEN_MBPS})
     for r in rows:
         if r["case"] == "rht":
             v = r["speedup_vs_textbook"]
-            res.append({"target": f"rht >= {TARGET_RHT_SPEEDUP:.0f}x textbook at d=2^{r['log2_d']}",
-                        "value": v, "pass": v >= TARGET_RHT_SPEEDUP})
+            name = f"rht [{r['backend']}] >= {TARGET_RHT_SPEEDUP:.0f}x textbook at d=2^{r['log2_d']}"
+            res.append({"target": name, "value": v, "pass": v >= TARGET_RHT_SPEEDUP})
+        if ("speedup_vs_numpy" in r and r["case"].startswith("eden") and "rot=1" not in r["case"]
+                and r["log2_d"] >= 20):
+            v = r["speedup_vs_numpy"]
+            res.append({"target": f"{r['case']} [{r['backend']}] >= {TARGET_NUMBA_SPEEDUP:.0f}x numpy at "
+                                  f"d=2^{r['log2_d']}", "value": v, "pass": v >= TARGET_NUMBA_SPEEDUP})
     return res
+
+
+def _numba_version() -> str | None:
+    try:
+        import numba
+    except ImportError:
+        return None
+    return str(numba.__version__)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sizes", default="20,24", help="comma list of log2(d)")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--sizes", default="20,22", help="comma list of log2(d)")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--backends", default=",".join(BACKENDS), help="comma list of numpy, numba")
     ap.add_argument("-j", "--json", action="store_true", help="print only the JSON document")
     args = ap.parse_args()
     pinned = _pin()
+    backends = tuple(b for b in args.backends.split(",") if b)
+    if "numba" in backends and accel.kernels("numba") is None:
+        backends = tuple(b for b in backends if b != "numba")
     rows: list[dict[str, Any]] = []
     for s in (int(v) for v in args.sizes.split(",")):
         if not args.json:
             print(f"measuring d=2^{s} ...", file=sys.stderr)
-        rows.extend(measure(s, args.rounds if s < 24 else max(3, args.rounds // 2)))
+        rows.extend(measure(s, args.rounds if s < 24 else max(3, args.rounds // 2), backends))
     doc: dict[str, Any] = {
         "bench": "quant",
         "machine": {"python": platform.python_version(), "numpy": np.__version__,
-                    "processor": platform.processor() or platform.machine(), "pinned": pinned},
+                    "processor": platform.processor() or platform.machine(), "pinned": pinned,
+                    "numba": _numba_version(), "blas_threads": os.environ["OPENBLAS_NUM_THREADS"]},
         "rows": rows,
         "targets": targets(rows),
     }

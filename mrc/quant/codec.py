@@ -330,15 +330,21 @@ def decode(buf: bytes | bytearray | memoryview, *, backend: str | None = None) -
         except ValueError as e:
             raise CodecError(str(e)) from e
         pos += size
-    if packed:
+    if packed and len(layout) == 1 and layout[0][2] is None:  # one section: lookup fused into the FWHT
         assert kern is not None
-        y = eden.reconstruct_packed(layout, sections, h.scales[0], n, cdt, kern)
-    elif h.scheme == "turboquant-prod":
-        y = turboquant.qjl_decode(sections[-1], np.asarray(h.scales[1:]), h.seed, n, cdt)
-        if layout:
-            y += eden.reconstruct(layout, sections[:-1], h.scales[0], n, cdt)
+        b = layout[0][0]
+        y = np.asarray(kern.unrotate_packed(sections[0], b, eden.scaled_table(b, h.scales[0], cdt), n,
+                                            h.seed, h.rotations))
     else:
-        y = eden.reconstruct(layout, sections, h.scales[0], n, cdt)
-    y = unrotate(y, h.seed, h.rotations) if kern is None else kern.unrotate(y, h.seed, h.rotations)
+        if packed:
+            assert kern is not None
+            y = eden.reconstruct_packed(layout, sections, h.scales[0], n, cdt, kern)
+        elif h.scheme == "turboquant-prod":
+            y = turboquant.qjl_decode(sections[-1], np.asarray(h.scales[1:]), h.seed, n, cdt)
+            if layout:
+                y += eden.reconstruct(layout, sections[:-1], h.scales[0], n, cdt)
+        else:
+            y = eden.reconstruct(layout, sections, h.scales[0], n, cdt)
+        y = unrotate(y, h.seed, h.rotations) if kern is None else kern.unrotate(y, h.seed, h.rotations)
     out = y[: h.d] if h.d != n else y
     return out.astype(h.dtype, copy=False).reshape(h.shape)

@@ -232,18 +232,22 @@ def section_sizes(bits: float, seed: int, n: int) -> list[tuple[int, int, IndexA
     return out
 
 
+def scaled_table(bits: int, scale: float, dtype: np.dtype[np.floating]) -> FloatArray:
+    """The decoder's lookup table S * c for `bits`, in `dtype` (as `reconstruct` computes it)."""
+    table: FloatArray = (_tables(bits, dtype)[0] * dtype.type(scale)).astype(dtype)
+    return table
+
+
 def reconstruct(
     layout: list[tuple[int, int, IndexArray | None]], sections: list[U8], scale: float, n: int,
     dtype: np.dtype[np.floating],
 ) -> FloatArray:
     """The rotated estimate S * c from decoded indices (dropped coordinates are 0)."""
     if len(layout) == 1 and layout[0][2] is None:
-        table = (_tables(layout[0][0], dtype)[0] * dtype.type(scale)).astype(dtype)
-        return table.take(sections[0])
+        return scaled_table(layout[0][0], scale, dtype).take(sections[0])
     out = np.zeros(n, dtype)
     for (b, _, sel), idx in zip(layout, sections, strict=True):
-        table = (_tables(b, dtype)[0] * dtype.type(scale)).astype(dtype)
-        out[sel] = table.take(idx)
+        out[sel] = scaled_table(b, scale, dtype).take(idx)
     return out
 
 
@@ -253,7 +257,7 @@ def reconstruct_packed(
 ) -> FloatArray:
     """`reconstruct` from the packed sections (sizes and padding bits already checked), unpacking
     fused with the centroid lookup in the numba kernels."""
-    tables = [(_tables(b, dtype)[0] * dtype.type(scale)).astype(dtype) for b, _, _ in layout]
+    tables = [scaled_table(b, scale, dtype) for b, _, _ in layout]
     if len(layout) == 1 and layout[0][2] is None:
         res: FloatArray = kernels.lookup(packed[0], layout[0][0], n, tables[0])
         return res

@@ -114,11 +114,17 @@ def _radix8_first(a):  # type: ignore[no-untyped-def]
 
 @_jit
 def _stages(a, h):  # type: ignore[no-untyped-def]
-    """Butterfly levels h, 2h, ... up to a.size (all powers of two), in place: radix-4 stages while
-    they fit, then one radix-2. The operands of a butterfly are separate slices (distinct pointers).
-    (Radix-8 stages measured no faster and compile slower.)"""
+    """Butterfly levels h, 2h, ... up to a.size (all powers of two), in place."""
+    _stages_to(a, h, a.size)
+
+
+@_jit
+def _stages_to(a, h, limit):  # type: ignore[no-untyped-def]
+    """The butterfly levels of half-width h, 2h, ..., limit / 2 (powers of two, limit <= a.size), in
+    place: radix-4 stages while they fit, then one radix-2. The operands of a butterfly are separate
+    slices (distinct pointers). (Radix-8 stages measured no faster and compile slower.)"""
     n = a.size
-    while h * 4 <= n:
+    while h * 4 <= limit:
         for i in range(0, n, 4 * h):
             p0 = a[i : i + h]
             p1 = a[i + h : i + 2 * h]
@@ -138,7 +144,7 @@ def _stages(a, h):  # type: ignore[no-untyped-def]
                 p2[j] = s0 - s1
                 p3[j] = d0 - d1
         h *= 4
-    if h * 2 <= n:
+    if h * 2 <= limit:
         for i in range(0, n, 2 * h):
             p0 = a[i : i + h]
             p1 = a[i + h : i + 2 * h]
@@ -149,16 +155,21 @@ def _stages(a, h):  # type: ignore[no-untyped-def]
                 p1[j] = x0 - x1
 
 
-@_jit
+@_jit_sum
 def _signed_copy(dst, src, base, words, scale):  # type: ignore[no-untyped-def]
     """dst[i] = src[i] * (+-scale), the sign of global element base + i from bit (base+i) % 64 of
     words[(base+i) // 64] (1 -> minus); no words: +scale. base is a multiple of 64 (or 0); dst and src
-    may be the same array."""
+    may be the same array. Returns sum src[i]^2 (float64; reassoc only reorders this sum, each dst[i]
+    is one IEEE multiplication)."""
     m = src.size
+    total = 0.0
     if words.size == 0:
         for i in range(m):
-            dst[i] = src[i] * scale
-        return
+            v = src[i]
+            dst[i] = v * scale
+            vd = np.float64(v)
+            total += vd * vd
+        return total
     neg = -scale
     w0 = base >> 6
     full = m >> 6
@@ -167,11 +178,18 @@ def _signed_copy(dst, src, base, words, scale):  # type: ignore[no-untyped-def]
         d = dst[64 * w : 64 * w + 64]
         s = src[64 * w : 64 * w + 64]
         for b in range(64):
-            d[b] = s[b] * (neg if (word >> np.uint64(b)) & np.uint64(1) else scale)
+            v = s[b]
+            d[b] = v * (neg if (word >> np.uint64(b)) & np.uint64(1) else scale)
+            vd = np.float64(v)
+            total += vd * vd
     for i in range(64 * full, m):
         k = base + i
         bit = (words[k >> 6] >> np.uint64(k & 63)) & np.uint64(1)
-        dst[i] = src[i] * (neg if bit else scale)
+        v = src[i]
+        dst[i] = v * (neg if bit else scale)
+        vd = np.float64(v)
+        total += vd * vd
+    return total
 
 
 @_jit_sum
@@ -184,10 +202,21 @@ def _sumsq(a):  # type: ignore[no-untyped-def]
 
 
 @_jit
-def _fwht_core(src, a, pre_words, pre_scale, post_words, post_scale, block_bits):  # type: ignore[no-untyped-def]
-    """a = post_signs * post_scale * H (pre_signs * pre_scale * [src, 0...]) with H the unnormalised
-    Hadamard matrix of size a.size (a power of two >= src.size); src may be a itself. Returns ||a||^2
-    (float64) of the result."""
+def _block_levels(blk):  # type: ignore[no-untyped-def]
+    """All butterfly levels inside one block (a power of two), in place."""
+    if blk.size >= 8:
+        _radix8_first(blk)
+        _stages(blk, 8)
+    else:
+        _stages(blk, 1)
+
+
+@_jit
+def _fwht_core(src, a, pre_words, pre_scale, block_bits):  # type: ignore[no-untyped-def]
+    """A forward rotation: a = H (pre_signs * pre_scale * [src, 0...]) with H the unnormalised Hadamard
+    matrix of size a.size (a power of two >= src.size); src may be a itself. Returns ||a||^2 as
+    a.size * pre_scale^2 * ||src||^2 (float64; H / sqrt(n) is orthonormal, so this is the norm of the
+    result up to its rounding) — summed while src is read, no pass of its own."""
     n = a.size
     d = src.size
     bsz = min(n, 1 << block_bits)
@@ -196,20 +225,93 @@ def _fwht_core(src, a, pre_words, pre_scale, post_words, post_scale, block_bits)
         blk = a[base : base + bsz]
         hi = min(max(d - base, 0), bsz)
         if hi > 0:
-            _signed_copy(blk[:hi], src[base : base + hi], base, pre_words, pre_scale)
+            total += _signed_copy(blk[:hi], src[base : base + hi], base, pre_words, pre_scale)
         for i in range(hi, bsz):
             blk[i] = 0.0
-        if bsz >= 8:
-            _radix8_first(blk)
-            _stages(blk, 8)
-        else:
-            _stages(blk, 1)
+        _block_levels(blk)
+    if n > bsz:
+        _stages(a, bsz)  # outer levels: radix-4 passes over the whole vector, 4 sequential streams each
+    ps = np.float64(pre_scale)
+    return n * ps * ps * total
+
+
+@_jit
+def _fwht_signed(packed, bits, table, a, post_words, post_scale, block_bits):  # type: ignore[no-untyped-def]
+    """An inverse rotation: a = post_signs * post_scale * H x, the signs applied inside the last
+    butterfly stage; nothing is summed. x = table[indices of `packed`] when `packed` is not empty (the
+    unpacking and centroid lookup fill each block in place of a pass of their own), else a itself."""
+    n = a.size
+    bsz = min(n, 1 << block_bits)
+    for base in range(0, n, bsz):
+        blk = a[base : base + bsz]
+        if packed.size == 0:
+            pass
+        elif bsz % 8 == 0:
+            lo = (base * bits) // 8
+            _lookup(packed[lo : lo + (bsz * bits) // 8], bits, table, blk)
+        else:  # n < 8: the whole (single) block
+            _lookup(packed, bits, table, blk)
+        _block_levels(blk)
         if n == bsz:
-            total += _post(blk, post_words, post_scale)
-    if n == bsz:
-        return total
-    _stages(a, bsz)  # outer levels: radix-4 passes over the whole vector, 4 sequential streams each
-    return _post(a, post_words, post_scale)
+            _signed_copy(blk, blk, 0, post_words, post_scale)
+    if n > bsz:
+        _stages_signed(a, bsz, post_words, post_scale)
+
+
+@_jit
+def _stages_signed(a, h, words, scale):  # type: ignore[no-untyped-def]
+    """_stages(a, h) then a *= +-scale (signs as in _signed_copy), the signs applied inside the last
+    stage (one radix-4 or radix-2 over the whole vector) instead of in a pass of their own.
+    h < a.size, a.size / 4 is a multiple of 64 and words holds a.size / 64 words."""
+    n = a.size
+    neg = -scale
+    one = np.uint64(1)
+    if 2 * h == n:  # one level left: a signed radix-2
+        hh = n // 2
+        p0 = a[0:hh]
+        p1 = a[hh:n]
+        for w in range(hh >> 6):
+            w0 = words[w]
+            w1 = words[(hh >> 6) + w]
+            q0 = p0[64 * w : 64 * w + 64]
+            q1 = p1[64 * w : 64 * w + 64]
+            for b in range(64):
+                x0 = q0[b]
+                x1 = q1[b]
+                sb = np.uint64(b)
+                q0[b] = (x0 + x1) * (neg if (w0 >> sb) & one else scale)
+                q1[b] = (x0 - x1) * (neg if (w1 >> sb) & one else scale)
+        return
+    hh = n // 4
+    _stages_to(a, h, hh)  # every level below half-width hh
+    p0 = a[0:hh]
+    p1 = a[hh : 2 * hh]
+    p2 = a[2 * hh : 3 * hh]
+    p3 = a[3 * hh : n]
+    ws = hh >> 6
+    for w in range(ws):
+        w0 = words[w]
+        w1 = words[ws + w]
+        w2 = words[2 * ws + w]
+        w3 = words[3 * ws + w]
+        q0 = p0[64 * w : 64 * w + 64]
+        q1 = p1[64 * w : 64 * w + 64]
+        q2 = p2[64 * w : 64 * w + 64]
+        q3 = p3[64 * w : 64 * w + 64]
+        for b in range(64):
+            x0 = q0[b]
+            x1 = q1[b]
+            x2 = q2[b]
+            x3 = q3[b]
+            s0 = x0 + x1
+            d0 = x0 - x1
+            s1 = x2 + x3
+            d1 = x2 - x3
+            sb = np.uint64(b)
+            q0[b] = (s0 + s1) * (neg if (w0 >> sb) & one else scale)
+            q1[b] = (d0 + d1) * (neg if (w1 >> sb) & one else scale)
+            q2[b] = (s0 - s1) * (neg if (w2 >> sb) & one else scale)
+            q3[b] = (d0 - d1) * (neg if (w3 >> sb) & one else scale)
 
 
 @_jit_sum
@@ -243,6 +345,8 @@ def _post(a, words, scale):  # type: ignore[no-untyped-def]
 
 
 _NO_WORDS = np.zeros(0, np.uint64)
+_NO_U8 = np.zeros(0, np.uint8)
+_NO_TABLE = {np.float32: np.zeros(1, np.float32), np.float64: np.zeros(1, np.float64)}
 
 
 def _check_float(a: FloatArray) -> None:
@@ -261,8 +365,7 @@ def fwht(a: FloatArray, scratch: FloatArray | None = None) -> FloatArray:
     if n <= 1:
         return a
     _check_float(a)
-    one = a.dtype.type(1.0)
-    _fwht_core(a, a, _NO_WORDS, a.dtype.type(1.0 / math.sqrt(n)), _NO_WORDS, one, _block_bits(a.dtype))
+    _fwht_core(a, a, _NO_WORDS, a.dtype.type(1.0 / math.sqrt(n)), _block_bits(a.dtype))
     return a
 
 
@@ -290,7 +393,7 @@ def _rotate_into(src: FloatArray, y: FloatArray, seed: int, k: int) -> float:
     n = y.size
     words = sign_words(seed, k, n, STREAM_ROTATION)
     scale = y.dtype.type(1.0 / math.sqrt(n))
-    return float(_fwht_core(src, y, words, scale, _NO_WORDS, y.dtype.type(1.0), _block_bits(y.dtype)))
+    return float(_fwht_core(src, y, words, scale, _block_bits(y.dtype)))
 
 
 def rotate(y: FloatArray, seed: int, rotations: int, start: int = 0) -> FloatArray:
@@ -308,10 +411,25 @@ def unrotate(y: FloatArray, seed: int, rotations: int) -> FloatArray:
     _check_float(y)
     n = y.size
     scale = y.dtype.type(1.0 / math.sqrt(n))
-    one = y.dtype.type(1.0)
     for k in reversed(range(rotations)):
         words = sign_words(seed, k, n, STREAM_ROTATION)
-        _fwht_core(y, y, _NO_WORDS, one, words, scale, _block_bits(y.dtype))
+        _fwht_signed(_NO_U8, 1, _NO_TABLE[y.dtype.type], y, words, scale, _block_bits(y.dtype))
+    return y
+
+
+def unrotate_packed(
+    packed: U8, bits: int, table: FloatArray, n: int, seed: int, rotations: int,
+) -> FloatArray:
+    """unrotate(table[indices], seed, rotations) for one packed section of n indices (size and padding
+    already checked): the unpacking and lookup are fused into the first inverse rotation."""
+    _check_rotations(rotations)
+    y = np.empty(n, table.dtype)
+    scale = y.dtype.type(1.0 / math.sqrt(n))
+    words = sign_words(seed, rotations - 1, n, STREAM_ROTATION)
+    _fwht_signed(np.ascontiguousarray(packed), bits, np.ascontiguousarray(table), y, words, scale,
+                 _block_bits(y.dtype))
+    if rotations > 1:
+        unrotate(y, seed, rotations - 1)
     return y
 
 
@@ -538,9 +656,6 @@ def _prep(
     clip = y.dtype.type(error_clip(bits) * sigma * sigma)
     clip0 = y.dtype.type(error_clip(0) * sigma * sigma)
     return np.ascontiguousarray(thr, y.dtype), ext, cent, sig, clip, clip0
-
-
-_NO_U8 = np.zeros(0, np.uint8)
 
 
 def nearest(y: FloatArray, bits: int, sigma: float, with_q0: bool = False) -> tuple[U8, GroupStats]:
