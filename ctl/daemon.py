@@ -147,6 +147,7 @@ class Controller:
         # ACCESS_QUIET_NS: plane -> (the port's receive count, since when it has not changed)
         self.suspect: dict[int, tuple[int | None, int]] = {}
         self.port_alive: dict[int, int] = {}  # plane -> last time a probe sent through it was answered
+        self.port_probe_fail: dict[int, deque[int]] = {}  # plane -> recent times its probes timed out
         self.tx_seen: dict[int, tuple[int, int]] = {}  # qpn -> (packets sent, when that last changed)
         self.log: deque[Action] = deque(maxlen=MAX_LOG)
         self.events: deque[dict[str, Any]] = deque(maxlen=MAX_LOG)
@@ -187,6 +188,8 @@ class Controller:
         for r in results:
             if r.ok:
                 self.port_alive[r.port] = max(self.port_alive.get(r.port, 0), r.time_ns)
+            else:
+                self.port_probe_fail.setdefault(r.port, deque(maxlen=256)).append(r.time_ns)
 
     def forget_qp(self, qpn: int) -> None:
         for key in [k for k in self.bad if k[0] == qpn]:
@@ -303,9 +306,12 @@ class Controller:
         (under make demo's ring load: h1-p1l0, h2-p3l1, h3-p2l1, h0-p3l0, h0-p0l0 in one run, each denied
         with its port for 60 ms to 4 s). A dead link also stops the port from receiving; a late one does
         not (data, SACKs, probe replies keep arriving). So the verdict is held until the port has
-        received nothing, and no probe through it has been answered, for `ACCESS_QUIET_NS`: the receive
-        count is read when the suspicion starts and at the end of each quiet window (32 per-CPU map
-        lookups; every pass would cost the engine's loop most of its time under a long suspicion)."""
+        received nothing, and no probe through it has been answered, for `ACCESS_QUIET_NS`, while the
+        engine kept probing it: its probes through the port timed out across at least half the window.
+        (A silent port alone is no proof: when our own mrcd stalls, or sends nothing on the plane, and the
+        peers have nothing for us on it, nothing arrives either.) The receive count is read when the
+        suspicion starts and at the end of each window (32 per-CPU map lookups; every pass would cost
+        the engine's loop most of its time under a long suspicion)."""
         held = self.suspect.get(plane)
         if held is None:
             self.suspect[plane] = (self.d.port_rx_packets(plane), now)
@@ -317,8 +323,9 @@ class Controller:
         if now - held[1] < ACCESS_QUIET_NS:
             return False
         rx = self.d.port_rx_packets(plane)
-        if rx != held[0]:
-            self.suspect[plane] = (rx, now)  # it received in this window: alive; another window
+        fails = [t for t in self.port_probe_fail.get(plane, ()) if t >= held[1]]
+        if rx != held[0] or not fails or fails[-1] - fails[0] < ACCESS_QUIET_NS // 2:
+            self.suspect[plane] = (rx, now)  # it received, or we did not try: not proven dead; again
             return False
         del self.suspect[plane]
         return True

@@ -52,6 +52,11 @@ def _qp(d: Any, peer: str) -> QueuePair:
     return qp
 
 
+def _probes_fail(ctl: Controller, port: int, t0: int, t1: int) -> None:
+    """The engine's probes sent on `port` time out, one every 2 ms from t0 to t1."""
+    ctl.on_probe_results([ProbeResult(t, 0, port, port, False, -1) for t in range(t0, t1 + 1, 2_000_000)])
+
+
 def _bad(qp: QueuePair, idx: list[int], t: int) -> list[EvEvent]:
     prof: EvProfile = qp.paths.profile
     return [EvEvent(t, prof.profile_id, qp.qpn, i, i, i % 4, EvState.ASSUMED_BAD, 1) for i in idx]
@@ -119,6 +124,7 @@ def test_access_link_is_the_smallest_explanation() -> None:
     assert not d.controller.denied  # held: the port must have received nothing for ACCESS_QUIET_NS
     d.controller.tick(2000 + ACCESS_QUIET_NS // 2)
     assert not d.controller.denied
+    _probes_fail(d.controller, 0, 3000, 2000 + ACCESS_QUIET_NS)
     d.controller.tick(2000 + ACCESS_QUIET_NS)
     assert {"-".join(sorted(lk)) for lk in d.controller.denied} == {"h0-p0l0"}
     assert d.controller.ports_down == {0}
@@ -270,7 +276,7 @@ def test_own_access_link_is_not_denied_when_a_probe_through_it_is_answered() -> 
         ctl.tick(t)
     assert not ctl.denied and not ctl.ports_down
     # the probes stop being answered (and nothing arrives): after ACCESS_QUIET_NS it is failed
-    ctl.on_probe_results([ProbeResult(t + 10, qps[0].qpn, 2, 2, False, -1)])
+    _probes_fail(ctl, 2, t + 10, t + ACCESS_QUIET_NS)
     ctl.tick(t + ACCESS_QUIET_NS // 2)
     assert not ctl.denied
     ctl.tick(t + ACCESS_QUIET_NS + 1)
@@ -284,6 +290,7 @@ def test_own_access_link_is_denied_once_its_port_falls_silent() -> None:
     ctl: Controller = d.controller
     _plane_bad_everywhere(d, 3, 1000)
     ctl.tick(2000)
+    _probes_fail(ctl, 3, 3000, 2000 + 2 * ACCESS_QUIET_NS)
     d.rx[3] += 5
     ctl.tick(2000 + ACCESS_QUIET_NS)  # received since the last look: not silent yet
     assert not ctl.denied
@@ -293,3 +300,21 @@ def test_own_access_link_is_denied_once_its_port_falls_silent() -> None:
     assert {"-".join(sorted(lk)) for lk in ctl.denied} == {"h0-p3l0"}
     assert ctl.ports_down == {3} and d.ctx.port_enabled[3] is False
     assert not ctl.suspect
+
+
+def test_a_silent_port_we_did_not_probe_is_not_a_dead_access_link() -> None:
+    """fix3 of the testbed check: h0's plane-0 EVs toward its one busy peer all bad and its port silent
+    for a window, but a silent port alone can be our own stall (nothing sent, nothing answered). Only
+    probes timing out across the window, with the port still silent, make it dead."""
+    d = _daemon()
+    ctl: Controller = d.controller
+    _plane_bad_everywhere(d, 0, 1000)
+    ctl.tick(2000)
+    ctl.tick(2000 + 3 * ACCESS_QUIET_NS)  # a stall: one pass long after, no probe result in between
+    assert not ctl.denied and 0 in ctl.suspect
+    _probes_fail(ctl, 0, 2000 + 3 * ACCESS_QUIET_NS, 2000 + 3 * ACCESS_QUIET_NS + 2_000_000)  # a burst
+    ctl.tick(2000 + 4 * ACCESS_QUIET_NS)
+    assert not ctl.denied  # the failures span 2 ms of the 20 ms window
+    _probes_fail(ctl, 0, 2000 + 4 * ACCESS_QUIET_NS, 2000 + 5 * ACCESS_QUIET_NS)
+    ctl.tick(2000 + 5 * ACCESS_QUIET_NS)
+    assert {"-".join(sorted(lk)) for lk in ctl.denied} == {"h0-p0l0"} and ctl.ports_down == {0}
