@@ -507,44 +507,65 @@ def _quantize(y, thr, ext, cent, bits, sig, clip, clip0, with_q0, idx_out, packe
     want_idx = idx_out.size == n
     want_pack = packed.size > 0
     c0 = cent[0]
+    t0 = thr[0]
+    t1 = thr[min(1, nthr - 1)]
+    t2 = thr[min(2, nthr - 1)]
+    k1 = cent[min(1, cent.size - 1)]
+    k2 = cent[min(2, cent.size - 1)]
+    k3 = cent[min(3, cent.size - 1)]
     for base in range(0, n, _CHUNK):
         m = min(_CHUNK, n - base)
         ych = y[base : base + m]
-        if bits == 4:
-            _search16(ych, thr, ib)
+        if bits == 2:
+            # index and centroid by two compares and selects, sums in the same vectorized loop
             for i in range(m):
-                cv[i] = cent[ib[i]]
-        elif bits <= 3:
-            # one vectorized pass per threshold over the L1-resident chunk: index count and centroid
-            # (a select, no gather) together
-            for i in range(m):
-                ib[i] = 0
-                cv[i] = c0
-            for t in range(nthr):
-                tv = thr[t]
-                cn = cent[t + 1]
+                v = ych[i]
+                b1 = v > t1
+                b0 = v > (t2 if b1 else t0)
+                ib[i] = np.int32(b1) * 2 + np.int32(b0)
+                c = (k3 if b0 else k2) if b1 else (k1 if b0 else c0)
+                r = v - sig * c
+                c64 = np.float64(c)
+                rc += np.float64(r) * c64
+                cc += c64 * c64
+                q += np.float64(min(r * r, clip))
+        else:
+            if bits == 4:
+                _search16(ych, thr, ib)
                 for i in range(m):
-                    gt = ych[i] > tv
-                    ib[i] += np.int32(gt)
-                    cv[i] = cn if gt else cv[i]
-        else:  # branch-free binary search over the cell upper edges
-            for i in range(m):
-                ib[i] = 0
-            step = 1 << (bits - 1)
-            while step:
+                    cv[i] = cent[ib[i]]
+            elif bits <= 3:
+                # one vectorized pass per threshold over the L1-resident chunk: index count and centroid
+                # (a select, no gather) together
                 for i in range(m):
-                    if ych[i] > ext[ib[i] + step - 1]:
-                        ib[i] += step
-                step >>= 1
+                    ib[i] = 0
+                    cv[i] = c0
+                for t in range(nthr):
+                    tv = thr[t]
+                    cn = cent[t + 1]
+                    for i in range(m):
+                        gt = ych[i] > tv
+                        ib[i] += np.int32(gt)
+                        cv[i] = cn if gt else cv[i]
+            else:  # branch-free binary search over the cell upper edges
+                for i in range(m):
+                    ib[i] = 0
+                step = 1 << (bits - 1)
+                while step:
+                    for i in range(m):
+                        if ych[i] > ext[ib[i] + step - 1]:
+                            ib[i] += step
+                    step >>= 1
+                for i in range(m):
+                    cv[i] = cent[ib[i]]
+            # (a gather in this loop would keep LLVM from vectorizing it: centroids come from cv)
             for i in range(m):
-                cv[i] = cent[ib[i]]
-        for i in range(m):
-            c = cv[i]
-            r = ych[i] - sig * c
-            c64 = np.float64(c)
-            rc += np.float64(r) * c64
-            cc += c64 * c64
-            q += np.float64(min(r * r, clip))
+                c = cv[i]
+                r = ych[i] - sig * c
+                c64 = np.float64(c)
+                rc += np.float64(r) * c64
+                cc += c64 * c64
+                q += np.float64(min(r * r, clip))
         if with_q0:
             for i in range(m):
                 yv = ych[i]
