@@ -47,6 +47,7 @@ _HOST_PORT_BUFFER: Final = 1 << 62
 #: trimmed headers) use every port's priority queue: they leave after the packet in service, ahead of
 #: the data backlog, as an ACK/trim class does in a real fabric.
 PRIO_BYTES: Final = 255
+_SER_LIST: Final = 16384
 
 #: Calendar queue: events fall into buckets of 2^_SHIFT ns; only the current bucket is a heap (small,
 #: cache-resident), later buckets are plain lists heapified when their time comes.
@@ -106,6 +107,8 @@ class Fabric:
         self.rate_Bpns = p.rate_bps / 8e9
         self.ovh = p.wire_overhead
         self._ser: dict[int, int] = {}
+        #: serialization time by wire size for every packet an MTU allows (a list index per hop)
+        self._ser_l: list[int] = [p.ser_ns(w) for w in range(_SER_LIST)]
         # ---- nodes: hosts 0..H-1, then switches
         self.nhosts = len(topo.hosts)
         self.node_names: list[str] = [n for n, _ in topo.hosts]
@@ -301,7 +304,7 @@ class Fabric:
         table = self.tables[h]
         route = self.routers[h]
         busy = self.busy
-        ser = self._ser
+        ser_l = self._ser_l
         ovh = self.ovh
         delay = self.p.delay_ns
         seq = self._seq.__next__
@@ -328,9 +331,7 @@ class Fabric:
                 self._down_drop(self.port_link[port], data, t)
                 continue
             w = n + ovh
-            s = ser.get(w)
-            if s is None:
-                s = self.ser(w)
+            s = ser_l[w] if w < _SER_LIST else self.ser(w)
             b = busy[port]
             if b < t:
                 b = t
@@ -394,7 +395,9 @@ class Fabric:
         trimming = trim_t is not None
         if trim_t is None:
             trim_t = NEVER
-        ser = self._ser
+        ecn_1 = ecn_k + 1
+        trim_1 = trim_t + 1
+        ser_l = self._ser_l
         serf = self.ser
         send_from_host = self.send_from_host
         on_deliver = self.on_deliver
@@ -451,26 +454,29 @@ class Fabric:
                     continue
                 # a switch: End with NEXT-C-SID (shift the container), then the static route
                 cont = (cont << 16) & _M96
-                port = fib[node].get(cont >> 80, -1)
-                if port < 0:
+                try:
+                    port = fib[node][cont >> 80]
+                except KeyError:
                     self._drop("no_route")
                     continue
                 if not port_up[port]:
                     self._down_drop(self.port_link[port], data, t)
                     continue
+                # The backlog found is q = int((b - t) * rate) bytes; q > K <=> (b - t) * rate >= K + 1
+                # for an integer K, so the thresholds are compared with the float x, without int().
                 b = busy[port]
                 if b > t:
-                    q = int((b - t) * rate)
-                    if q > max_backlog[port]:
-                        max_backlog[port] = q
+                    x = (b - t) * rate
+                    if x >= max_backlog[port] + 1:
+                        max_backlog[port] = int(x)
                 else:
-                    q = 0
+                    x = 0.0
                     b = t
-                if q > ecn_k:
+                if x >= ecn_1:
                     ecn = True
                     self.ecn_marks += 1
                 w = n + ovh
-                trim = q > trim_t and type(data) is bytearray and data[0] < 0x10
+                trim = x >= trim_1 and type(data) is bytearray and data[0] < 0x10
                 if trim or n <= PRIO_BYTES:
                     if trim:
                         # trimmed: headers only, served from the priority queue ahead of the backlog
@@ -479,9 +485,7 @@ class Fabric:
                         w = n + ovh
                         self.trims += 1
                     # control packets and trimmed headers: the priority queue
-                    s = ser.get(w)
-                    if s is None:
-                        s = serf(w)
+                    s = ser_l[w] if w < _SER_LIST else serf(w)
                     busy[port] = b + s
                     tx[port] += w
                     ta = t + s + delay
@@ -497,12 +501,10 @@ class Fabric:
                         else:
                             lst.append(ev)
                     continue  # (as before: the stop/progress check below runs after data hops only)
-                if q + w > port_buffer[port]:
+                if x >= port_buffer[port] - w + 1:
                     self._drop("buffer" if trimming else "buffer_no_trim")
                     continue
-                s = ser.get(w)
-                if s is None:
-                    s = serf(w)
+                s = ser_l[w] if w < _SER_LIST else serf(w)
                 b += s
                 busy[port] = b
                 tx[port] += w

@@ -78,6 +78,7 @@ _SVC_VALID: Final = int(ProbeReplyFlag.SERVICE_TIME_VALID)
 
 
 _new_tuple: Final = tuple.__new__
+_RTS: Final = QpState.RTS
 
 
 class Datagram(NamedTuple):
@@ -263,12 +264,27 @@ class QueuePair:
 
     def send(self, now: int, out: list[Datagram]) -> None:
         """Emit as many data packets as the congestion and MPR windows allow."""
-        if self.state != QpState.RTS:
+        if self.state != _RTS:
             return
+        retx_q = self.retx_q
+        wr = self.cur
+        if wr is not None and not retx_q:
+            # The congestion window is full (the check of the loop below, done first): a driver calls
+            # this after every event, so most calls of a busy QP end here.
+            sent = wr.sent
+            inflight = self.inflight
+            if sent and inflight and self.snd_nxt < self.snd_una + self.W:
+                n = wr.length - sent
+                if n > self.mtu:
+                    n = self.mtu
+                if inflight + n > self.cc.cwnd:
+                    self.c["cwnd_limited"] += 1
+                    if self.rto_deadline == NEVER and self.snd_nxt != self.snd_una:
+                        self.rto_deadline = now + self._rto_interval()
+                    return
         W = self.W
         cc = self.cc
         tx_state = self.tx_state
-        retx_q = self.retx_q
         while True:
             if retx_q:
                 psn = retx_q[0]
@@ -696,13 +712,13 @@ class QueuePair:
             if self.unacked:
                 psn, ev, ts, flags, t, port = self.last_rx
                 self._sack(now, out, psn, ev, ts, flags, now - t, port)
-        if self.state != QpState.RTS:
+        if self.state != _RTS:
             return
         if self.loss_deadline <= now:
             self._detect_losses(now)
         if self.rto_deadline <= now:
             self._on_rto(now)
-            if self.state != QpState.RTS:
+            if self.state != _RTS:
                 return
         if self.paths.next_probe_deadline <= now:
             paths = self.paths
