@@ -148,6 +148,7 @@ class Controller:
         self.suspect: dict[int, tuple[int | None, int]] = {}
         self.port_alive: dict[int, int] = {}  # plane -> last time a probe sent through it was answered
         self.port_probe_fail: dict[int, deque[int]] = {}  # plane -> recent times its probes timed out
+        self.probe_stats: dict[str, int] = {"answered": 0, "timed_out": 0, "rtt_ns_sum": 0, "rtt_ns_max": 0}
         self.tx_seen: dict[int, tuple[int, int]] = {}  # qpn -> (packets sent, when that last changed)
         self.log: deque[Action] = deque(maxlen=MAX_LOG)
         self.events: deque[dict[str, Any]] = deque(maxlen=MAX_LOG)
@@ -185,10 +186,15 @@ class Controller:
     def on_probe_results(self, results: list[ProbeResult]) -> None:
         """The engine's probe outcomes: an answered probe sent on port p shows that our plane-p access
         link carries packets (whatever the EV states say)."""
+        st = self.probe_stats
         for r in results:
             if r.ok:
                 self.port_alive[r.port] = max(self.port_alive.get(r.port, 0), r.time_ns)
+                st["answered"] += 1
+                st["rtt_ns_sum"] += r.rtt_ns
+                st["rtt_ns_max"] = max(st["rtt_ns_max"], r.rtt_ns)
             else:
+                st["timed_out"] += 1
                 self.port_probe_fail.setdefault(r.port, deque(maxlen=256)).append(r.time_ns)
 
     def forget_qp(self, qpn: int) -> None:
@@ -1026,6 +1032,7 @@ class Daemon:
         return {"host": self.host, "engine_drops": dict(self.ctx.drops), "driver": self.driver.stats(),
                 "qps": len(self.ctx.qps), "controller": dict(self.controller.counts),
                 "ev_events": dict(self.controller.event_counts),
+                "probe_results": dict(self.controller.probe_stats),
                 "denied_links": sorted(link_name(lk) for lk in self.controller.denied),
                 "dataplane": self.fd._host_stats(self.host, False)}
 
