@@ -128,7 +128,7 @@ class IcrcContext:
         big-endian integer) and a byte memoryview `mv` with end >= BTH_LEN: the CRC up to and including
         the masked byte 4 depends only on (end, sport, w0) and is cached, so what remains per packet is
         one zlib.crc32 over bytes 5 up to the ICRC. Same value as `compute`."""
-        key = (((w0 << 16) | sport) << 32) | end
+        key = (((w0 << 16) | sport) << 32) | end  # (wire.packet inlines the lookup: same key)
         crc = self._head.get(key)
         if crc is None:
             crc = self._prefix.get((end, sport))
