@@ -232,7 +232,9 @@ class Context:
         many data packets as the windows allow. Each Datagram owns its buffer."""
         out = self._out
         for qp in self._active:
-            if qp.state == _RTS and (qp.retx_q or qp.cur is not None or qp.send_q):
+            if qp.parked:  # still window-full since its last send: what send would find (and count)
+                qp.c["cwnd_limited"] += 1
+            elif qp.state == _RTS and (qp.retx_q or qp.cur is not None or qp.send_q):
                 qp.send(now, out)
         self._out = []
         return out

@@ -188,6 +188,10 @@ class QueuePair:
         self.max_outstanding = 0
         self.peer_port_epoch: dict[int, int] = {}
         self.max_trim_recovery_ns = 0
+        # True after `send` found the congestion window full (the fast exit below) and nothing that can
+        # change that outcome has happened since: SACK, NACK, timer, post, error all clear it. Context.
+        # datagrams_to_send then counts the attempt (cwnd_limited) without the call.
+        self.parked = False
         self.trim_recoveries: list[int] = []
 
     # ================================================================== verbs
@@ -228,6 +232,7 @@ class QueuePair:
         if length >= 1 << 32:
             raise ValueError("message length must be < 2^32")
         wr = SendWr(wr_id, self.msn & 0xFFFFFFFF, mr, offset, length, remote_addr, rkey, imm)
+        self.parked = False
         self.msn += 1
         self.send_q.append(wr)
         self.wrs_out.append(wr)
@@ -281,7 +286,9 @@ class QueuePair:
                     self.c["cwnd_limited"] += 1
                     if self.rto_deadline == NEVER and self.snd_nxt != self.snd_una:
                         self.rto_deadline = now + self._rto_interval()
+                    self.parked = True
                     return
+        self.parked = False
         W = self.W
         cc = self.cc
         tx_state = self.tx_state
@@ -472,6 +479,7 @@ class QueuePair:
     # ================================================================== requester: feedback
 
     def on_sack(self, pkt: MrcPacket, now: int) -> None:
+        self.parked = False
         s = pkt.body
         assert s is not None
         c = self.c
@@ -660,6 +668,7 @@ class QueuePair:
         self.cc.on_loss(now)
 
     def on_nack(self, pkt: MrcPacket, now: int) -> None:
+        self.parked = False
         b = pkt.body
         assert b is not None
         c = self.c
@@ -707,6 +716,7 @@ class QueuePair:
     # ================================================================== timers
 
     def on_timer(self, now: int, out: list[Datagram]) -> None:
+        self.parked = False
         if self.ack_deadline <= now:
             self.ack_deadline = NEVER
             if self.unacked:
@@ -759,6 +769,7 @@ class QueuePair:
         flushed (WR_FLUSH_ERR), timers stop, and the context reports an async event."""
         if self.state == QpState.ERROR:
             return
+        self.parked = False
         self.state = QpState.ERROR
         self.error_status = status
         first = True
