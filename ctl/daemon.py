@@ -492,7 +492,8 @@ class Controller:
 
 class Daemon:
     def __init__(self, testbed: str, host: str, *, evs: int = DEFAULT_EVS, socket_file: Path | None = None,
-                 metrics: MetricsServer | None = None, seed: int = 0, reorder_ns: int = 2_000_000) -> None:
+                 metrics: MetricsServer | None = None, seed: int = 0, reorder_ns: int = 2_000_000,
+                 probe_timeout_ns: int = 20_000_000) -> None:
         self.tb = tbmod.Testbed.load(testbed)
         self.topo = self.tb.topo
         if host not in self.topo.host_names():
@@ -504,6 +505,7 @@ class Daemon:
         self.ns = self.tb.ns(host)
         self.evs = evs
         self.reorder_ns = reorder_ns
+        self.probe_timeout_ns = probe_timeout_ns
         self.socket_file = socket_file or socket_path(self.ns)
         self.metrics = metrics
         self.started = time.time()
@@ -540,10 +542,11 @@ class Daemon:
         self.hid = self.fd.ingress.allocate_id("host", f"{self.tb.name}/{host}")
 
     def qp_attr(self) -> QpAttr:
-        """QP attributes for this testbed: an ACK timeout of 1.024 us x 2^15 = 33.6 ms and a reordering
-        tolerance of `reorder_ns` (the engines run in Python processes that share two CPUs: a SACK can
-        be late by milliseconds without any loss; docs/daemon.md)."""
-        return QpAttr(timeout=15, reorder_ns=self.reorder_ns)
+        """QP attributes for this testbed: an ACK timeout of 1.024 us x 2^15 = 33.6 ms, a reordering
+        tolerance of `reorder_ns` and a probe timeout of `probe_timeout_ns` (the engines run in Python
+        processes that share two CPUs: a SACK or a probe reply can be late by milliseconds without any
+        loss; docs/daemon.md)."""
+        return QpAttr(timeout=15, reorder_ns=self.reorder_ns, probe_timeout_ns=self.probe_timeout_ns)
 
     def _nscc(self) -> NsccConfig:
         # the testbed's fabric: per plane a link of link.rate; the host's window covers about half of the
@@ -1057,6 +1060,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host", required=True, help="the host this mrcd serves (e.g. h0)")
     ap.add_argument("--evs", type=int, default=DEFAULT_EVS, help="EVs per peer (split over the planes)")
     ap.add_argument("--reorder-us", type=int, default=2000, help="QP reordering tolerance (microseconds)")
+    ap.add_argument("--probe-timeout-us", type=int, default=20000,
+                    help="a path probe without reply after this long failed (microseconds)")
     ap.add_argument("--metrics", type=_addr, default=None, metavar="ADDR:PORT", help="serve /metrics here")
     ap.add_argument("--socket", type=Path, default=None, help="control socket (default /run/mrc/<host>.sock)")
     ap.add_argument("--ready-fd", type=int, default=None, help="write 'ready\\n' to this fd when serving")
@@ -1084,7 +1089,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_netns:
             netns.enter_for_exec(tbmod.Testbed.load(name).ns(args.host))
         d = Daemon(name, args.host, evs=args.evs, socket_file=args.socket, metrics=metrics,
-                   reorder_ns=args.reorder_us * 1000)
+                   reorder_ns=args.reorder_us * 1000, probe_timeout_ns=args.probe_timeout_us * 1000)
         d.start()
     except (MrcError, OSError) as e:
         print(f"mrcd: error: {e}", file=sys.stderr)
