@@ -7,7 +7,8 @@ in another order (radix-8/4/2 butterflies, 1/sqrt(D) applied once with the first
 folded into 2^4-point matrices), and the sums the scale and the adaptive check use (||y||^2, <r, c>,
 ||c||^2, the clipped errors) accumulate in float64 in another order. So the two paths agree to float
 tolerance, and a coordinate that lands within rounding distance of a cell boundary can get the
-neighbouring index (counted in tests/unit/test_quant_kernels.py: none in millions of coordinates).
+neighbouring index (tests/unit/test_quant_kernels.py counts them: a few per million coordinates at b <= 4,
+~50 at b = 8, always a neighbour).
 Given the *same* rotated vector and sigma, the indices are identical: both compare y > sigma * t_k in
 the compute dtype. Each path is deterministic, so every rank of a collective (all on one path) gets
 bit-identical results.
@@ -23,7 +24,9 @@ and vectorizes the inner loop with full-width registers). The outer levels (stri
 radix-4 passes over the whole vector with the same slice stages: four sequential streams per pass, which
 the hardware prefetchers follow (a gather of column strips into a scratch buffer was 10x slower: short
 runs at power-of-two strides). The signs of a forward rotation and the 1/sqrt(D) scale are fused into the
-first read of each block; those of an inverse rotation, and ||y||^2, into the last pass.
+first read of each block, as is ||y||^2 (= D scale^2 ||x||^2, the rotation being orthonormal); those of
+an inverse rotation into the last butterfly stage, and decode's unpacking and centroid lookup into the
+first read of each block.
 
 All kernels are compiled on first use (`cache=True`: numba caches the machine code next to this file in
 __pycache__, or in its user cache dir when that is not writable); see docs/quant.md §8 for the compile
@@ -312,36 +315,6 @@ def _stages_signed(a, h, words, scale):  # type: ignore[no-untyped-def]
             q1[b] = (d0 + d1) * (neg if (w1 >> sb) & one else scale)
             q2[b] = (s0 - s1) * (neg if (w2 >> sb) & one else scale)
             q3[b] = (d0 - d1) * (neg if (w3 >> sb) & one else scale)
-
-
-@_jit_sum
-def _post(a, words, scale):  # type: ignore[no-untyped-def]
-    """a *= +-scale (signs as in _signed_copy, global index = position in a); returns ||a||^2 (float64)."""
-    total = 0.0
-    if words.size == 0:
-        for i in range(a.size):
-            v = a[i] * scale
-            a[i] = v
-            vd = np.float64(v)
-            total += vd * vd
-        return total
-    neg = -scale
-    full = a.size >> 6
-    for w in range(full):
-        word = words[w]
-        blk = a[64 * w : 64 * w + 64]
-        for b in range(64):
-            v = blk[b] * (neg if (word >> np.uint64(b)) & np.uint64(1) else scale)
-            blk[b] = v
-            vd = np.float64(v)
-            total += vd * vd
-    for i in range(64 * full, a.size):
-        bit = (words[i >> 6] >> np.uint64(i & 63)) & np.uint64(1)
-        v = a[i] * (neg if bit else scale)
-        a[i] = v
-        vd = np.float64(v)
-        total += vd * vd
-    return total
 
 
 _NO_WORDS = np.zeros(0, np.uint64)
