@@ -7,7 +7,7 @@ Model (docs/sim.md has the details and the reasons):
 * Every link is two **egress ports** (one per direction) with the topology's rate, a propagation delay and
   an output FIFO. A port is work-conserving and FIFO, so a packet's departure time is known when it is
   enqueued: ``start = max(now, busy_until)``, ``busy_until = start + serialization``; its arrival at the
-  next node is one heap event. The backlog a packet finds is ``(busy_until - now) × rate``: ECN-CE above
+  next node is one event. The backlog a packet finds is ``(busy_until - now) × rate``: ECN-CE above
   ``ecn_bytes``, trimming above ``trim_bytes`` (data packets keep their headers up to MXH, TRIMMED set, and
   jump the queue as the priority queue of trimmed headers does), drop above ``buffer_bytes``.
 * **Forwarding** is static: a switch holds one route per neighbour's micro-SID, and on arrival it shifts
@@ -49,8 +49,9 @@ _HOST_PORT_BUFFER: Final = 1 << 62
 PRIO_BYTES: Final = 255
 _SER_LIST: Final = 16384
 
-#: Calendar queue: events fall into buckets of 2^_SHIFT ns; only the current bucket is a heap (small,
-#: cache-resident), later buckets are plain lists heapified when their time comes.
+#: Calendar queue: events fall into buckets of 2^_SHIFT ns, plain lists; when a bucket's time comes it is
+#: sorted once, latest first, and popped from the end (an insertion into the current bucket, rare since
+#: packets land a link delay ahead, re-sorts it).
 _SHIFT: Final = 5
 
 # event kinds (third field of an event tuple; >= 0 is "arrival over egress port k")
