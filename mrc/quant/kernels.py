@@ -115,6 +115,154 @@ def _radix8_first(a):  # type: ignore[no-untyped-def]
         a[b + 7] = y3 - y7
 
 
+@_jit_sum
+def _signed_radix8(dst, src, sbytes, scale):  # type: ignore[no-untyped-def]
+    """_signed_copy (sign bits from bytes: byte g holds the signs of elements 8g..8g+7, bit t for 8g+t)
+    and _radix8_first in one loop; dst.size is a multiple of 8. Returns sum src^2 (float64)."""
+    neg = -scale
+    total = 0.0
+    for g in range(src.size // 8):
+        b = 8 * g
+        byte = sbytes[g]
+        x0 = src[b]
+        x1 = src[b + 1]
+        x2 = src[b + 2]
+        x3 = src[b + 3]
+        x4 = src[b + 4]
+        x5 = src[b + 5]
+        x6 = src[b + 6]
+        x7 = src[b + 7]
+        total += (np.float64(x0) * x0 + np.float64(x1) * x1 + np.float64(x2) * x2 + np.float64(x3) * x3
+                  + np.float64(x4) * x4 + np.float64(x5) * x5 + np.float64(x6) * x6 + np.float64(x7) * x7)
+        x0 = x0 * (neg if byte & 1 else scale)
+        x1 = x1 * (neg if byte & 2 else scale)
+        x2 = x2 * (neg if byte & 4 else scale)
+        x3 = x3 * (neg if byte & 8 else scale)
+        x4 = x4 * (neg if byte & 16 else scale)
+        x5 = x5 * (neg if byte & 32 else scale)
+        x6 = x6 * (neg if byte & 64 else scale)
+        x7 = x7 * (neg if byte & 128 else scale)
+        _butterfly8(dst, b, x0, x1, x2, x3, x4, x5, x6, x7)
+    return total
+
+
+@_jit_sum
+def _signed_radix8_inplace(a, sbytes, scale):  # type: ignore[no-untyped-def]
+    """_signed_radix8(a, a, sbytes, scale) on one array."""
+    neg = -scale
+    total = 0.0
+    for g in range(a.size // 8):
+        b = 8 * g
+        byte = sbytes[g]
+        x0 = a[b]
+        x1 = a[b + 1]
+        x2 = a[b + 2]
+        x3 = a[b + 3]
+        x4 = a[b + 4]
+        x5 = a[b + 5]
+        x6 = a[b + 6]
+        x7 = a[b + 7]
+        total += (np.float64(x0) * x0 + np.float64(x1) * x1 + np.float64(x2) * x2 + np.float64(x3) * x3
+                  + np.float64(x4) * x4 + np.float64(x5) * x5 + np.float64(x6) * x6 + np.float64(x7) * x7)
+        x0 = x0 * (neg if byte & 1 else scale)
+        x1 = x1 * (neg if byte & 2 else scale)
+        x2 = x2 * (neg if byte & 4 else scale)
+        x3 = x3 * (neg if byte & 8 else scale)
+        x4 = x4 * (neg if byte & 16 else scale)
+        x5 = x5 * (neg if byte & 32 else scale)
+        x6 = x6 * (neg if byte & 64 else scale)
+        x7 = x7 * (neg if byte & 128 else scale)
+        _butterfly8(a, b, x0, x1, x2, x3, x4, x5, x6, x7)
+    return total
+
+
+@_jit
+def _sign_inplace(a, words, scale):  # type: ignore[no-untyped-def]
+    """a *= +-scale, signs as in _signed_copy with base 0 (one array: LLVM vectorizes it)."""
+    neg = -scale
+    full = a.size >> 6
+    for w in range(full):
+        word = words[w]
+        blk = a[64 * w : 64 * w + 64]
+        for b in range(64):
+            blk[b] = blk[b] * (neg if (word >> np.uint64(b)) & np.uint64(1) else scale)
+    for i in range(64 * full, a.size):
+        bit = (words[i >> 6] >> np.uint64(i & 63)) & np.uint64(1)
+        a[i] = a[i] * (neg if bit else scale)
+
+
+@_jit_sum
+def _scale_inplace(a, scale):  # type: ignore[no-untyped-def]
+    """a *= scale; returns the sum of the squares before (float64)."""
+    total = 0.0
+    for i in range(a.size):
+        v = a[i]
+        a[i] = v * scale
+        vd = np.float64(v)
+        total += vd * vd
+    return total
+
+
+@_jit
+def _lookup2_radix8(dst, packed, table):  # type: ignore[no-untyped-def]
+    """_lookup of 2-bit indices and _radix8_first in one loop (the 4 centroids selected, not gathered:
+    a gather keeps LLVM from vectorizing the loop); dst.size is a multiple of 8."""
+    c0 = table[0]
+    c1 = table[1]
+    c2 = table[2]
+    c3 = table[3]
+    for g in range(dst.size // 8):
+        w = np.int32(packed[2 * g]) | (np.int32(packed[2 * g + 1]) << 8)
+        i0 = w & 3
+        i1 = (w >> 2) & 3
+        i2 = (w >> 4) & 3
+        i3 = (w >> 6) & 3
+        i4 = (w >> 8) & 3
+        i5 = (w >> 10) & 3
+        i6 = (w >> 12) & 3
+        i7 = (w >> 14) & 3
+        _butterfly8(
+            dst, 8 * g,
+            (c3 if i0 == 3 else c2) if i0 >= 2 else (c1 if i0 == 1 else c0),
+            (c3 if i1 == 3 else c2) if i1 >= 2 else (c1 if i1 == 1 else c0),
+            (c3 if i2 == 3 else c2) if i2 >= 2 else (c1 if i2 == 1 else c0),
+            (c3 if i3 == 3 else c2) if i3 >= 2 else (c1 if i3 == 1 else c0),
+            (c3 if i4 == 3 else c2) if i4 >= 2 else (c1 if i4 == 1 else c0),
+            (c3 if i5 == 3 else c2) if i5 >= 2 else (c1 if i5 == 1 else c0),
+            (c3 if i6 == 3 else c2) if i6 >= 2 else (c1 if i6 == 1 else c0),
+            (c3 if i7 == 3 else c2) if i7 >= 2 else (c1 if i7 == 1 else c0),
+        )
+
+
+@njit(inline="always", boundscheck=False)
+def _butterfly8(dst, b, x0, x1, x2, x3, x4, x5, x6, x7):  # type: ignore[no-untyped-def]
+    """dst[b:b+8] = H_8 (x0..x7) (levels 0..2, unnormalised), same operation order as _radix8_first."""
+    s0 = x0 + x1
+    d0 = x0 - x1
+    s1 = x2 + x3
+    d1 = x2 - x3
+    s2 = x4 + x5
+    d2 = x4 - x5
+    s3 = x6 + x7
+    d3 = x6 - x7
+    y0 = s0 + s1
+    y1 = d0 + d1
+    y2 = s0 - s1
+    y3 = d0 - d1
+    y4 = s2 + s3
+    y5 = d2 + d3
+    y6 = s2 - s3
+    y7 = d2 - d3
+    dst[b] = y0 + y4
+    dst[b + 4] = y0 - y4
+    dst[b + 1] = y1 + y5
+    dst[b + 5] = y1 - y5
+    dst[b + 2] = y2 + y6
+    dst[b + 6] = y2 - y6
+    dst[b + 3] = y3 + y7
+    dst[b + 7] = y3 - y7
+
+
 @_jit
 def _stages(a, h):  # type: ignore[no-untyped-def]
     """Butterfly levels h, 2h, ... up to a.size (all powers of two), in place."""
@@ -215,11 +363,11 @@ def _block_levels(blk):  # type: ignore[no-untyped-def]
 
 
 @_jit
-def _fwht_core(src, a, pre_words, pre_scale, block_bits):  # type: ignore[no-untyped-def]
+def _fwht_core(src, a, pre_words, pre_scale, block_bits, inplace):  # type: ignore[no-untyped-def]
     """A forward rotation: a = H (pre_signs * pre_scale * [src, 0...]) with H the unnormalised Hadamard
-    matrix of size a.size (a power of two >= src.size); src may be a itself. Returns ||a||^2 as
-    a.size * pre_scale^2 * ||src||^2 (float64; H / sqrt(n) is orthonormal, so this is the norm of the
-    result up to its rounding) — summed while src is read, no pass of its own."""
+    matrix of size a.size (a power of two >= src.size); src may be a itself (then `inplace`). Returns
+    ||a||^2 as a.size * pre_scale^2 * ||src||^2 (float64; H / sqrt(n) is orthonormal, so this is the
+    norm of the result up to its rounding) — summed while src is read, no pass of its own."""
     n = a.size
     d = src.size
     bsz = min(n, 1 << block_bits)
@@ -227,6 +375,18 @@ def _fwht_core(src, a, pre_words, pre_scale, block_bits):  # type: ignore[no-unt
     for base in range(0, n, bsz):
         blk = a[base : base + bsz]
         hi = min(max(d - base, 0), bsz)
+        if hi == bsz and bsz >= 8 and pre_words.size > 0:  # a full block: signs fused into levels 0..2
+            sb = pre_words.view(np.uint8)[base // 8 :]
+            if inplace:  # one array: LLVM vectorizes; two views of one array fail its overlap check
+                total += _signed_radix8_inplace(blk, sb, pre_scale)
+            else:
+                total += _signed_radix8(blk, src[base : base + bsz], sb, pre_scale)
+            _stages(blk, 8)
+            continue
+        if inplace and pre_words.size == 0:
+            total += _scale_inplace(blk, pre_scale)
+            _block_levels(blk)
+            continue
         if hi > 0:
             total += _signed_copy(blk[:hi], src[base : base + hi], base, pre_words, pre_scale)
         for i in range(hi, bsz):
@@ -249,6 +409,12 @@ def _fwht_signed(packed, bits, table, a, post_words, post_scale, block_bits):  #
         blk = a[base : base + bsz]
         if packed.size == 0:
             pass
+        elif bits == 2 and bsz % 8 == 0:  # the common case: lookup fused into levels 0..2
+            _lookup2_radix8(blk, packed[base // 4 : base // 4 + bsz // 4], table)
+            _stages(blk, 8)
+            if n == bsz:
+                _sign_inplace(blk, post_words, post_scale)
+            continue
         elif bsz % 8 == 0:
             lo = (base * bits) // 8
             _lookup(packed[lo : lo + (bsz * bits) // 8], bits, table, blk)
@@ -256,7 +422,7 @@ def _fwht_signed(packed, bits, table, a, post_words, post_scale, block_bits):  #
             _lookup(packed, bits, table, blk)
         _block_levels(blk)
         if n == bsz:
-            _signed_copy(blk, blk, 0, post_words, post_scale)
+            _sign_inplace(blk, post_words, post_scale)
     if n > bsz:
         _stages_signed(a, bsz, post_words, post_scale)
 
@@ -338,7 +504,7 @@ def fwht(a: FloatArray, scratch: FloatArray | None = None) -> FloatArray:
     if n <= 1:
         return a
     _check_float(a)
-    _fwht_core(a, a, _NO_WORDS, a.dtype.type(1.0 / math.sqrt(n)), _block_bits(a.dtype))
+    _fwht_core(a, a, _NO_WORDS, a.dtype.type(1.0 / math.sqrt(n)), _block_bits(a.dtype), True)
     return a
 
 
@@ -366,7 +532,7 @@ def _rotate_into(src: FloatArray, y: FloatArray, seed: int, k: int) -> float:
     n = y.size
     words = sign_words(seed, k, n, STREAM_ROTATION)
     scale = y.dtype.type(1.0 / math.sqrt(n))
-    return float(_fwht_core(src, y, words, scale, _block_bits(y.dtype)))
+    return float(_fwht_core(src, y, words, scale, _block_bits(y.dtype), src is y))
 
 
 def rotate(y: FloatArray, seed: int, rotations: int, start: int = 0) -> FloatArray:
