@@ -115,65 +115,46 @@ def _radix8_first(a):  # type: ignore[no-untyped-def]
         a[b + 7] = y3 - y7
 
 
-@_jit_sum
+@_jit
 def _signed_radix8(dst, src, sbytes, scale):  # type: ignore[no-untyped-def]
     """_signed_copy (sign bits from bytes: byte g holds the signs of elements 8g..8g+7, bit t for 8g+t)
-    and _radix8_first in one loop; dst.size is a multiple of 8. Returns sum src^2 (float64)."""
+    and _radix8_first in one loop; dst.size is a multiple of 8. (No fastmath here: the butterflies keep
+    their order; the caller sums src^2 in a reassoc function of its own.)"""
     neg = -scale
-    total = 0.0
     for g in range(src.size // 8):
         b = 8 * g
         byte = sbytes[g]
-        x0 = src[b]
-        x1 = src[b + 1]
-        x2 = src[b + 2]
-        x3 = src[b + 3]
-        x4 = src[b + 4]
-        x5 = src[b + 5]
-        x6 = src[b + 6]
-        x7 = src[b + 7]
-        total += (np.float64(x0) * x0 + np.float64(x1) * x1 + np.float64(x2) * x2 + np.float64(x3) * x3
-                  + np.float64(x4) * x4 + np.float64(x5) * x5 + np.float64(x6) * x6 + np.float64(x7) * x7)
-        x0 = x0 * (neg if byte & 1 else scale)
-        x1 = x1 * (neg if byte & 2 else scale)
-        x2 = x2 * (neg if byte & 4 else scale)
-        x3 = x3 * (neg if byte & 8 else scale)
-        x4 = x4 * (neg if byte & 16 else scale)
-        x5 = x5 * (neg if byte & 32 else scale)
-        x6 = x6 * (neg if byte & 64 else scale)
-        x7 = x7 * (neg if byte & 128 else scale)
-        _butterfly8(dst, b, x0, x1, x2, x3, x4, x5, x6, x7)
-    return total
+        _butterfly8(
+            dst, b,
+            src[b] * (neg if byte & 1 else scale),
+            src[b + 1] * (neg if byte & 2 else scale),
+            src[b + 2] * (neg if byte & 4 else scale),
+            src[b + 3] * (neg if byte & 8 else scale),
+            src[b + 4] * (neg if byte & 16 else scale),
+            src[b + 5] * (neg if byte & 32 else scale),
+            src[b + 6] * (neg if byte & 64 else scale),
+            src[b + 7] * (neg if byte & 128 else scale),
+        )
 
 
-@_jit_sum
+@_jit
 def _signed_radix8_inplace(a, sbytes, scale):  # type: ignore[no-untyped-def]
     """_signed_radix8(a, a, sbytes, scale) on one array."""
     neg = -scale
-    total = 0.0
     for g in range(a.size // 8):
         b = 8 * g
         byte = sbytes[g]
-        x0 = a[b]
-        x1 = a[b + 1]
-        x2 = a[b + 2]
-        x3 = a[b + 3]
-        x4 = a[b + 4]
-        x5 = a[b + 5]
-        x6 = a[b + 6]
-        x7 = a[b + 7]
-        total += (np.float64(x0) * x0 + np.float64(x1) * x1 + np.float64(x2) * x2 + np.float64(x3) * x3
-                  + np.float64(x4) * x4 + np.float64(x5) * x5 + np.float64(x6) * x6 + np.float64(x7) * x7)
-        x0 = x0 * (neg if byte & 1 else scale)
-        x1 = x1 * (neg if byte & 2 else scale)
-        x2 = x2 * (neg if byte & 4 else scale)
-        x3 = x3 * (neg if byte & 8 else scale)
-        x4 = x4 * (neg if byte & 16 else scale)
-        x5 = x5 * (neg if byte & 32 else scale)
-        x6 = x6 * (neg if byte & 64 else scale)
-        x7 = x7 * (neg if byte & 128 else scale)
-        _butterfly8(a, b, x0, x1, x2, x3, x4, x5, x6, x7)
-    return total
+        _butterfly8(
+            a, b,
+            a[b] * (neg if byte & 1 else scale),
+            a[b + 1] * (neg if byte & 2 else scale),
+            a[b + 2] * (neg if byte & 4 else scale),
+            a[b + 3] * (neg if byte & 8 else scale),
+            a[b + 4] * (neg if byte & 16 else scale),
+            a[b + 5] * (neg if byte & 32 else scale),
+            a[b + 6] * (neg if byte & 64 else scale),
+            a[b + 7] * (neg if byte & 128 else scale),
+        )
 
 
 @_jit
@@ -378,9 +359,12 @@ def _fwht_core(src, a, pre_words, pre_scale, block_bits, inplace):  # type: igno
         if hi == bsz and bsz >= 8 and pre_words.size > 0:  # a full block: signs fused into levels 0..2
             sb = pre_words.view(np.uint8)[base // 8 :]
             if inplace:  # one array: LLVM vectorizes; two views of one array fail its overlap check
-                total += _signed_radix8_inplace(blk, sb, pre_scale)
+                total += _sumsq(blk)
+                _signed_radix8_inplace(blk, sb, pre_scale)
             else:
-                total += _signed_radix8(blk, src[base : base + bsz], sb, pre_scale)
+                sblk = src[base : base + bsz]
+                total += _sumsq(sblk)
+                _signed_radix8(blk, sblk, sb, pre_scale)
             _stages(blk, 8)
             continue
         if inplace and pre_words.size == 0:
