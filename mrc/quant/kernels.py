@@ -49,6 +49,7 @@ from .rht import STREAM_ROTATION, FloatArray, sign_words
 
 U8 = npt.NDArray[np.uint8]
 
+
 def _njit(fn: Callable[..., Any], **opts: Any) -> Any:
     try:
         return njit(cache=True, boundscheck=False, nogil=True, **opts)(fn)
