@@ -48,6 +48,7 @@ from mrc.dataplane import testbed as tbmod
 from mrc.dataplane.client import MrcClient
 from mrc.dataplane.collective import torch_available
 from mrc.errors import MrcError
+from mrc.quant.accel import prime as prime_codec
 
 F32 = npt.NDArray[np.float32]
 READY_TIMEOUT_S: Final = 120.0
@@ -128,6 +129,9 @@ class RankProcesses:
         self.rundir = rundir
         self.procs: list[subprocess.Popen[str]] = []
         self.logs: list[IO[bytes]] = []
+        # the codec's numba kernels: compiled (or loaded from the on-disk cache) once here, before the
+        # ranks start, instead of by every rank at once on an empty cache (docs/quant.md §8)
+        prime_codec()
 
     def start(self, cmd: list[str], env: dict[str, str]) -> None:
         """Start the next rank (rank len(procs))."""

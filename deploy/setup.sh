@@ -108,4 +108,8 @@ else
 fi
 "$VENV/bin/python" -c 'import bcc' 2>/dev/null && say "bcc importable from $VENV" \
   || say "warning: 'import bcc' fails in $VENV (apt-get install python3-bpfcc)"
+# the codec's numba kernels are compiled on first use and cached next to their source: compile them now,
+# once (a few seconds), rather than in every rank of the first all-reduce at once (docs/quant.md §8)
+"$VENV/bin/python" -c 'from mrc.quant.accel import prime; print("setup: codec kernels:", prime())' \
+  || say "warning: the codec's numba kernels did not compile (MRC_QUANT_KERNELS=numpy selects the numpy path)"
 say "done"

@@ -67,3 +67,21 @@ def kernels(backend: str | None = None) -> ModuleType | None:
 def active(backend: str | None = None) -> str:
     """'numba' or 'numpy': the path `backend` (None: the process default) resolves to."""
     return "numpy" if kernels(backend) is None else "numba"
+
+
+def prime(bits: tuple[float, ...] = (1.0, 2.0, 3.0, 4.0)) -> str:
+    """Compile (or load from numba's on-disk cache) the kernels the codec uses for float32 at these bit
+    budgets, in this process; returns the active path. Launchers call it once before starting rank
+    processes: ranks that all compile the same kernels at once on an empty cache spend tens of seconds
+    (7 s of CPU each) competing for the cores, while ranks started after a primed cache load it in
+    ~0.2 s. A no-op for the numpy path."""
+    if kernels() is None:
+        return "numpy"
+    import numpy as np
+
+    from .codec import decode, encode
+
+    x = np.linspace(-1.0, 1.0, 4096, dtype=np.float32)
+    for b in bits:
+        decode(encode(x, "eden-unbiased", b, seed=1))
+    return "numba"
