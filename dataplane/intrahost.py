@@ -206,7 +206,10 @@ class IntraHost:
         try:
             c.sock.sendall(NOTICE.pack(kind, a, tag, length))
         except OSError as e:
-            raise self._fail(c, f"connection lost ({e})") from None
+            # only our direction failed (the peer closed its end): what it sent before leaving is still
+            # in the stream and must stay readable, so the connection is not marked closed here
+            raise TransportError(f"rank {self.rank}: co-located rank {c.rank}: connection lost "
+                                 f"({e})") from None
 
     def _pump(self, c: _Peer, timeout: float) -> None:
         """Read what the peer said (waiting up to `timeout` for something)."""
