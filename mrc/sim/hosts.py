@@ -122,17 +122,19 @@ class Traffic:
             self.qps.append((qa, qb))
             # Finite flows: a seeded buffer per source host and a landing region per flow (checkable
             # bit for bit). Long-lived flows (throughput runs) all send the same seeded chunk over and
-            # over and land in one shared region per destination host: the engines copy every byte
-            # all the same, but the simulator's memory stays small enough for the caches.
+            # over and land in one region that every destination host registers (what lands there is
+            # never read): the engines copy every byte all the same, but the simulator's memory stays
+            # small enough for the caches (one region per destination at 256 hosts was 256 MiB of
+            # landing writes, each a cache miss).
             size = f.size if f.size is not None else hp.chunk
             key = f.src if f.size is not None else -1
             sb = src_bufs.get(key)
             if sb is None or len(sb) < size:
                 rng = np.random.default_rng(hp.seed + max(key, 0))
                 sb = src_bufs[key] = np.frombuffer(rng.bytes(size), dtype=np.uint8).copy()
-            db: Any = np.zeros(size, dtype=np.uint8) if f.size is not None else dst_bufs.get(f.dst)
+            db: Any = np.zeros(size, dtype=np.uint8) if f.size is not None else dst_bufs.get(-1)
             if db is None:
-                db = dst_bufs[f.dst] = np.zeros(size, dtype=np.uint8)
+                db = dst_bufs[-1] = np.zeros(size, dtype=np.uint8)
             smr, dmr = a.reg_mr(sb), b.reg_mr(db)
             self.bufs.append((sb, db))
             if f.size is not None:
