@@ -344,6 +344,23 @@ class MrcRunner:
         for r in range(n):
             self._send(r, {"op": "run", "step": step, "input": str(ins[r]), "output": str(outs[r]),
                            "config": conf})
+        # every rank has read its input before any starts: the iteration's clock is the collective's,
+        # not the spread of the ranks' file reads
+        loaded: list[int] = []
+        load_error: MrcError | None = None
+        for r in range(n):
+            try:
+                self._answer(r, self.timeout_s + 30, "loaded")
+                loaded.append(r)
+            except MrcError as e:
+                load_error = load_error or e
+        if load_error is not None:  # a rank is gone: the others could only time out; they leave
+            for r in loaded:
+                with contextlib.suppress(MrcError, OSError):
+                    self._send(r, {"op": "quit"})
+            raise load_error
+        for r in range(n):
+            self._send(r, {"op": "go"})
         answers: list[dict[str, Any]] = []
         first_error: MrcError | None = None
         for r in range(n):

@@ -8,10 +8,12 @@ through shared memory; says ``{"ready": ...}`` on stdout, then follows commands 
 object per line:
 
     {"op": "run", "step": K, "input": PATH, "output": PATH, "config": {...}}
-        read the float32 buffer at PATH, all-reduce it (mrc.collective.allreduce), write the result to
-        OUTPUT; answer {"ok": {"t_start_ns", "t_end_ns", "wire_bytes", "mrc_bytes", "local_bytes",
-        "messages", "bits_per_hop"}} (mrc_bytes + local_bytes = wire_bytes: this run's message bytes
-        that went through MRC / to co-located ranks)
+        read the float32 buffer at PATH, answer {"loaded": R} and wait for the line {"op": "go"} (the
+        launcher sends it once every rank has loaded: the clock starts together, not skewed by how
+        long each rank took to read its input), all-reduce it (mrc.collective.allreduce), write the
+        result to OUTPUT; answer {"ok": {"t_start_ns", "t_end_ns", "wire_bytes", "mrc_bytes",
+        "local_bytes", "messages", "bits_per_hop"}} (mrc_bytes + local_bytes = wire_bytes: this run's
+        message bytes that went through MRC / to co-located ranks)
     {"op": "quit"}  (or end of stdin: the launcher went away)  -> destroy the QPs and exit
 
 Any failure is answered {"error": "one line"}; after a transport failure the rank exits (its peers then
@@ -46,7 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ns", required=True)
     ap.add_argument("--store", required=True)
     ap.add_argument("--slot-bytes", type=int, required=True)
-    ap.add_argument("--slots", type=int, default=2)
+    # slots per peer = messages in flight toward a peer (the ring's pipelining window): 4 measured faster
+    # than 2 for both 2-bit (256 KiB segments: 0.63 vs 0.63-0.79 s) and uncompressed (4 MiB: 4.0-4.3 vs
+    # 4.3-4.6 s) 64 MiB runs on default.toml (docs/collective.md §4a)
+    ap.add_argument("--slots", type=int, default=4)
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--prefix", default="mrc-ar")
     a = ap.parse_args(argv)
@@ -71,6 +76,13 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             cfg = Config(**cmd["config"])
             x = np.fromfile(cmd["input"], dtype=np.float32)
+            _say({"loaded": a.rank})
+            go = json.loads(sys.stdin.readline() or '{"op": "quit"}')
+            if go.get("op") == "quit":
+                break
+            if go.get("op") != "go":
+                _say({"error": f"rank {a.rank}: expected the go line, got {go.get('op')!r}"})
+                return 1
             mrc0, local0 = t.mrc_bytes, t.local_bytes
             try:
                 t0 = time.monotonic_ns()

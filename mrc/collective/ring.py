@@ -232,16 +232,22 @@ def _ring(t: Transport, a: F32, cfg: Config, step: int, rep: _Chunks, want_resid
     rep.sizes = sizes
     io = _Counter(t)
 
+    offs = {c: [bounds[c][0] + sum(sizes[c][:i]) for i in range(len(sizes[c]))] for c in range(n)}
+
     def own(c: int, i: int) -> F32:
-        lo = bounds[c][0] + sum(sizes[c][:i])
-        return a[lo : lo + sizes[c][i]]
+        return a[offs[c][i] : offs[c][i] + sizes[c][i]]
+
+    out = np.empty(a.size, np.float32)  # the result, each decoded segment copied to its place once
+
+    def place(c: int, i: int, seg: F32) -> F32:
+        out[offs[c][i] : offs[c][i] + seg.size] = seg
+        return seg
 
     # chunks differ by at most one element, but their segment lists may differ in length (2^21 elements
     # are two segments, 2^21 - 1 are many): m is the longest; a step's message i is skipped (neither sent
     # nor expected) when its chunk has no segment i
     m = max(len(v) for v in sizes.values())
     total = 2 * (n - 1) * m
-    final: dict[int, dict[int, F32]] = {c: {} for c in range(n)}
     resid: dict[int, dict[int, F32]] = {c: {} for c in range(n)}
     out_msgs: dict[int, bytes] = {}
 
@@ -265,7 +271,7 @@ def _ring(t: Transport, a: F32, cfg: Config, step: int, rep: _Chunks, want_resid
             out_msgs[g + m] = msg
             dec = None
             if s == n - 2:  # c == (r + 1) % n, owned here: this frame is the chunk's result everywhere
-                dec = final[c][i] = rep.unpack(c, i, msg)
+                dec = place(c, i, rep.unpack(c, i, msg))
             if want_residual:
                 resid[c][i] = work - (dec if dec is not None else rep.unpack(c, i, msg))
         else:  # all-gather: the frame of chunk (r - t) (t = s - (n - 1)), forwarded unchanged
@@ -273,7 +279,7 @@ def _ring(t: Transport, a: F32, cfg: Config, step: int, rep: _Chunks, want_resid
             if i >= len(sizes[c]):
                 return
             msg = t.recv(left, _TAG_AG + _tag(s - (n - 1), i))
-            final[c][i] = rep.unpack(c, i, msg)
+            place(c, i, rep.unpack(c, i, msg))
             if g + m < total:
                 out_msgs[g + m] = msg
 
@@ -297,7 +303,6 @@ def _ring(t: Transport, a: F32, cfg: Config, step: int, rep: _Chunks, want_resid
                 build_first(nxt)
             send(nxt)
     t.flush()
-    out = np.concatenate([_join(final[c], len(sizes[c])) for c in range(n)])
     rvec = None
     if want_residual:
         rvec = np.concatenate([_join(resid[c], len(sizes[c])) for c in range(n)])
