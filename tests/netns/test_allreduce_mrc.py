@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,6 +25,7 @@ pytestmark = [pytest.mark.root, pytest.mark.netns, pytest.mark.bpf]
 if os.geteuid() != 0:
     pytest.skip("needs root: namespaces, eBPF programs, daemons", allow_module_level=True)
 
+from rank_procs import rank_pids  # noqa: E402
 from test_daemon import tb  # noqa: E402,F401  (the module-scoped testbed + mrcd fixture)
 
 from mrc.collective import Config, allreduce, run_inproc  # noqa: E402
@@ -48,21 +48,6 @@ def _mrcctl(*args: str) -> tuple[int, dict[str, Any], str]:
     return r.returncode, doc, r.stderr
 
 
-def _rank_pids(name: str) -> list[int]:
-    """Live rank processes of testbed `name` (their command line names its host namespaces)."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            cmd = (d / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"mrc.ctl.allreduce_rank" in cmd and f"{name}-".encode() in cmd:
-            out.append(int(d.name))
-    return out
-
-
 def test_ranks_agree_with_each_other_and_with_inproc(tb: dict[str, Any]) -> None:  # noqa: F811
     cfg = Config("eden-unbiased", 2.0, "aware", seed=3)
     buffers = make_inputs(4, SIZE // 4, "iid", 3, 0)
@@ -81,7 +66,7 @@ def test_ranks_agree_with_each_other_and_with_inproc(tb: dict[str, Any]) -> None
         return float(np.sum((x - exact) ** 2) / np.sum(exact**2))
 
     assert vn(res[0].out) == pytest.approx(vn(ref[0].out), rel=1e-3)
-    assert not _rank_pids(tb["name"])
+    assert not rank_pids(tb["name"])
 
 
 def test_cli_is_bit_identical_to_inproc(tb: dict[str, Any]) -> None:  # noqa: F811
@@ -98,7 +83,7 @@ def test_cli_is_bit_identical_to_inproc(tb: dict[str, Any]) -> None:  # noqa: F8
         assert a["vnmse"] == b["vnmse"]
         assert a["wire_bytes"] == b["wire_bytes"]
         assert a["failed_link_down"] is False
-    assert not _rank_pids(tb["name"])
+    assert not rank_pids(tb["name"])
 
 
 def test_link_failure_mid_run(tb: dict[str, Any]) -> None:  # noqa: F811
@@ -116,7 +101,7 @@ def test_link_failure_mid_run(tb: dict[str, Any]) -> None:  # noqa: F811
     assert len(tl["plane_tx_gbps"]) == 4 and len(tl["t_s"]) == len(tl["plane_tx_gbps"][0]) > 0
     t = tbmod.Testbed.load(tb["name"])
     assert t.link_state(t.link("p0l0", "p0s0")).up
-    assert not _rank_pids(tb["name"])
+    assert not rank_pids(tb["name"])
 
 
 def test_file_rendezvous_then_a_dead_rank_fails_the_run_and_leaves_nothing(tb: dict[str, Any]) -> None:  # noqa: F811
@@ -133,5 +118,5 @@ def test_file_rendezvous_then_a_dead_rank_fails_the_run_and_leaves_nothing(tb: d
     finally:
         runner.close()
     assert all(p.poll() is not None for p in runner.procs)
-    assert not _rank_pids(tb["name"])
+    assert not rank_pids(tb["name"])
     assert not runner.rundir.exists()

@@ -28,6 +28,7 @@ pytestmark = [pytest.mark.root, pytest.mark.netns, pytest.mark.bpf]
 if os.geteuid() != 0:
     pytest.skip("needs root: namespaces, eBPF programs, daemons", allow_module_level=True)
 
+from rank_procs import rank_pids  # noqa: E402
 from test_daemon import tb  # noqa: E402,F401  (the module-scoped testbed + mrcd fixture)
 
 from mrc.collective import Config  # noqa: E402
@@ -57,21 +58,6 @@ print(" ".join(str(r.wire_bytes) for r in res))
 """
 
 
-def _rank_pids(name: str) -> list[int]:
-    """Live rank processes of testbed `name` (their command line names its host namespaces)."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            cmd = (d / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"mrc.ctl.allreduce_rank" in cmd and f"{name}-".encode() in cmd:
-            out.append(int(d.name))
-    return out
-
-
 def _tx_bytes(bed: dict[str, Any], host: str) -> int:
     """Bytes the host's egress program sent, all planes (mrcd `stats`)."""
     with MrcClient.for_host(bed["tb"].ns(host)) as c:
@@ -89,7 +75,7 @@ def test_two_ranks_per_host_agree_with_inproc_then_a_dead_rank_leaves_nothing(
     try:
         assert runner.rank_hosts == [h for h in HOSTS for _ in range(2)]
         assert runner.hosts == HOSTS and runner.ranks_per_host == 2
-        assert len(_rank_pids(tb["name"])) == RANKS
+        assert len(rank_pids(tb["name"])) == RANKS
         tx0 = {h: _tx_bytes(tb, h) for h in HOSTS}
         res, secs, down = runner.run(buffers, cfg, 0)
         tx1 = {h: _tx_bytes(tb, h) for h in HOSTS}
@@ -122,7 +108,7 @@ def test_two_ranks_per_host_agree_with_inproc_then_a_dead_rank_leaves_nothing(
     finally:
         runner.close()
     assert all(p.poll() is not None for p in runner.procs)
-    assert not _rank_pids(tb["name"])
+    assert not rank_pids(tb["name"])
     assert not runner.rundir.exists()
 
 
@@ -141,4 +127,4 @@ def test_cli_eight_ranks_reports_mrc_bytes(tb: dict[str, Any]) -> None:  # noqa:
         assert it["wire_bytes_mrc"] > 0 and it["wire_bytes_local"] > 0
         assert it["vnmse"] < 1.0
     assert doc["summary"]["mean_wire_bytes_mrc"] > 0
-    assert not _rank_pids(tb["name"])
+    assert not rank_pids(tb["name"])

@@ -20,7 +20,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,6 +30,7 @@ if os.geteuid() != 0:
     pytest.skip("needs root: namespaces, eBPF programs, daemons", allow_module_level=True)
 pytest.importorskip("torch", reason="torch is not importable (make setup installs torch==2.13.0)")
 
+from rank_procs import rank_pids  # noqa: E402
 from test_daemon import tb  # noqa: E402,F401  (the module-scoped testbed + mrcd fixture)
 
 from mrc.ctl.ddp_rank import DdpRanks  # noqa: E402
@@ -46,21 +46,6 @@ def _tx_bytes(bed: dict[str, Any], host: str) -> int:
     with MrcClient.for_host(bed["tb"].ns(host)) as c:
         st = c.call("stats")
     return sum(int(row.get("tx_bytes", 0)) for row in st["dataplane"]["planes"].values())
-
-
-def _rank_pids(name: str) -> list[int]:
-    """Live DDP rank processes of testbed `name` (their command line names its host namespaces)."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            cmd = (d / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"mrc.ctl.ddp_rank" in cmd and f"{name}-".encode() in cmd:
-            out.append(int(d.name))
-    return out
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
@@ -81,7 +66,7 @@ def test_ddp_over_mrc_tracks_uncompressed(tb: dict[str, Any], ranks: int) -> Non
         group.close()
     # every rank process is gone, ended through the launcher
     assert all(p.poll() is not None for p in group.procs)
-    assert not _rank_pids(tb["name"])
+    assert not rank_pids(tb["name"], "mrc.ctl.ddp_rank")
     assert not group.rundir.exists()
 
     assert base["params_identical"] and hooked["params_identical"]
@@ -132,7 +117,7 @@ def test_cli_ddp_train(tb: dict[str, Any]) -> None:  # noqa: F811
     assert doc["summary"]["params_identical"] and doc["summary"]["max_gap"] < 0.05
     assert doc["hooked"]["messages"] == [2 * (12 - START_ITER)] * 2
     assert doc["summary"]["wire_bytes"] == sum(doc["hooked"]["wire_bytes"]) > 0
-    assert not _rank_pids(tb["name"])
+    assert not rank_pids(tb["name"], "mrc.ctl.ddp_rank")
 
 
 def test_a_dead_rank_fails_training_and_leaves_nothing(tb: dict[str, Any]) -> None:  # noqa: F811
@@ -145,6 +130,6 @@ def test_a_dead_rank_fails_training_and_leaves_nothing(tb: dict[str, Any]) -> No
     finally:
         group.close()
     assert all(p.poll() is not None for p in group.procs)
-    assert not _rank_pids(tb["name"])
+    assert not rank_pids(tb["name"], "mrc.ctl.ddp_rank")
     assert not group.rundir.exists()
     print(f"\ndead rank: {time.monotonic() - t0:.1f} s")
