@@ -327,10 +327,16 @@ class PathSet:
         return i
 
     def ctl_ev(self, port: int) -> int:
-        """EV index for a control packet (SACK/NACK/probe reply) leaving on `port`."""
+        """EV index for a control packet (SACK/NACK/probe reply) leaving on `port`: a GOOD EV of that
+        port; if it has none, a GOOD EV of another port (the port's own EVs are all suspect or denied:
+        its return path may be the failed one, so a probe reply sent there could be lost and the path
+        never restored); then a not-DENIED EV of the port; EV 0 only when nothing else is left."""
         evs = self.port_evs[port] if port < self.nports else ()
         if evs:
             return evs[0]
+        for other in self.port_evs:
+            if other:
+                return other[0]
         for i in range(self.n):
             if self.ev_port[i] == port and self.state[i] != DENIED:
                 return i

@@ -428,3 +428,25 @@ def test_stale_and_foreign_source_packets_are_counted() -> None:
     b.receive(d[0].data, 30, src=GX)  # the driver saw another source address
     assert b.drops["foreign_src"] == 1
     assert bytes(dmr.view) == b"s" * 8192
+
+
+def test_control_packets_avoid_a_port_whose_evs_are_all_denied_or_bad() -> None:
+    """SACKs and probe replies leave on a GOOD EV of the port the data came in on; when that port has
+    none (its access link or its fabric path is failed: every EV denied by the controller, or suspect),
+    a GOOD EV of another port, not EV 0 whatever its state (a probe reply on a dead path is lost, and
+    the path it answers for is never restored)."""
+    from mrc.transport.paths import ASSUMED_BAD, DENIED, GOOD, PathSet
+
+    prof = EvProfile.even(1, 8, 2)  # EV i on port i % 2
+    ps = PathSet(prof, 7, (20_000, 2_000_000, 200_000, 2))
+    assert ps.ctl_ev(0) == 0 and ps.ctl_ev(1) == 1
+    prof.deny([0, 2, 4, 6])  # every EV of port 0
+    assert [ps.state[i] for i in (0, 2, 4, 6)] == [DENIED] * 4
+    ev = ps.ctl_ev(0)
+    assert ps.ev_port[ev] == 1 and ps.state[ev] == GOOD
+    prof.allow([0, 2, 4, 6])
+    assert ps.ctl_ev(0) == 0
+    for i in (0, 2, 4, 6):  # all of port 0 suspect: still a GOOD EV of port 1
+        ps.state[i] = ASSUMED_BAD
+    ps._rebuild()
+    assert ps.ev_port[ps.ctl_ev(0)] == 1
