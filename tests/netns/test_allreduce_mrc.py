@@ -88,8 +88,8 @@ def test_cli_is_bit_identical_to_inproc(tb: dict[str, Any]) -> None:  # noqa: F8
 
 def test_link_failure_mid_run(tb: dict[str, Any]) -> None:  # noqa: F811
     rc, doc, err = _mrcctl("allreduce", "--transport", "mrc", "-n", tb["name"], "--ranks", "4",
-                           "--size", "2M", "--bits", "2", "--iters", "14", "--fail-link", "p0l0:p0s0@0.3",
-                           "--heal-after", "0.6", "--sample-ms", "100")
+                           "--size", "2M", "--bits", "2", "--iters", "40", "--fail-link", "p0l0:p0s0@0.3",
+                           "--heal-after", "0.4", "--sample-ms", "100")
     assert rc == 0, err
     assert doc["summary"]["errors"] == 0
     assert all(r["time_s"] is not None and r["vnmse"] < 1.0 for r in doc["iterations"])
