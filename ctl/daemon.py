@@ -1053,14 +1053,26 @@ def _addr(value: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _positive_us(value: str) -> int:
+    """A duration in microseconds, 1 .. 10 s."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected a whole number of microseconds") from None
+    if not 1 <= n <= 10_000_000:
+        raise argparse.ArgumentTypeError(f"{value}: expected 1 .. 10000000 microseconds")
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="mrcd",
                                  description="MRC controller daemon for one host (docs/daemon.md).")
     ap.add_argument("--testbed", default=None, help="testbed name (default: the only one up)")
     ap.add_argument("--host", required=True, help="the host this mrcd serves (e.g. h0)")
     ap.add_argument("--evs", type=int, default=DEFAULT_EVS, help="EVs per peer (split over the planes)")
-    ap.add_argument("--reorder-us", type=int, default=2000, help="QP reordering tolerance (microseconds)")
-    ap.add_argument("--probe-timeout-us", type=int, default=20000,
+    ap.add_argument("--reorder-us", type=_positive_us, default=2000,
+                    help="QP reordering tolerance (microseconds)")
+    ap.add_argument("--probe-timeout-us", type=_positive_us, default=20000,
                     help="a path probe without reply after this long failed (microseconds)")
     ap.add_argument("--metrics", type=_addr, default=None, metavar="ADDR:PORT", help="serve /metrics here")
     ap.add_argument("--socket", type=Path, default=None, help="control socket (default /run/mrc/<host>.sock)")

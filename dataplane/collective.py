@@ -33,13 +33,14 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from mrc.collective.transport import TransportError
 from mrc.errors import MrcError
 
 from .client import ClientQp, MrcClient, RemoteMr
 from .intrahost import IntraHost
+from .rendezvous import Store
 
 IMM_CREDIT: Final = 1 << 31
 SLOT_SHIFT: Final = 23
@@ -47,14 +48,6 @@ TAG_MASK: Final = (1 << SLOT_SHIFT) - 1
 MAX_SLOTS: Final = 255
 SCRATCH: Final = 64
 CREDIT_BYTES: Final = 8
-
-
-class Store(Protocol):
-    """The rendezvous: set a key once, get blocks until it is set (or raises after the store's timeout)."""
-
-    def set(self, key: str, value: str) -> None: ...
-
-    def get(self, key: str) -> str: ...
 
 
 class FileStore:

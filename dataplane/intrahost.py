@@ -33,22 +33,18 @@ import socket
 import struct
 import time
 from collections.abc import Callable
-from typing import Final, Protocol
+from typing import Final
 
 from mrc.collective.transport import TransportError
 from mrc.errors import MrcError
+
+from .rendezvous import Store
 
 NOTICE: Final = struct.Struct("<IIII")  # kind, slot (data) or count (credit), tag, length
 HELLO: Final = struct.Struct("<8sIII")  # magic, rank, slots, slot_bytes
 MAGIC: Final = b"mrcintra"
 KIND_DATA: Final = 0
 KIND_CREDIT: Final = 1
-
-
-class _Store(Protocol):
-    def set(self, key: str, value: str) -> None: ...
-
-    def get(self, key: str) -> str: ...
 
 
 class _Peer:
@@ -79,7 +75,7 @@ class IntraHost:
     A part of a rank's transport (`mrc.dataplane.collective.RankTransport`), not a whole `Transport`:
     it only knows the co-located peers (`peers`)."""
 
-    def __init__(self, store: _Store, rank: int, hosts: list[str], slot_bytes: int, *, slots: int = 2,
+    def __init__(self, store: Store, rank: int, hosts: list[str], slot_bytes: int, *, slots: int = 2,
                  timeout_s: float = 120.0, prefix: str = "mrc-ar") -> None:
         n = len(hosts)
         if not 0 <= rank < n:
@@ -133,7 +129,7 @@ class IntraHost:
     def _say_hello(self, sock: socket.socket, fd: int) -> None:
         socket.send_fds(sock, [HELLO.pack(MAGIC, self.rank, self.slots, self.slot_bytes)], [fd])
 
-    def _setup(self, store: _Store, hosts: list[str], prefix: str) -> None:
+    def _setup(self, store: Store, hosts: list[str], prefix: str) -> None:
         deadline = time.monotonic() + self.timeout_s
         name = f"mrc-intra-{prefix}-{self.rank}-{os.getpid()}-{secrets.token_hex(4)}"
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -318,3 +318,15 @@ def test_a_silent_port_we_did_not_probe_is_not_a_dead_access_link() -> None:
     _probes_fail(ctl, 0, 2000 + 4 * ACCESS_QUIET_NS, 2000 + 5 * ACCESS_QUIET_NS)
     ctl.tick(2000 + 5 * ACCESS_QUIET_NS)
     assert {"-".join(sorted(lk)) for lk in ctl.denied} == {"h0-p0l0"} and ctl.ports_down == {0}
+
+
+@pytest.mark.parametrize("arg", ["--probe-timeout-us=0", "--probe-timeout-us=-5", "--reorder-us=x",
+                                 "--probe-timeout-us=20000000"])
+def test_mrcd_rejects_bad_durations(arg: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """mrcd's microsecond options say what is wrong (argparse exit 2), before anything is set up."""
+    from mrc.ctl import daemon
+
+    with pytest.raises(SystemExit) as e:
+        daemon.main(["--host", "h0", arg])
+    assert e.value.code == 2
+    assert "microseconds" in capsys.readouterr().err
