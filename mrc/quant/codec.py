@@ -44,7 +44,6 @@ import math
 import numbers
 import os
 import struct
-import zlib
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -53,6 +52,7 @@ import numpy as np
 import numpy.typing as npt
 
 from mrc.errors import MrcError
+from mrc.wire.crc import crc32
 
 from . import accel, bitpack, eden, turboquant
 from .adaptive import choose_rotations, fits_theory
@@ -181,7 +181,7 @@ def encode(
         _U64.pack(len(payload)),
         payload,
     ))
-    return body + _CRC.pack(zlib.crc32(body))
+    return body + _CRC.pack(crc32(body))
 
 
 def _encode_rotated(
@@ -232,7 +232,7 @@ def parse(buf: bytes | bytearray | memoryview) -> Header:
     if version != VERSION:
         raise CodecError(f"unsupported codec version {version} (this decoder reads {VERSION})")
     (crc,) = _CRC.unpack_from(mv, n - _CRC.size)
-    if zlib.crc32(mv[: n - _CRC.size]) != crc:
+    if crc32(mv[: n - _CRC.size]) != crc:
         raise CodecError("CRC mismatch: buffer corrupted or truncated")
     if scheme_id not in SCHEME_NAMES:
         raise CodecError(f"unknown scheme id {scheme_id}")

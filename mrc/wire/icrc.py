@@ -1,6 +1,6 @@
 """RoCEv2 invariant CRC (ICRC) over the inner IPv6 packet.
 
-The ICRC is the IEEE CRC-32 (zlib.crc32) of::
+The ICRC is the IEEE CRC-32 (zlib.crc32 values; mrc.wire.crc picks the implementation) of::
 
     8 bytes of 0xFF                      stands in for the InfiniBand LRH, which RoCEv2 does not carry
     IPv6 header                          Traffic Class, Flow Label and Hop Limit masked to all ones
@@ -19,10 +19,10 @@ so the sender computes the ICRC with that final source port (see `ev_sport`).
 from __future__ import annotations
 
 import struct
-import zlib
 from typing import Final
 
 from .consts import BTH_LEN, EV_INDEX_MAX, EV_SPORT_BASE, ICRC_LEN, ROCEV2_UDP_PORT, UDP_LEN
+from .crc import crc32
 
 #: 8 x 0xFF pseudo-LRH, then IPv6 (ver/tc/flow masked, payload length, next header 17, hop limit masked,
 #: src, dst), then UDP (sport, dport, length, checksum masked).
@@ -49,8 +49,8 @@ class IcrcContext:
 
     One context per peer; `compute` is the hot path. Everything before BTH (pseudo-LRH, masked IPv6,
     UDP) depends only on the packet length and the source port, so its CRC is cached per (length,
-    sport) -- zlib.crc32 over 56 bytes costs about as much as a 1 KiB run, and a peer sees few lengths
-    times the EVs it sprays on. What remains per packet is three zlib.crc32 calls: BTH bytes 0-3, the
+    sport) -- a CRC over 56 bytes costs a good part of a 4 KiB one, and a peer sees few lengths times
+    the EVs it sprays on. What remains per packet is three crc32 calls: BTH bytes 0-3, the
     masked byte 4, and bytes 5 up to the ICRC, with no copy of the packet."""
 
     __slots__ = ("_dport", "_dst", "_head", "_prefix", "_scratch", "_src")
@@ -104,7 +104,7 @@ class IcrcContext:
             s, 0, _LRH, _VTF_MASKED, udp_len, 17, 0xFF, self._src, self._dst, sport, self._dport, udp_len,
             0xFFFF,
         )
-        crc = zlib.crc32(s)
+        crc = crc32(s)
         if len(self._prefix) >= _PREFIX_CACHE_MAX:
             self._prefix.clear()
         self._prefix[(end, sport)] = crc
@@ -119,26 +119,26 @@ class IcrcContext:
         if crc is None:
             crc = self._prefix_crc(end, sport)
         mv = mrc if isinstance(mrc, memoryview) else memoryview(mrc)
-        crc = zlib.crc32(mv[0:4], crc)
-        crc = zlib.crc32(_BTH4_MASKED, crc)
-        return zlib.crc32(mv[5:end], crc)
+        crc = crc32(mv[0:4], crc)
+        crc = crc32(_BTH4_MASKED, crc)
+        return crc32(mv[5:end], crc)
 
     def compute_w0(self, mv: memoryview, end: int, sport: int, w0: int) -> int:
         """`compute` for the packet paths that already hold the first BTH word `w0` (bytes 0-3 as a
         big-endian integer) and a byte memoryview `mv` with end >= BTH_LEN: the CRC up to and including
         the masked byte 4 depends only on (end, sport, w0) and is cached, so what remains per packet is
-        one zlib.crc32 over bytes 5 up to the ICRC. Same value as `compute`."""
+        one crc32 over bytes 5 up to the ICRC. Same value as `compute`."""
         key = (((w0 << 16) | sport) << 32) | end  # (wire.packet inlines the lookup: same key)
         crc = self._head.get(key)
         if crc is None:
             crc = self._prefix.get((end, sport))
             if crc is None:
                 crc = self._prefix_crc(end, sport)
-            crc = zlib.crc32(_BTH4_MASKED, zlib.crc32(w0.to_bytes(4, "big"), crc))
+            crc = crc32(_BTH4_MASKED, crc32(w0.to_bytes(4, "big"), crc))
             if len(self._head) >= _PREFIX_CACHE_MAX:
                 self._head.clear()
             self._head[key] = crc
-        return zlib.crc32(mv[5:end], crc)
+        return crc32(mv[5:end], crc)
 
     def write(self, buf: bytearray | memoryview, end: int, sport: int) -> int:
         """Compute the ICRC of buf[0:end] and store it at buf[end:end+4]; returns end + 4."""
@@ -174,5 +174,5 @@ def icrc_of_ipv6(pkt: bytes | bytearray | memoryview) -> int:
     hdr[8 + 40 + 6 : 8 + 40 + 8] = b"\xff\xff"
     # BTH byte 4
     hdr[8 + 48 + 4] = 0xFF
-    crc = zlib.crc32(hdr)
-    return zlib.crc32(mv[40 + 8 + BTH_LEN : end], crc)
+    crc = crc32(hdr)
+    return crc32(mv[40 + 8 + BTH_LEN : end], crc)

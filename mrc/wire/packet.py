@@ -17,7 +17,6 @@ failure is a `WireError` with a reason from `errors.REASONS`; nothing else escap
 from __future__ import annotations
 
 import struct
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -41,6 +40,7 @@ from .consts import (
     Opcode,
 )
 from .control import ControlBody
+from .crc import crc32
 from .errors import WireError
 from .icrc import _ICRC, IcrcContext, ev_sport
 from .mxh import MXH_FLAGS_OFFSET
@@ -244,7 +244,7 @@ def write_packet(
     crc = ctx._head.get((((w0 << 16) | sport) << 32) | end)
     mv = memoryview(buf)
     _ICRC.pack_into(
-        buf, end, ctx.compute_w0(mv, end, sport, w0) if crc is None else zlib.crc32(mv[5:end], crc)
+        buf, end, ctx.compute_w0(mv, end, sport, w0) if crc is None else crc32(mv[5:end], crc)
     )
     return buf
 
@@ -522,7 +522,7 @@ def parse_write(
     w0 = (op << 24) | (b1 << 16) | pkey
     crc = ctx._head.get((((w0 << 16) | sport) << 32) | end)  # ctx.compute_w0, inlined on a cache hit
     if _ICRC.unpack_from(data, end)[0] != (
-        ctx.compute_w0(mv, end, sport, w0) if crc is None else zlib.crc32(mv[5:end], crc)
+        ctx.compute_w0(mv, end, sport, w0) if crc is None else crc32(mv[5:end], crc)
     ):
         return None
     return (pw & PSN_MASK, (pw & ACKREQ_BIT) != 0, va, rkey, dma_len, imm, flags, ev, msn, mlen, ts,
