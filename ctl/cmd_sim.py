@@ -37,6 +37,7 @@ from mrc.sim.loopback import NEVER, Blackhole, FabricConfig, LoopbackConfig, loo
 from mrc.transport import QpAttr
 
 from .output import Output, json_option, table
+from .workers import ForkMap, default_jobs
 
 _TIME_UNITS: Final = {"": 1, "ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
 MAX_SIZE: Final = 4 << 30
@@ -214,6 +215,9 @@ def _fabric_options(
                          help="ACK timeout exponent (1.024 us x 2^t)."),
             click.option("--seed", default=1, show_default=True, type=int),
             click.option("--plot", "plot_path", default=None, help="Write a PNG plot here (plot extra)."),
+            click.option("--jobs", default=None, type=int,
+                         help="Variants simulated at once, each in its own process [default: the CPUs "
+                              "available]; 1 runs them one after another in this process."),
             json_option,
         ]):
             f = opt(f)
@@ -275,10 +279,19 @@ def _finish(out: Output, doc: dict[str, Any], plot_path: str | None, render: Cal
     out.emit(doc, render)
 
 
+def _runner(jobs: int | None) -> exps.VariantMap:
+    """The variants' runs in worker processes, `jobs` at a time."""
+    n = default_jobs() if jobs is None else jobs
+    if n < 1:
+        raise UsageError("jobs must be at least 1")
+    return ForkMap(n)
+
+
 def _speed_line(doc: dict[str, Any]) -> str:
-    return (f"speed: {doc['packet_hops']:,} packet-hops in {doc['sim_wall_s']:.1f} s of event loop = "
-            f"{doc['hops_per_s']:,} hops/s ({doc['events_per_s']:,} events/s); "
-            f"{doc['hops_per_cpu_s']:,} hops per CPU second")
+    return (f"speed: {doc['packet_hops']:,} packet-hops in {doc['sim_wall_s']:.1f} s = "
+            f"{doc['hops_per_s']:,} hops/s ({doc['events_per_s']:,} events/s, {doc['workers']} worker"
+            f"{'s' if doc['workers'] != 1 else ''}); one event loop: {doc['hops_per_loop_s']:,} hops/s, "
+            f"{doc['hops_per_cpu_s']:,} per CPU second")
 
 
 @run_group.command("permutation")
@@ -291,7 +304,7 @@ def permutation_cmd(
     out: Output, hosts: int, duration: str, warmup: str, planes: int, spines: int,
     hosts_per_leaf: int | None, leaves: int | None, rate: float, delay: str, buffer_: str, ecn: str | None,
     trim_at: str | None, topo_file: str | None, variants: str | None, evs: int, timeout: int, seed: int,
-    plot_path: str | None,
+    plot_path: str | None, jobs: int | None,
 ) -> None:
     """Every host sends to another (random permutation): per-host throughput as a fraction of capacity."""
     hpl = spines if hosts_per_leaf is None else hosts_per_leaf
@@ -307,7 +320,7 @@ def permutation_cmd(
     dur, wu = parse_time(duration), parse_time(warmup)
     if not 0 <= wu < dur:
         raise UsageError("warmup must be shorter than the duration")
-    doc = exps.permutation(spec, dur, wu, progress=out.progress)
+    doc = exps.permutation(spec, dur, wu, progress=out.progress, run_all=_runner(jobs))
     _finish(out, doc, plot_path, _render_permutation)
 
 
@@ -357,7 +370,7 @@ def failover_cmd(
     out: Output, duration: str, link_: str | None, fail_at: str, heal_at: str | None, flap: str, bin_: str,
     reconverge: str, planes: int, spines: int, hosts_per_leaf: int | None, leaves: int | None, rate: float,
     delay: str, buffer_: str, ecn: str | None, trim_at: str | None, topo_file: str | None,
-    variants: str | None, evs: int, timeout: int, seed: int, plot_path: str | None,
+    variants: str | None, evs: int, timeout: int, seed: int, plot_path: str | None, jobs: int | None,
 ) -> None:
     """A bulk transfer leaf 0 -> leaf 1 across a leaf-spine link failure (or a flapping link)."""
     spec = _spec(planes, spines, hosts_per_leaf, leaves or 2, rate, delay, buffer_, ecn, trim_at, variants,
@@ -386,7 +399,8 @@ def failover_cmd(
         if lk.kind != "leaf-spine":
             raise UsageError("fail a leaf-spine link (host links take a whole port: use more planes)")
         link = (parts[0], parts[1])
-    doc = exps.failover(spec, dur, t_fail, t_heal, link, flap_ns, bin_ns, progress=out.progress)
+    doc = exps.failover(spec, dur, t_fail, t_heal, link, flap_ns, bin_ns, progress=out.progress,
+                        run_all=_runner(jobs))
     _finish(out, doc, plot_path, _render_failover)
 
 
@@ -428,7 +442,7 @@ def incast_cmd(
     out: Output, senders: int, size: str, time_limit: str, planes: int, spines: int,
     hosts_per_leaf: int | None, leaves: int | None, rate: float, delay: str, buffer_: str, ecn: str | None,
     trim_at: str | None, topo_file: str | None, variants: str | None, evs: int, timeout: int, seed: int,
-    plot_path: str | None,
+    plot_path: str | None, jobs: int | None,
 ) -> None:
     """N senders on other leaves WRITE to one host at once: completion times, RTOs, queues."""
     if not 1 <= senders <= 255:
@@ -438,7 +452,8 @@ def incast_cmd(
     spec = _spec(planes, spines, hpl, lv, rate, delay, buffer_, ecn, trim_at, variants,
                  ("mrc", "mrc-notrim", "ecmp"), evs, timeout, seed, topo_file)
     try:
-        doc = exps.incast(spec, senders, parse_size(size), parse_time(time_limit), progress=out.progress)
+        doc = exps.incast(spec, senders, parse_size(size), parse_time(time_limit), progress=out.progress,
+                         run_all=_runner(jobs))
     except ValueError as e:
         raise UsageError(str(e)) from None
     _finish(out, doc, plot_path, _render_incast)
@@ -488,7 +503,7 @@ def allreduce_cmd(
     out: Output, ranks: int, size: str, bits: float, scheme: str, partial_sums: str, time_limit: str,
     planes: int, spines: int, hosts_per_leaf: int | None, leaves: int, rate: float, delay: str, buffer_: str,
     ecn: str | None, trim_at: str | None, topo_file: str | None, variants: str | None, evs: int, timeout: int,
-    seed: int, plot_path: str | None,
+    seed: int, plot_path: str | None, jobs: int | None,
 ) -> None:
     """Ring all-reduce time over the fabric: the collective's real message sizes, compressed and not."""
     from mrc.sim import collective as scoll
@@ -502,7 +517,8 @@ def allreduce_cmd(
         raise UsageError(f"--size {size} is not a whole number of float32 elements")
     cfg = Config(scheme, bits, partial_sums, seed=seed)
     try:
-        doc = scoll.run(spec, ranks, nbytes, cfg, parse_time(time_limit), progress=out.progress)
+        doc = scoll.run(spec, ranks, nbytes, cfg, parse_time(time_limit), progress=out.progress,
+                        run_all=_runner(jobs))
     except ValueError as e:
         raise UsageError(str(e)) from None
     out.emit(doc, _render_allreduce)

@@ -20,7 +20,16 @@ import numpy as np
 
 from mrc.collective import Config, Transport, allreduce, run_inproc
 
-from .experiments import Progress, RunSpec, _host_params, _reporter, _Speed
+from .experiments import (
+    Progress,
+    RunSpec,
+    VariantMap,
+    _host_params,
+    _loop_speed,
+    _reporter,
+    _run_jobs,
+    in_process,
+)
 from .fabric import Fabric
 from .hosts import Flow, Traffic
 
@@ -79,7 +88,8 @@ def message_sizes(ranks: int, elements: int, cfg: Config, seed: int) -> list[lis
 
 
 def _ring_time(spec: RunSpec, variant: str, msgs: list[list[tuple[int, int, int]]], hosts: list[int],
-               until_ns: int, progress: Progress | None, label: str, speed: _Speed) -> dict[str, Any]:
+               until_ns: int, progress: Progress | None, label: str) -> dict[str, Any]:
+    """One ring all-reduce over a fresh fabric: the result row, with the run's "speed"."""
     fs = spec.fabric
     n = len(msgs)
     flows: list[Flow] = []
@@ -115,7 +125,6 @@ def _ring_time(spec: RunSpec, variant: str, msgs: list[list[tuple[int, int, int]
             progress=_reporter(progress, label, until_ns))
     tr.poll(fab.now)
     wall = time.perf_counter() - t0
-    speed.add(fab)
     ok = all(st == "SUCCESS" for st in tr.status)
     return {
         "completed": ok,
@@ -123,11 +132,12 @@ def _ring_time(spec: RunSpec, variant: str, msgs: list[list[tuple[int, int, int]
         "wire_bytes": sum(f.size or 0 for f in flows),
         "wall_s": round(wall, 2),
         **tr.counters(),
+        "speed": _loop_speed(fab),
     }
 
 
 def run(spec: RunSpec, ranks: int, size_bytes: int, cfg: Config, time_limit_ns: int = 1_000_000_000,
-        progress: Progress | None = None) -> dict[str, Any]:
+        progress: Progress | None = None, run_all: VariantMap = in_process) -> dict[str, Any]:
     """Ring all-reduce of `size_bytes` of float32 per rank with `cfg` and uncompressed, per variant."""
     fs = spec.fabric
     if ranks < 2 or ranks > fs.hosts:
@@ -141,24 +151,28 @@ def run(spec: RunSpec, ranks: int, size_bytes: int, cfg: Config, time_limit_ns: 
         progress(f"allreduce: compressing {ranks} x {size_bytes} bytes ({cfg.scheme}) for the message sizes")
     cases = {"compressed": message_sizes(ranks, elements, cfg, spec.seed),
              "uncompressed": message_sizes(ranks, elements, Config("none"), spec.seed)}
-    speed = _Speed()
+    runs = [(v, case) for v in spec.variants for case in cases]
+
+    def one(run: tuple[str, str]) -> dict[str, Any]:
+        variant, case = run
+        return _ring_time(spec, variant, cases[case], hosts, time_limit_ns, progress, f"{variant} {case}")
+
+    outs, speed = _run_jobs(run_all, one, runs)
     results: dict[str, Any] = {}
-    for variant in spec.variants:
-        row: dict[str, Any] = {}
-        for case, sizes in cases.items():
-            r = _ring_time(spec, variant, sizes, hosts, time_limit_ns, progress, f"{variant} {case}", speed)
-            t = r["time_s"]
-            algbw = size_bytes / t / 1e9 if t else None
-            row[case] = {**r, "algbw_gbps": algbw,
-                         "busbw_gbps": algbw * 2 * (ranks - 1) / ranks if algbw is not None else None}
+    for (variant, case), r in zip(runs, outs, strict=True):
+        del r["speed"]
+        t = r["time_s"]
+        algbw = size_bytes / t / 1e9 if t else None
+        busbw = algbw * 2 * (ranks - 1) / ranks if algbw is not None else None
+        results.setdefault(variant, {})[case] = {**r, "algbw_gbps": algbw, "busbw_gbps": busbw}
+    for row in results.values():
         tc, tu = row["compressed"]["time_s"], row["uncompressed"]["time_s"]
         row["speedup"] = tu / tc if tc and tu else None
-        results[variant] = row
     return {
         "experiment": "allreduce",
         "config": {**asdict(spec), "ranks": ranks, "size_bytes": size_bytes, "hosts": hosts,
                    "scheme": cfg.scheme, "bits": cfg.bits, "partial_sums": cfg.partial_sums,
                    "algorithm": cfg.algorithm},
         "results": results,
-        **speed.doc(),
+        **speed,
     }

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from mrc import topology
 from mrc.transport import QpAttr
@@ -95,26 +95,55 @@ def _host_params(spec: RunSpec) -> HostParams:
                       reconverge_ns=spec.reconverge_ns)
 
 
-class _Speed:
-    """Events and packet-hops per wall second over all the runs of one experiment."""
+class VariantMap(Protocol):
+    """Runs an experiment's per-variant jobs: ``run_all(job, items)`` is ``[job(x) for x in items]``, in
+    this process (`in_process`) or over worker processes (`mrc.ctl.workers.ForkMap`). The variants share
+    nothing and a run is a pure function of its configuration and seed, so the results are the same."""
 
-    def __init__(self) -> None:
-        self.events = 0
-        self.hops = 0
-        self.wall = 0.0
-        self.cpu = 0.0
+    workers: int  # runs at once, at most
 
-    def add(self, fab: Fabric) -> None:
-        self.events += fab.events
-        self.hops += fab.hops
-        self.wall += fab.wall_s
-        self.cpu += fab.cpu_s
+    def __call__(
+        self, job: Callable[[Any], dict[str, Any]], items: Sequence[Any]
+    ) -> list[dict[str, Any]]: ...
 
-    def doc(self) -> dict[str, Any]:
-        w = self.wall or 1e-9
-        return {"events": self.events, "packet_hops": self.hops, "sim_wall_s": round(self.wall, 3),
-                "sim_cpu_s": round(self.cpu, 3), "events_per_s": round(self.events / w),
-                "hops_per_s": round(self.hops / w), "hops_per_cpu_s": round(self.hops / (self.cpu or 1e-9))}
+
+class _InProcess:
+    workers = 1
+
+    def __call__(self, job: Callable[[Any], dict[str, Any]], items: Sequence[Any]) -> list[dict[str, Any]]:
+        return [job(x) for x in items]
+
+
+in_process: VariantMap = _InProcess()
+
+
+def _loop_speed(fab: Fabric) -> dict[str, Any]:
+    """One run's event-loop figures (summed over the runs by `_speed_doc`)."""
+    return {"events": fab.events, "packet_hops": fab.hops, "loop_wall_s": fab.wall_s, "cpu_s": fab.cpu_s}
+
+
+def _speed_doc(parts: list[dict[str, Any]], wall_s: float, workers: int) -> dict[str, Any]:
+    """The experiment's speed. `wall_s` is the wall time of all its runs together, fabric construction
+    included (with worker processes the runs overlap); `loop_wall_s` and `sim_cpu_s` sum the event loops
+    of the runs, so `hops_per_loop_s` is the speed of one event loop on one core."""
+    events = sum(p["events"] for p in parts)
+    hops = sum(p["packet_hops"] for p in parts)
+    loop = sum(p["loop_wall_s"] for p in parts)
+    cpu = sum(p["cpu_s"] for p in parts)
+    w = wall_s or 1e-9
+    return {"events": events, "packet_hops": hops, "workers": workers, "sim_wall_s": round(wall_s, 3),
+            "loop_wall_s": round(loop, 3), "sim_cpu_s": round(cpu, 3), "events_per_s": round(events / w),
+            "hops_per_s": round(hops / w), "hops_per_loop_s": round(hops / (loop or 1e-9)),
+            "hops_per_cpu_s": round(hops / (cpu or 1e-9))}
+
+
+def _run_jobs(run_all: VariantMap, job: Callable[[Any], dict[str, Any]],
+              items: Sequence[Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Run the jobs; each returns a dict with its run's "speed". (outputs, the experiment's speed doc)."""
+    t0 = time.perf_counter()
+    outs = run_all(job, items)
+    wall = time.perf_counter() - t0
+    return outs, _speed_doc([o["speed"] for o in outs], wall, min(run_all.workers, len(items)))
 
 
 def _reporter(progress: Progress | None, label: str, until: int) -> Callable[[Fabric], None] | None:
@@ -151,7 +180,7 @@ def _mark(fab: Fabric, tr: Traffic, t: int, marks: dict[int, list[int]]) -> None
 
 
 def permutation(spec: RunSpec, duration_ns: int = 200_000, warmup_ns: int = 50_000,
-                progress: Progress | None = None) -> dict[str, Any]:
+                progress: Progress | None = None, run_all: VariantMap = in_process) -> dict[str, Any]:
     """Every host sends to another (a random derangement), long-lived, for `duration_ns`; throughput is
     measured over [warmup, duration]. Capacity = hosts × planes × port rate × payload efficiency."""
     fs = spec.fabric
@@ -162,9 +191,8 @@ def permutation(spec: RunSpec, duration_ns: int = 200_000, warmup_ns: int = 50_0
     eff = efficiency(spec.mtu)
     host_cap = fs.planes * fs.rate_gbps * 1e9 / 8 * eff  # payload bytes/s per host
     window = duration_ns - warmup_ns
-    speed = _Speed()
-    results: dict[str, Any] = {}
-    for variant in spec.variants:
+
+    def one(variant: str) -> dict[str, Any]:
         topo = fs.topology()
         fab = Fabric(topo, fs.params(trimming=variant != "mrc-notrim"))
         tr = Traffic(fab, variant, flows, _host_params(spec), duration_ns)
@@ -175,7 +203,6 @@ def permutation(spec: RunSpec, duration_ns: int = 200_000, warmup_ns: int = 50_0
         t0 = time.perf_counter()
         fab.run(until_ns=duration_ns, progress=_reporter(progress, variant, duration_ns))
         wall = time.perf_counter() - t0
-        speed.add(fab)
         end = tr.delivered()
         rates = [(b - a) / (window / 1e9) for a, b in zip(marks[0], end, strict=True)]
         fr = sorted(r / host_cap for r in rates)
@@ -208,13 +235,15 @@ def permutation(spec: RunSpec, duration_ns: int = 200_000, warmup_ns: int = 50_0
             res["uplink_only_bound"] = round(uplink_bound(fs.hosts_per_leaf, fs.spines), 4)
         if variant == "mrc-1plane":
             res["note"] = "sprays over plane 0 only: at most 1/planes of the host's capacity"
-        results[variant] = res
+        return {"result": res, "speed": _loop_speed(fab)}
+
+    outs, speed = _run_jobs(run_all, one, spec.variants)
     return {
         "experiment": "permutation",
         "config": {**asdict(spec), "duration_ns": duration_ns, "warmup_ns": warmup_ns,
                    "host_capacity_gbps": round(host_cap * 8 / 1e9, 2), "payload_efficiency": round(eff, 4)},
-        "results": results,
-        **speed.doc(),
+        "results": {v: o["result"] for v, o in zip(spec.variants, outs, strict=True)},
+        **speed,
     }
 
 
@@ -245,7 +274,7 @@ def _schedule_link(fab: Fabric, li: int, changes: list[tuple[int, bool]]) -> Non
 
 def failover(spec: RunSpec, duration_ns: int = 2_000_000, fail_ns: int = 500_000, heal_ns: int = NEVER,
              link: tuple[str, str] | None = None, flap_ns: int = 0, bin_ns: int = 10_000,
-             progress: Progress | None = None) -> dict[str, Any]:
+             progress: Progress | None = None, run_all: VariantMap = in_process) -> dict[str, Any]:
     """Hosts of leaf 0 send to hosts of leaf 1 (one long-lived flow each) while a leaf–spine link fails
     at `fail_ns` (heals at `heal_ns`; with `flap_ns`, toggles every flap_ns from fail_ns on)."""
     fs = spec.fabric
@@ -259,10 +288,8 @@ def failover(spec: RunSpec, duration_ns: int = 2_000_000, fail_ns: int = 500_000
     # the demand (H hosts at full NIC rate) equals the core's capacity when H = spines
     cap = min(H * fs.planes, fs.planes * fs.spines) * fs.rate_gbps * 1e9 / 8 * eff
     failed_share = 1 / (fs.planes * fs.spines)
-    speed = _Speed()
-    results: dict[str, Any] = {}
-    timelines: dict[str, list[float]] = {}
-    for variant in spec.variants:
+
+    def one(variant: str) -> dict[str, Any]:
         topo = fs.topology()
         fab = Fabric(topo, fs.params(trimming=variant != "mrc-notrim"))
         tr = Traffic(fab, variant, flows, _host_params(spec), duration_ns)
@@ -287,11 +314,9 @@ def failover(spec: RunSpec, duration_ns: int = 2_000_000, fail_ns: int = 500_000
         t0 = time.perf_counter()
         fab.run(until_ns=duration_ns, progress=_reporter(progress, variant, duration_ns))
         wall = time.perf_counter() - t0
-        speed.add(fab)
         # aggregate goodput per bin, as a fraction of capacity
         tot = [sum(r) for r in rows]
         series = [(tot[i + 1] - tot[i]) / (bin_ns / 1e9) / cap for i in range(len(tot) - 1)]
-        timelines[variant] = series
         i0 = fail_ns // bin_ns
         i1 = min(len(series), (heal_ns if heal_ns < NEVER else duration_ns) // bin_ns)
         pre = series[max(1, i0 - 20):i0]
@@ -330,7 +355,11 @@ def failover(spec: RunSpec, duration_ns: int = 2_000_000, fail_ns: int = 500_000
             res["ev_events"] = ctx_events
         else:
             res["connections_on_failed_link"] = affected
-        results[variant] = res
+        return {"result": res, "series": series, "speed": _loop_speed(fab)}
+
+    outs, speed = _run_jobs(run_all, one, spec.variants)
+    results = {v: o["result"] for v, o in zip(spec.variants, outs, strict=True)}
+    timelines: dict[str, list[float]] = {v: o["series"] for v, o in zip(spec.variants, outs, strict=True)}
     return {
         "experiment": "failover",
         "config": {**asdict(spec), "duration_ns": duration_ns, "fail_ns": fail_ns,
@@ -340,7 +369,7 @@ def failover(spec: RunSpec, duration_ns: int = 2_000_000, fail_ns: int = 500_000
         "results": results,
         "timeline": {"bin_s": bin_ns / 1e9, "goodput_fraction": {k: [round(x, 4) for x in v]
                                                                  for k, v in timelines.items()}},
-        **speed.doc(),
+        **speed,
     }
 
 
@@ -348,7 +377,7 @@ def failover(spec: RunSpec, duration_ns: int = 2_000_000, fail_ns: int = 500_000
 
 
 def incast(spec: RunSpec, senders: int = 16, size: int = 1 << 20, time_limit_ns: int = 50_000_000,
-           progress: Progress | None = None) -> dict[str, Any]:
+           progress: Progress | None = None, run_all: VariantMap = in_process) -> dict[str, Any]:
     """`senders` hosts on other leaves each WRITE `size` bytes to host 0 at t = 0; message completion
     times (at the requester), retransmission timeouts and the receiver's downlink queues."""
     fs = spec.fabric
@@ -357,10 +386,8 @@ def incast(spec: RunSpec, senders: int = 16, size: int = 1 << 20, time_limit_ns:
                          f"{fs.hosts - fs.hosts_per_leaf}")
     srcs = list(range(fs.hosts_per_leaf, fs.hosts_per_leaf + senders))
     flows = [Flow(s, 0, size) for s in srcs]
-    speed = _Speed()
-    results: dict[str, Any] = {}
-    cdfs: dict[str, list[float]] = {}
-    for variant in spec.variants:
+
+    def one(variant: str) -> dict[str, Any]:
         topo = fs.topology()
         fab = Fabric(topo, fs.params(trimming=variant != "mrc-notrim"))
         tr = Traffic(fab, variant, flows, _host_params(spec), time_limit_ns)
@@ -383,9 +410,7 @@ def incast(spec: RunSpec, senders: int = 16, size: int = 1 << 20, time_limit_ns:
                 progress=_reporter(progress, variant, time_limit_ns))
         tr.poll(fab.now)
         wall = time.perf_counter() - t0
-        speed.add(fab)
         done = sorted(d / 1e9 for d in tr.done_ns if d >= 0)
-        cdfs[variant] = done
         ok = sum(1 for s in tr.status if s == "SUCCESS")
 
         def pct(q: float, done: list[float] = done) -> float | None:
@@ -394,7 +419,7 @@ def incast(spec: RunSpec, senders: int = 16, size: int = 1 << 20, time_limit_ns:
             return done[min(len(done) - 1, max(0, round(q * len(done) + 0.5) - 1))]
 
         ideal = senders * size / (fs.planes * fs.rate_gbps * 1e9 / 8 * efficiency(spec.mtu))
-        results[variant] = {
+        res = {
             "completed": ok,
             "p50_s": pct(0.50),
             "p99_s": pct(0.99),
@@ -407,10 +432,15 @@ def incast(spec: RunSpec, senders: int = 16, size: int = 1 << 20, time_limit_ns:
             "wall_s": round(wall, 2),
             **tr.counters(),
         }
+        return {"result": res, "done": done, "speed": _loop_speed(fab)}
+
+    outs, speed = _run_jobs(run_all, one, spec.variants)
+    results = {v: o["result"] for v, o in zip(spec.variants, outs, strict=True)}
+    cdfs: dict[str, list[float]] = {v: o["done"] for v, o in zip(spec.variants, outs, strict=True)}
     return {
         "experiment": "incast",
         "config": {**asdict(spec), "senders": senders, "size_bytes": size, "receiver": "h0"},
         "results": results,
         "completion_s": cdfs,
-        **speed.doc(),
+        **speed,
     }

@@ -101,7 +101,8 @@ SMALL = FabricSpec(planes=2, leaves=2, spines=2, hosts_per_leaf=2)
 
 def _strip(doc: Any) -> Any:
     """Drop the wall-clock fields: everything else is a function of the configuration and seed."""
-    skip = {"wall_s", "hops_per_s", "events_per_s", "sim_wall_s", "sim_cpu_s", "hops_per_cpu_s"}
+    skip = {"wall_s", "hops_per_s", "events_per_s", "sim_wall_s", "sim_cpu_s", "hops_per_cpu_s", "loop_wall_s",
+            "hops_per_loop_s", "workers"}
     if isinstance(doc, dict):
         return {k: _strip(v) for k, v in doc.items() if k not in skip}
     return doc
@@ -117,6 +118,24 @@ def test_same_seed_same_result_different_seed_different_draw() -> None:
     f1 = failover(RunSpec(fabric=SMALL, variants=("mrc",)), duration_ns=300_000, fail_ns=100_000)
     f2 = failover(RunSpec(fabric=SMALL, variants=("mrc",)), duration_ns=300_000, fail_ns=100_000)
     assert _strip(f1) == _strip(f2)
+
+
+def test_variants_in_worker_processes_give_the_same_results() -> None:
+    """The experiments' variants run in forked workers (mrcctl's default): same documents as in one
+    process, the speed summed over both runs, with two workers."""
+    from mrc.ctl.workers import ForkMap
+
+    spec = RunSpec(fabric=SMALL, variants=("ecmp", "mrc"), seed=3)
+    a = permutation(spec, duration_ns=40_000, warmup_ns=10_000)
+    b = permutation(spec, duration_ns=40_000, warmup_ns=10_000, run_all=ForkMap(2))
+    assert a["workers"] == 1 and b["workers"] == 2
+    assert _strip(a) == _strip(b)
+    assert b["packet_hops"] == sum(r["packet_hops"] for r in b["results"].values()) > 0
+    assert b["hops_per_s"] > 0 and b["hops_per_loop_s"] > 0
+    i1 = incast(RunSpec(fabric=SMALL, variants=("mrc", "mrc-notrim")), senders=2, size=64 << 10)
+    i2 = incast(RunSpec(fabric=SMALL, variants=("mrc", "mrc-notrim")), senders=2, size=64 << 10,
+                run_all=ForkMap(2))
+    assert _strip(i1) == _strip(i2) and i1["results"]["mrc"]["completed"] == 2
 
 
 def test_incast_with_trimming_recovers_without_timeouts() -> None:
