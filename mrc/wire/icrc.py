@@ -36,6 +36,13 @@ _BTH4_MASKED: Final = b"\xff"
 #: Bound on cached pseudo-header CRCs per context: (length, source port) pairs, i.e. packet sizes x EVs
 #: in use. Past it the cache starts over, which costs one 56-byte CRC per pair again.
 _PREFIX_CACHE_MAX: Final = 8192
+#: BTH byte 4 zero instead of masked, in the start value: for any bytes b0-b3 and start value v,
+#: crc32(b0-b3 + b"\x00", v ^ _BTH4_ZERO) == crc32(b0-b3 + b"\xff", v). (The CRC is affine in its start
+#: value and its data, so the two differ by one constant: this one, the CRC run back over 5 bytes.)
+_BTH4_ZERO: Final = 0x0F6A70D9
+#: crc32(m + the 4 bytes of crc32(m, v) least significant first, v), for every message m and start value
+#: v: the residue of this CRC. So a packet is checked by one crc32 over it, its ICRC included.
+CRC32_RESIDUE: Final = 0x2144DF1C
 
 
 def ev_sport(ev_index: int) -> int:
@@ -53,7 +60,7 @@ class IcrcContext:
     the EVs it sprays on. What remains per packet is three crc32 calls: BTH bytes 0-3, the
     masked byte 4, and bytes 5 up to the ICRC, with no copy of the packet."""
 
-    __slots__ = ("_dport", "_dst", "_head", "_prefix", "_scratch", "_src")
+    __slots__ = ("_dport", "_dst", "_head", "_prefix", "_scratch", "_src", "_start")
 
     def __init__(self, src: bytes, dst: bytes, dport: int = ROCEV2_UDP_PORT) -> None:
         if len(src) != 16 or len(dst) != 16:
@@ -64,6 +71,7 @@ class IcrcContext:
         self._scratch = bytearray(_PSEUDO_LEN)
         self._prefix: dict[tuple[int, int], int] = {}
         self._head: dict[int, int] = {}  # (end, sport, BTH word 0) packed in one int -> CRC through BTH[4]
+        self._start: dict[tuple[int, int], int] = {}  # (end, sport) -> the start value of `start`
 
     # The envelope fields are properties so that changing one drops the CRCs cached for the old value.
     @property
@@ -75,6 +83,7 @@ class IcrcContext:
         self._src = bytes(value)
         self._prefix.clear()
         self._head.clear()
+        self._start.clear()
 
     @property
     def dst(self) -> bytes:
@@ -85,6 +94,7 @@ class IcrcContext:
         self._dst = bytes(value)
         self._prefix.clear()
         self._head.clear()
+        self._start.clear()
 
     @property
     def dport(self) -> int:
@@ -95,6 +105,7 @@ class IcrcContext:
         self._dport = value
         self._prefix.clear()
         self._head.clear()
+        self._start.clear()
 
     def _prefix_crc(self, end: int, sport: int) -> int:
         """CRC of pseudo-LRH + masked IPv6 + UDP for a datagram of UDP length end + 8 + 4 (slow path)."""
@@ -139,6 +150,23 @@ class IcrcContext:
                 self._head.clear()
             self._head[key] = crc
         return crc32(mv[5:end], crc)
+
+    def start(self, end: int, sport: int) -> int:
+        """The crc32 start value v for which crc32(pkt[0:end], v) is the ICRC of a packet `pkt` (end >=
+        BTH_LEN) sent with UDP source `sport` whose BTH byte 4 is zero, as an endpoint sends it (no FECN,
+        BECN): the envelope's CRC with the masking of byte 4 folded in, cached per (end, sport). So the
+        sender's ICRC is one crc32 over the packet from byte 0, without a slice at byte 5, and such a
+        packet is checked by one call over all of it: crc32(pkt, v) == CRC32_RESIDUE iff its ICRC is
+        right."""
+        key = (end, sport)
+        v = self._start.get(key)
+        if v is None:
+            crc = self._prefix.get(key)
+            v = (self._prefix_crc(end, sport) if crc is None else crc) ^ _BTH4_ZERO
+            if len(self._start) >= _PREFIX_CACHE_MAX:
+                self._start.clear()
+            self._start[key] = v
+        return v
 
     def write(self, buf: bytearray | memoryview, end: int, sport: int) -> int:
         """Compute the ICRC of buf[0:end] and store it at buf[end:end+4]; returns end + 4."""

@@ -42,7 +42,7 @@ from .consts import (
 from .control import ControlBody
 from .crc import crc32
 from .errors import WireError
-from .icrc import _ICRC, IcrcContext, ev_sport
+from .icrc import _ICRC, CRC32_RESIDUE, IcrcContext, ev_sport
 from .mxh import MXH_FLAGS_OFFSET
 
 Buffer = bytes | bytearray | memoryview
@@ -225,27 +225,25 @@ def write_packet(
     pad = -n & 3
     w0 = (ACKREQ_BIT if ackreq else 0) | (psn & PSN_MASK)
     if imm is None:
-        op = _OP_WRITE
         hdr = _WRITE.pack(
             _OP_WRITE, pad << 4, DEFAULT_PKEY, dqpn & QPN_MASK, w0, va, rkey, n,
             MXH_VERSION, flags, ev_index, msn, msg_len, msg_offset, timestamp_ns,
         )
     else:
-        op = _OP_WRITE_IMM
         hdr = _WRITE_IMM.pack(
             _OP_WRITE_IMM, pad << 4, DEFAULT_PKEY, dqpn & QPN_MASK, w0, va, rkey, n,
             imm & 0xFFFFFFFF, MXH_VERSION, flags, ev_index, msn, msg_len, msg_offset, timestamp_ns,
         )
-    buf = bytearray().join((hdr, payload, _ZERO8[: pad + ICRC_LEN]))
-    end = len(buf) - ICRC_LEN
+    end = len(hdr) + n + pad  # the ICRC's offset
     sport = EV_SPORT_BASE | (ev_index & EV_INDEX_MAX)
-    w0 = (op << 24) | (pad << 20) | DEFAULT_PKEY
-    # ctx.compute_w0, inlined on a hit of its cache (one call less per packet)
-    crc = ctx._head.get((((w0 << 16) | sport) << 32) | end)
-    mv = memoryview(buf)
-    _ICRC.pack_into(
-        buf, end, ctx.compute_w0(mv, end, sport, w0) if crc is None else crc32(mv[5:end], crc)
-    )
+    # The ICRC: BTH byte 4 is zero (dqpn is masked to 24 bits), so it is a crc32 from the context's start
+    # value over the header and payload as they are (ctx.start, inlined on a hit of its cache)
+    v = ctx._start.get((end, sport))
+    crc = crc32(payload, crc32(hdr, ctx.start(end, sport) if v is None else v))
+    if pad:
+        crc = crc32(_ZERO4[:pad], crc)
+    buf = bytearray().join((hdr, payload, _ZERO8[: pad + ICRC_LEN]))
+    _ICRC.pack_into(buf, end, crc)
     return buf
 
 
@@ -489,8 +487,8 @@ def parse_write(
     `parse(data, ctx)` accepts with icrc "ok" (the default source port of its EV, `verify` on):
     (psn, ackreq, va, rkey, dma_len, imm, flags, ev_index, msn, msg_len, timestamp_ns, payload), the
     same values as the `MrcPacket` fields of those names, without building one. `data` is bytes or a
-    bytearray. None for everything else (other opcodes, trimmed packets, any failed check): then
-    `parse` gives the outcome, the packet or the `WireError`."""
+    bytearray. None for everything else (other opcodes, trimmed packets, BTH byte 4 not zero as no
+    endpoint sends it, any failed check): then `parse` gives the outcome, the packet or the `WireError`."""
     n = len(data)
     op = data[0]
     imm: int | None
@@ -498,7 +496,7 @@ def parse_write(
         if n < WRITE_HDR_LEN:
             return None
         hl = WRITE_HDR_LEN
-        (_, b1, pkey, _, pw, va, rkey, dma_len, ver, flags, ev, msn, mlen, moff, ts) = (
+        (_, b1, _, qw, pw, va, rkey, dma_len, ver, flags, ev, msn, mlen, moff, ts) = (
             _WRITE.unpack_from(data)
         )
         imm = None
@@ -506,24 +504,23 @@ def parse_write(
         if n < WRITE_IMM_HDR_LEN:
             return None
         hl = WRITE_IMM_HDR_LEN
-        (_, b1, pkey, _, pw, va, rkey, dma_len, imm, ver, flags, ev, msn, mlen, moff, ts) = (
+        (_, b1, _, qw, pw, va, rkey, dma_len, imm, ver, flags, ev, msn, mlen, moff, ts) = (
             _WRITE_IMM.unpack_from(data)
         )
     else:
         return None
-    if b1 & 0x0F or ver != MXH_VERSION or flags & _TRIMMED or dma_len > MAX_PAYLOAD:
+    # qw > QPN_MASK: BTH byte 4 (FECN, BECN, Resv6) is not zero, as no endpoint sends it: left to `parse`
+    if b1 & 0x0F or qw > QPN_MASK or ver != MXH_VERSION or flags & _TRIMMED or dma_len > MAX_PAYLOAD:
         return None
     pad = (b1 >> 4) & 3
     end = hl + dma_len + pad
     if (dma_len + pad) & 3 or n != end + ICRC_LEN or moff + dma_len > mlen:
         return None
-    mv = memoryview(data)
     sport = EV_SPORT_BASE | (ev & EV_INDEX_MAX)
-    w0 = (op << 24) | (b1 << 16) | pkey
-    crc = ctx._head.get((((w0 << 16) | sport) << 32) | end)  # ctx.compute_w0, inlined on a cache hit
-    if _ICRC.unpack_from(data, end)[0] != (
-        ctx.compute_w0(mv, end, sport, w0) if crc is None else crc32(mv[5:end], crc)
-    ):
+    # the ICRC check in one crc32 over the whole packet, its ICRC included (see IcrcContext.start, inlined
+    # on a hit of its cache): the residue comes out exactly when the ICRC is right
+    v = ctx._start.get((end, sport))
+    if crc32(data, ctx.start(end, sport) if v is None else v) != CRC32_RESIDUE:
         return None
     return (pw & PSN_MASK, (pw & ACKREQ_BIT) != 0, va, rkey, dma_len, imm, flags, ev, msn, mlen, ts,
-            mv[hl : hl + dma_len])
+            memoryview(data)[hl : hl + dma_len])
