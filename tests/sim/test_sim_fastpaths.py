@@ -143,6 +143,33 @@ def test_trimmed_flag_only_through_parse() -> None:
     assert parse(pkt[:n], ctx).trimmed
 
 
+def test_events_run_in_exactly_time_then_push_order() -> None:
+    """The loop's order against the (time, push) sort: a bucket is sorted by time alone, stably, relying
+    on its events being in push order; many ties, and pushes from inside the loop into every bucket."""
+    fab = Fabric(topology.generate(1, 1, 1, 2), FabricParams(delay_ns=0))
+    rng = random.Random(12)
+    pushed: list[tuple[int, int]] = []
+    ran: list[tuple[int, int]] = []
+
+    def push(t: int) -> None:
+        k = len(pushed)
+        pushed.append((t, k))
+
+        def f(now: int) -> None:
+            ran.append((now, k))
+            if k < 3000:
+                for _ in range(rng.randrange(3)):
+                    push(now + rng.choice([0, 1, 2, 31, 32, 40, 64, 65, 200]))
+
+        fab.at(t, f)
+
+    for _ in range(500):
+        push(rng.randrange(0, 400))
+    fab.run()
+    assert len(ran) == len(pushed) > 3000
+    assert ran == sorted(pushed)
+
+
 def test_calls_run_in_time_then_push_order_including_same_bucket_insertions() -> None:
     topo = topology.generate(1, 1, 1, 2)
     fab = Fabric(topo, FabricParams(delay_ns=0))
