@@ -54,11 +54,12 @@ class IcrcContext:
     """The parts of the IPv6/UDP envelope the ICRC covers that the MRC payload does not carry:
     source and destination addresses (16 bytes each) and the UDP ports.
 
-    One context per peer; `compute` is the hot path. Everything before BTH (pseudo-LRH, masked IPv6,
-    UDP) depends only on the packet length and the source port, so its CRC is cached per (length,
-    sport) -- a CRC over 56 bytes costs a good part of a 4 KiB one, and a peer sees few lengths times
-    the EVs it sprays on. What remains per packet is three crc32 calls: BTH bytes 0-3, the
-    masked byte 4, and bytes 5 up to the ICRC, with no copy of the packet."""
+    One context per peer. Everything before BTH (pseudo-LRH, masked IPv6, UDP) depends only on the
+    packet length and the source port, so its CRC is cached per (length, sport) -- a CRC over 56 bytes
+    costs a good part of a 4 KiB one, and a peer sees few lengths times the EVs it sprays on. What
+    remains per packet is three crc32 calls in `compute` (BTH bytes 0-3, the masked byte 4, bytes 5 up
+    to the ICRC), one in `compute_w0`, and for data packets as endpoints send them one over the whole
+    packet from `start` (the data path of wire.packet), with no copy of the packet."""
 
     __slots__ = ("_dport", "_dst", "_head", "_prefix", "_scratch", "_src", "_start")
 
@@ -139,7 +140,7 @@ class IcrcContext:
         big-endian integer) and a byte memoryview `mv` with end >= BTH_LEN: the CRC up to and including
         the masked byte 4 depends only on (end, sport, w0) and is cached, so what remains per packet is
         one crc32 over bytes 5 up to the ICRC. Same value as `compute`."""
-        key = (((w0 << 16) | sport) << 32) | end  # (wire.packet inlines the lookup: same key)
+        key = (((w0 << 16) | sport) << 32) | end
         crc = self._head.get(key)
         if crc is None:
             crc = self._prefix.get((end, sport))
