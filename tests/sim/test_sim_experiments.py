@@ -101,8 +101,8 @@ SMALL = FabricSpec(planes=2, leaves=2, spines=2, hosts_per_leaf=2)
 
 def _strip(doc: Any) -> Any:
     """Drop the wall-clock fields: everything else is a function of the configuration and seed."""
-    skip = {"wall_s", "hops_per_s", "events_per_s", "sim_wall_s", "sim_cpu_s", "hops_per_cpu_s", "loop_wall_s",
-            "hops_per_loop_s", "workers"}
+    skip = {"wall_s", "hops_per_s", "events_per_s", "sim_wall_s", "sim_cpu_s", "hops_per_cpu_s",
+            "loop_wall_s", "hops_per_loop_s", "workers"}
     if isinstance(doc, dict):
         return {k: _strip(v) for k, v in doc.items() if k not in skip}
     return doc
