@@ -79,7 +79,8 @@ def _block_bits(dtype: np.dtype[np.floating]) -> int:
 
 @_jit
 def _radix8_first(a):  # type: ignore[no-untyped-def]
-    """Levels 0..2 (h = 1, 2, 4) of every group of 8 contiguous elements, in place."""
+    """Levels 0..2 (h = 1, 2, 4) of every group of 8 contiguous elements, in place. Written out rather
+    than calling `_butterfly8` with the eight loaded values: that call measured 5-10 % slower here."""
     for k in range(a.size // 8):
         b = 8 * k
         x0 = a[b]
