@@ -22,12 +22,9 @@ fail their own waits and say so).
 
 from __future__ import annotations
 
-import argparse
 import json
-import signal
 import sys
 import time
-from typing import Any
 
 import numpy as np
 
@@ -35,53 +32,42 @@ from mrc.collective import Config, TransportError, allreduce
 from mrc.dataplane.collective import RankTransport, open_store
 from mrc.errors import MrcError
 
-
-def _say(doc: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(doc) + "\n")
-    sys.stdout.flush()
+from .rank_proc import leave_on_sigterm, rank_parser, say
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="mrc.ctl.allreduce_rank")
-    ap.add_argument("--rank", type=int, required=True)
-    ap.add_argument("--hosts", required=True)
-    ap.add_argument("--ns", required=True)
-    ap.add_argument("--store", required=True)
+    ap = rank_parser("mrc.ctl.allreduce_rank", "mrc-ar")
     ap.add_argument("--slot-bytes", type=int, required=True)
     # slots per peer = messages in flight toward a peer (the ring's pipelining window): 4 measured faster
     # than 2 for both 2-bit (256 KiB segments: 0.63 vs 0.63-0.79 s) and uncompressed (4 MiB: 4.0-4.3 vs
     # 4.3-4.6 s) 64 MiB runs on default.toml (docs/collective.md §4a)
     ap.add_argument("--slots", type=int, default=4)
-    ap.add_argument("--timeout", type=float, default=120.0)
-    ap.add_argument("--prefix", default="mrc-ar")
     a = ap.parse_args(argv)
-    # the launcher ends us by PID with SIGTERM: leave through the finally below (QPs destroyed)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher handles Ctrl-C and ends us
+    leave_on_sigterm()
     hosts = a.hosts.split(",")
     try:
         t = RankTransport(open_store(a.store, a.timeout), a.rank, hosts, a.ns, a.slot_bytes,
                           slots=a.slots, timeout_s=a.timeout, prefix=a.prefix)
     except (MrcError, OSError) as e:
-        _say({"error": f"rank {a.rank} ({hosts[a.rank]}): {e}"})
+        say({"error": f"rank {a.rank} ({hosts[a.rank]}): {e}"})
         return 1
     try:
-        _say({"ready": {"rank": a.rank, "host": hosts[a.rank], "qpn": {p: q.qpn for p, q in t.qps.items()}}})
+        say({"ready": {"rank": a.rank, "host": hosts[a.rank], "qpn": {p: q.qpn for p, q in t.qps.items()}}})
         for line in sys.stdin:
             cmd = json.loads(line)
             if cmd.get("op") == "quit":
                 break
             if cmd.get("op") != "run":
-                _say({"error": f"unknown op {cmd.get('op')!r}"})
+                say({"error": f"unknown op {cmd.get('op')!r}"})
                 continue
             cfg = Config(**cmd["config"])
             x = np.fromfile(cmd["input"], dtype=np.float32)
-            _say({"loaded": a.rank})
+            say({"loaded": a.rank})
             go = json.loads(sys.stdin.readline() or '{"op": "quit"}')
             if go.get("op") == "quit":
                 break
             if go.get("op") != "go":
-                _say({"error": f"rank {a.rank}: expected the go line, got {go.get('op')!r}"})
+                say({"error": f"rank {a.rank}: expected the go line, got {go.get('op')!r}"})
                 return 1
             mrc0, local0 = t.mrc_bytes, t.local_bytes
             try:
@@ -89,10 +75,10 @@ def main(argv: list[str] | None = None) -> int:
                 res = allreduce(t, x, cfg, int(cmd["step"]))
                 t1 = time.monotonic_ns()
             except (TransportError, MrcError, OSError) as e:
-                _say({"error": f"rank {a.rank} ({hosts[a.rank]}): {e}"})
+                say({"error": f"rank {a.rank} ({hosts[a.rank]}): {e}"})
                 return 1
             res.out.tofile(cmd["output"])
-            _say({"ok": {"t_start_ns": t0, "t_end_ns": t1, "wire_bytes": res.wire_bytes,
+            say({"ok": {"t_start_ns": t0, "t_end_ns": t1, "wire_bytes": res.wire_bytes,
                          "mrc_bytes": t.mrc_bytes - mrc0, "local_bytes": t.local_bytes - local0,
                          "messages": res.messages, "bits_per_hop": list(res.bits_per_hop)}})
     finally:

@@ -26,12 +26,10 @@ path) and collects their answers.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -41,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Final
 from mrc.errors import MrcError
 
 from .allreduce_mrc import RankProcesses, rank_env, serve_store, slot_bytes
+from .rank_proc import leave_on_sigterm, rank_parser, say
 
 if TYPE_CHECKING:
     import torch
@@ -125,26 +124,14 @@ def train(rank: int, transport: Any, cfg: dict[str, Any], hidden: int = HIDDEN) 
             "time_s": secs}
 
 
-def _say(doc: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(doc) + "\n")
-    sys.stdout.flush()
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="mrc.ctl.ddp_rank")
-    ap.add_argument("--rank", type=int, required=True)
-    ap.add_argument("--hosts", required=True)
-    ap.add_argument("--ns", required=True, help="this rank's host namespace (its mrcd)")
-    ap.add_argument("--store", required=True, help="tcp://HOST:PORT: the launcher's TCPStore")
+    ap = rank_parser("mrc.ctl.ddp_rank", "mrc-ddp")  # --store: tcp://HOST:PORT, the launcher's TCPStore
     ap.add_argument("--hidden", type=int, default=HIDDEN)
-    ap.add_argument("--timeout", type=float, default=120.0)
-    ap.add_argument("--prefix", default="mrc-ddp")
     a = ap.parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # leave through the finally below
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher handles Ctrl-C and ends us
+    leave_on_sigterm()
     hosts = a.hosts.split(",")
     if not a.store.startswith("tcp://"):
-        _say({"error": f"rank {a.rank}: --store must be tcp://HOST:PORT (a TCPStore), not {a.store!r}"})
+        say({"error": f"rank {a.rank}: --store must be tcp://HOST:PORT (a TCPStore), not {a.store!r}"})
         return 2
     import datetime
 
@@ -167,22 +154,22 @@ def main(argv: list[str] | None = None) -> int:
                                      model_slot_bytes(len(hosts), a.hidden), timeout_s=a.timeout,
                                      prefix=f"{a.prefix}/mrc")
         except (MrcError, OSError, RuntimeError, ValueError) as e:
-            _say({"error": f"rank {a.rank} ({hosts[a.rank]}): {str(e).splitlines()[0] if str(e) else e!r}"})
+            say({"error": f"rank {a.rank} ({hosts[a.rank]}): {str(e).splitlines()[0] if str(e) else e!r}"})
             return 1
-        _say({"ready": {"rank": a.rank, "host": hosts[a.rank], "slot_bytes": transport.slot_bytes,
+        say({"ready": {"rank": a.rank, "host": hosts[a.rank], "slot_bytes": transport.slot_bytes,
                         "qpn": {p: q.qpn for p, q in transport.qps.items()}}})
         for line in sys.stdin:
             cmd = json.loads(line)
             if cmd.get("op") == "quit":
                 break
             if cmd.get("op") != "train":
-                _say({"error": f"unknown op {cmd.get('op')!r}"})
+                say({"error": f"unknown op {cmd.get('op')!r}"})
                 continue
             cfg = {**TRAIN_DEFAULTS, **{k: v for k, v in cmd.items() if k in TRAIN_KEYS}}
             try:
-                _say({"ok": train(a.rank, transport, cfg, a.hidden)})
+                say({"ok": train(a.rank, transport, cfg, a.hidden)})
             except Exception as e:  # any failure is one answer line; then leave
-                _say({"error": f"rank {a.rank} ({hosts[a.rank]}): {type(e).__name__}: "
+                say({"error": f"rank {a.rank} ({hosts[a.rank]}): {type(e).__name__}: "
                                f"{str(e).splitlines()[0] if str(e) else ''}"})
                 return 1
     finally:
