@@ -34,6 +34,7 @@ import struct
 import sys
 import threading
 import time
+import traceback
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +73,38 @@ RESTORE_PROBE_NS: Final = 50_000_000  # probe a denied link every 50 ms
 BUSY_NS: Final = 1_000_000_000  # a QP that sent nothing for this long says nothing about its EVs
 ACCESS_QUIET_NS: Final = 20_000_000  # own access link: failed only once its port received nothing this long
 MAX_LOG: Final = 100_000
+#: The longest control-socket request line; a longer one is answered with an error and skipped.
+MAX_REQUEST_BYTES: Final = 1 << 16
+
+
+class RequestRejected(Exception):
+    """A control-socket line that is not a valid request; `reason` keys the rejection counter."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def _no_constants(name: str) -> Any:
+    raise RequestRejected("bad_json", f"bad request: {name} is not a JSON number")
+
+
+def parse_request(line: bytes) -> dict[str, Any]:
+    """One request line -> its object, or RequestRejected: JSON (no NaN/Infinity, nesting within the
+    parser's limits), an object, with a string `op`."""
+    if len(line) > MAX_REQUEST_BYTES:
+        raise RequestRejected("too_long", f"bad request: longer than {MAX_REQUEST_BYTES} bytes")
+    try:
+        req = json.loads(line, parse_constant=_no_constants)
+    except RecursionError:
+        raise RequestRejected("bad_json", "bad request: nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise RequestRejected("bad_json", f"bad request: not JSON ({e})") from None
+    if not isinstance(req, dict):
+        raise RequestRejected("not_object", "bad request: a request is a JSON object")
+    if not isinstance(req.get("op"), str):
+        raise RequestRejected("bad_op", "bad request: 'op' must be a string")
+    return req
 
 Link = frozenset[str]
 
@@ -120,6 +153,7 @@ class Client:
     qps: set[int] = field(default_factory=set)
     mrs: dict[int, tuple[MemoryRegion, mmap.mmap]] = field(default_factory=dict)
     wbuf: bytearray = field(default_factory=bytearray)
+    skipping: bool = False  # discarding the rest of an over-long line
 
 
 class Controller:
@@ -530,6 +564,7 @@ class Daemon:
         # counters of destroyed QPs, so that the exported totals never go down
         self.gone: dict[str, int] = {}
         self.gone_c: dict[str, int] = {}
+        self.rejected: dict[str, int] = {}  # control-socket requests refused, by reason
         self.gone_port = [0] * self.topo.planes
         self._next_mr = 1
         self._next_profile = 1000
@@ -772,9 +807,18 @@ class Daemon:
             while True:
                 i = c.rbuf.find(b"\n")
                 if i < 0:
+                    if len(c.rbuf) > MAX_REQUEST_BYTES and not c.skipping:
+                        self._reject(c, None, RequestRejected(
+                            "too_long", f"bad request: longer than {MAX_REQUEST_BYTES} bytes"))
+                        c.skipping = True
+                    if c.skipping:
+                        c.rbuf.clear()
                     break
                 line = bytes(c.rbuf[:i])
                 del c.rbuf[: i + 1]
+                if c.skipping:  # the tail of a line already refused
+                    c.skipping = False
+                    continue
                 self._request(c, line)
                 if c.sock.fileno() < 0:
                     return
@@ -816,20 +860,35 @@ class Daemon:
             with contextlib.suppress(OSError):
                 os.close(c.fds.popleft())
 
+    def _reject(self, c: Client, rid: Any, e: RequestRejected) -> None:
+        self.rejected[e.reason] = self.rejected.get(e.reason, 0) + 1
+        self._push(c, {"id": rid, "error": str(e)})
+
     def _request(self, c: Client, line: bytes) -> None:
-        rid: Any = None
+        """Answer one request line with exactly one reply; nothing a client sends ends the loop."""
         try:
-            req = json.loads(line)
-            rid = req.get("id")
-            op = str(req.get("op"))
-            fn = getattr(self, f"op_{op}", None)
-            if fn is None:
-                raise MrcError(f"unknown operation {op!r}")
+            req = parse_request(line)
+        except RequestRejected as e:
+            self._reject(c, None, e)
+            return
+        rid = req.get("id")
+        if not isinstance(rid, (int, str)) or isinstance(rid, bool):
+            rid = None
+        op = req["op"]
+        fn = getattr(self, f"op_{op}", None)
+        if fn is None:
+            self._reject(c, rid, RequestRejected("unknown_op", f"unknown operation {op[:64]!r}"))
+            return
+        try:
             res = fn(c, req)
             self._push(c, {"id": rid, "ok": res})
-        except (MrcError, ValueError, KeyError, TypeError, IndexError) as e:
-            msg = str(e) if isinstance(e, (MrcError, ValueError)) else f"bad request: {type(e).__name__}: {e}"
-            self._push(c, {"id": rid, "error": msg})
+        except (MrcError, ValueError) as e:  # includes a request the operation itself refuses
+            self._reject(c, rid, RequestRejected("invalid", str(e)))
+        except (KeyError, TypeError, IndexError, AttributeError, OverflowError) as e:
+            self._reject(c, rid, RequestRejected("bad_field", f"bad request: {type(e).__name__}: {e}"))
+        except Exception as e:  # a handler bug: one error reply, logged, the loop goes on
+            print(f"mrcd: internal error in {op}: {traceback.format_exc()}", file=sys.stderr)
+            self._reject(c, rid, RequestRejected("internal", f"internal error: {type(e).__name__}: {e}"))
 
     # -- operations: applications
     def op_hello(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:

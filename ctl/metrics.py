@@ -28,7 +28,7 @@ from mrc.transport import EvState
 if TYPE_CHECKING:
     from .daemon import Daemon
 
-RETX_CAUSES: Final = ("sack", "trim", "timeout", "nack", "spurious")
+RETX_CAUSES: Final = ("sack", "trim", "timeout", "nack", "rnr", "spurious")
 
 #: Every metric the exporter emits (tests check the dashboard and alert rules against this list).
 METRICS: Final = (
@@ -39,7 +39,7 @@ METRICS: Final = (
     "mrc_rto_total", "mrc_evs", "mrc_ev_events_total", "mrc_probes_total", "mrc_probe_replies_total",
     "mrc_controller_actions_total", "mrc_denied_links", "mrc_qps", "mrc_qp_cwnd_bytes", "mrc_qp_srtt_seconds",
     "mrc_data_tx_packets_total", "mrc_data_rx_packets_total", "mrc_data_tx_bytes_total",
-    "mrc_data_rx_bytes_total", "mrc_start_time_seconds",
+    "mrc_data_rx_bytes_total", "mrc_start_time_seconds", "mrc_control_rejected_total",
 )
 
 
@@ -107,6 +107,12 @@ class MrcCollector(Collector):
         for reason, n in sorted(ctx.drops.items()):
             edrops.add_metric([h, reason], n)
         yield edrops
+        rej = CounterMetricFamily("mrc_control_rejected_total",
+                                  "control-socket requests answered with an error, by reason",
+                                  labels=["host", "reason"])
+        for reason, n in sorted(d.rejected.items()):
+            rej.add_metric([h, reason], n)
+        yield rej
         c: dict[str, int] = dict(d.gone_c)
         for qp in qps:
             for k, v in qp.c.items():

@@ -73,6 +73,7 @@ class SocketDriver:
         self.paced = 0
         self._dst: dict[bytes, tuple[str, int]] = {}
         self._buf = bytearray(_BUF)
+        self._src: dict[str, bytes] = {}  # textual source address -> 16 bytes (the peers' GIDs)
         self.rx_datagrams = 0
         self.tx_datagrams = 0
         self.rx_ce = 0
@@ -98,11 +99,12 @@ class SocketDriver:
         ctx = self.ctx
         buf = self._buf
         ports = self.port_of_ifindex
+        srcs = self._src
         n = 0
         t = self.clock() if now is None else now
         while n < self.batch:
             try:
-                nbytes, anc, _flags, _addr = sk.recvmsg_into([buf], _ANC)
+                nbytes, anc, _flags, addr = sk.recvmsg_into([buf], _ANC)
             except (BlockingIOError, InterruptedError):
                 break
             ecn = False
@@ -115,7 +117,14 @@ class SocketDriver:
                         port = ports.get(struct.unpack_from("=I", value, 16)[0], 0)
             if ecn:
                 self.rx_ce += 1
-            ctx.receive(bytes(buf[:nbytes]), t, ecn, port)
+            # the source address is checked against the QP's peer (a stray or forged packet from another
+            # host is dropped as foreign_src before it can act on the QP)
+            src = srcs.get(addr[0])
+            if src is None:
+                if len(srcs) >= 4096:
+                    srcs.clear()
+                src = srcs[addr[0]] = socket.inet_pton(socket.AF_INET6, addr[0].partition("%")[0])
+            ctx.receive(bytes(buf[:nbytes]), t, ecn, port, src)
             n += 1
         self.rx_datagrams += n
         return n

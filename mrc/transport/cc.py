@@ -17,7 +17,9 @@ How each signal moves the window (queuing delay d = RTT - service time - base_rt
   `adjust_period_threshold` ns, plus `eta` bytes;
 * quick adapt (unless `disable_qa`): every base_rtt + target_delay, if a trim or loss was seen or d exceeded
   `qa_threshold`, and the bytes acknowledged in that period are below max_cwnd >> qa_gate, the window drops
-  to what was achieved, and feedback is ignored for one period.
+  to what was achieved, and feedback is ignored for one period. When loss was the period's only signal the
+  window drops no lower than max_cwnd >> qa_gate: losses retire paths in MRC, and under heavy random loss
+  (SACKs lost too) cutting to the bytes acknowledged in one period would end in stop-and-wait.
 """
 
 from __future__ import annotations
@@ -120,6 +122,7 @@ class Nscc:
         self.qa_end = -1
         self.qa_bytes = 0
         self.qa_signal = False
+        self.qa_loss_only = False
         self.hold_until = -1
         # counters
         self.md_count = 0
@@ -146,6 +149,7 @@ class Nscc:
             self.avg_delay += (d - self.avg_delay) * 0.125
             if d > cfg.qa_threshold:
                 self.qa_signal = True
+                self.qa_loss_only = False
         else:
             d = int(self.avg_delay)
         cwnd = self.cwnd
@@ -190,20 +194,28 @@ class Nscc:
             and now >= self.hold_until
             and self.qa_bytes < (cfg.max_cwnd >> cfg.qa_gate)
         ):
-            self.cwnd = max(self.min_cwnd, self.qa_bytes)
+            # a period whose only signal was loss cuts no deeper than the gate: in MRC a loss blames
+            # its path (the EV is retired), and at high random loss the bytes acknowledged in one
+            # period say little about the capacity; trims and queueing delay do
+            floor = (cfg.max_cwnd >> cfg.qa_gate) if self.qa_loss_only else self.min_cwnd
+            self.cwnd = max(floor, self.qa_bytes)
             self.qa_count += 1
             self.hold_until = now + self.qa_period
             self.inc_acc = 0.0
             if self.cwnd < self.min_cwnd_seen:
                 self.min_cwnd_seen = self.cwnd
         self.qa_signal = False
+        self.qa_loss_only = False
         self.qa_bytes = 0
         self.qa_end = now + self.qa_period
 
     def on_trim(self, now: int) -> None:
         self.qa_signal = True
+        self.qa_loss_only = False
 
     def on_loss(self, now: int) -> None:
+        if not self.qa_signal:
+            self.qa_loss_only = True
         self.qa_signal = True
 
     def stats(self) -> dict[str, Any]:

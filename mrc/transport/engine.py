@@ -252,6 +252,9 @@ class Context:
             t = qp.ack_deadline
             if t < d:
                 d = t
+            t = qp.aux_deadline
+            if t < d:
+                d = t
             t = qp.paths.next_probe_deadline
             if t < d:
                 d = t

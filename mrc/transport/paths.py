@@ -210,7 +210,13 @@ class PathSet:
         self.probe_at: dict[int, int] = {}
         self.probe_ivl: dict[int, int] = {}
         self.probe_ok: dict[int, int] = {}
-        self.probe_wait: dict[int, tuple[int, int]] = {}  # request id -> (ev index, deadline)
+        self.probe_wait: dict[int, tuple[int, int, int]] = {}  # request id -> (ev index, deadline, sent)
+        # the peer's plane ports reported down (PORT_STATUS): their EVs are DENIED for this QP and one
+        # of them is probed every probe_max; `probe_good` answers show the port is up after all
+        self.peer_epoch: dict[int, int] = {}  # port -> last epoch accepted
+        self.peer_down: set[int] = set()
+        self.peer_probe_at: dict[int, int] = {}  # port -> next probe time
+        self.peer_probe_ok: dict[int, int] = {}
         self.next_probe_deadline = 1 << 62
         self.events: list[EvEvent] = []
         self.probe_results: list[ProbeResult] = []
@@ -392,9 +398,30 @@ class PathSet:
             if denied:
                 self._forget_probe(i)
                 self._set(i, DENIED, now)
-            elif self.state[i] == DENIED:
+            elif self.state[i] == DENIED and self.ev_port[i] not in self.peer_down:
                 self._set(i, GOOD, now)
         self._recompute_probe_deadline()
+
+    def peer_port(self, port: int, up: bool, now: int) -> None:
+        """The peer says its plane port `port` is down or up (PORT_STATUS, or probes answered)."""
+        idx = [i for i in range(self.n) if self.ev_port[i] == port]
+        if up:
+            self.peer_down.discard(port)
+            self.peer_probe_at.pop(port, None)
+            self.peer_probe_ok.pop(port, None)
+            self.set_denied([i for i in idx if i not in self.profile.denied], False, now)
+            return
+        self.peer_down.add(port)
+        self.peer_probe_ok[port] = 0
+        self.peer_probe_at[port] = now + self.probe_max
+        self.set_denied(idx, True, now)
+
+    def stop_probes(self) -> None:
+        """No more probes of any kind (the QP is in ERROR)."""
+        self.probe_at.clear()
+        self.probe_wait.clear()
+        self.peer_probe_at.clear()
+        self.next_probe_deadline = 1 << 62
 
     def set_state(self, i: int, state: EvState, now: int) -> None:
         """Controller override (MODIFY_EV_STATE)."""
@@ -413,49 +440,88 @@ class PathSet:
         self.probe_at.pop(i, None)
         self.probe_ivl.pop(i, None)
         self.probe_ok.pop(i, None)
-        for rid in [r for r, (ev, _) in self.probe_wait.items() if ev == i]:
+        for rid in [r for r, w in self.probe_wait.items() if w[0] == i]:
             del self.probe_wait[rid]
 
     def _recompute_probe_deadline(self) -> None:
         d = 1 << 62
         for t in self.probe_at.values():
             d = min(d, t)
-        for _, t in self.probe_wait.values():
+        for _, t, _ in self.probe_wait.values():
+            d = min(d, t)
+        for t in self.peer_probe_at.values():
             d = min(d, t)
         self.next_probe_deadline = d
 
     # ------------------------------------------------------------------ probes
 
     def due_probes(self, now: int, next_request_id: int) -> list[tuple[int, int]]:
-        """Handle probe timeouts and return [(request_id, ev index)] to send now."""
+        """Handle probe timeouts and return [(request_id, ev index)] to send now (with timestamp
+        `now`): ASSUMED_BAD EVs, and one EV of each peer port reported down."""
         out: list[tuple[int, int]] = []
-        for rid, (i, deadline) in list(self.probe_wait.items()):
+        for rid, (i, deadline, _) in list(self.probe_wait.items()):
             if deadline <= now:
                 del self.probe_wait[rid]
+                port = self.ev_port[i]
+                self.probe_results.append(ProbeResult(now, self.qpn, i, port, False, -1))
+                if port in self.peer_down and self.state[i] == DENIED:
+                    self.peer_probe_ok[port] = 0
+                    self.peer_probe_at[port] = now + self.probe_max
+                    continue
                 self.probe_ok[i] = 0
                 ivl = min(self.probe_ivl.get(i, self.probe_interval) * 2, self.probe_max)
                 self.probe_ivl[i] = ivl
                 self.probe_at[i] = now + ivl
-                self.probe_results.append(ProbeResult(now, self.qpn, i, self.ev_port[i], False, -1))
         rid = next_request_id
+        busy = set(self.probe_wait)
         for i, t in list(self.probe_at.items()):
             if t <= now and self.state[i] == ASSUMED_BAD:
                 del self.probe_at[i]
-                self.probe_wait[rid] = (i, now + self.probe_timeout)
+                while rid in busy or not rid:
+                    rid = (rid + 1) & 0xFFFF
+                self.probe_wait[rid] = (i, now + self.probe_timeout, now)
                 out.append((rid, i))
                 rid = (rid + 1) & 0xFFFF
+        for port, t in list(self.peer_probe_at.items()):
+            if t > now:
+                continue
+            del self.peer_probe_at[port]
+            ok = self.peer_probe_ok.get(port, 0)
+            evs = [i for i in range(self.n) if self.ev_port[i] == port and i not in self.profile.denied]
+            if not evs:
+                continue
+            i = evs[ok % len(evs)]
+            while rid in busy or not rid:
+                rid = (rid + 1) & 0xFFFF
+            self.probe_wait[rid] = (i, now + self.probe_timeout, now)
+            out.append((rid, i))
+            rid = (rid + 1) & 0xFFFF
         self._recompute_probe_deadline()
         return out
 
-    def probe_reply(self, request_id: int, rtt_ns: int, now: int) -> None:
-        w = self.probe_wait.pop(request_id, None)
-        if w is None:
-            return  # late or unknown reply
+    def probe_reply(self, request_id: int, echo_ev: int, echo_ts: int, rtt_ns: int, now: int) -> bool:
+        """A probe reply: it must echo the EV and send time of a probe still awaited (False: stray or
+        forged, nothing changes)."""
+        w = self.probe_wait.get(request_id)
+        if w is None or w[0] != echo_ev or w[2] != echo_ts:
+            return False
+        del self.probe_wait[request_id]
         i = w[0]
-        self.probe_results.append(ProbeResult(now, self.qpn, i, self.ev_port[i], True, rtt_ns))
+        port = self.ev_port[i]
+        self.probe_results.append(ProbeResult(now, self.qpn, i, port, True, rtt_ns))
+        if port in self.peer_down and self.state[i] == DENIED:
+            ok = self.peer_probe_ok.get(port, 0) + 1
+            if ok >= self.probe_good:
+                self.peer_epoch.pop(port, None)  # whatever epoch said down, the port answers
+                self.peer_port(port, True, now)
+            else:
+                self.peer_probe_ok[port] = ok
+                self.peer_probe_at[port] = now + self.probe_interval // 4
+            self._recompute_probe_deadline()
+            return True
         if self.state[i] != ASSUMED_BAD:
             self._recompute_probe_deadline()
-            return
+            return True
         ok = self.probe_ok.get(i, 0) + 1
         if ok >= self.probe_good:
             self._forget_probe(i)
@@ -464,6 +530,7 @@ class PathSet:
             self.probe_ok[i] = ok
             self.probe_at[i] = now + self.probe_interval // 4
         self._recompute_probe_deadline()
+        return True
 
     def counts(self) -> dict[str, list[int]]:
         """EV state counts per port: {state name: [count on port 0, port 1, ...]}."""

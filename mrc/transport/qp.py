@@ -36,6 +36,7 @@ from mrc.wire.packet import (
 from .cc import NsccConfig, make_cc
 from .paths import EvProfile, PathSet
 from .verbs import (
+    EXP_CNT_INFINITE,
     CompletionQueue,
     MemoryRegion,
     QpAttr,
@@ -105,8 +106,9 @@ class QueuePair:
         "latest_acked_serial", "tx_state", "tx_len", "tx_ev", "tx_time", "tx_serial", "tx_wr", "tx_off",
         "tx_retx", "rack_next", "rtxq", "port_thr", "ack_timeout", "retries", "wrs_out", "send_cq", "srtt",
         "rttvar", "min_rtt", "port_srtt", "port_rttvar", "reo_extra", "ctx", "qpn", "recv_cq",
-        "error_status", "msn", "trim_pending", "next_rid", "recv_q", "imm_reserved", "peer_port_epoch",
-        "max_trim_recovery_ns", "trim_recoveries",
+        "error_status", "msn", "trim_pending", "next_rid", "recv_q", "imm_reserved",
+        "max_trim_recovery_ns", "trim_recoveries", "aux_deadline", "tx_prev", "first_psn", "wimm_out",
+        "rnr", "gc_at", "max_rx_msgs", "ts_off",
     )
 
     def __init__(
@@ -158,6 +160,14 @@ class QueuePair:
         self.tx_bytes = 0
         self.latest_acked_serial = 0
         self.tx_retx = [False] * W  # this PSN has been retransmitted (watched through rtxq)
+        self.tx_prev = [0] * W  # the time of the transmission before the current one (when tx_retx)
+        self.first_psn = attr.initial_psn
+        # MXH timestamps go out as now + ts_off, a random per-QP offset (as TCP randomizes its
+        # timestamps per connection): echoes are checked against our own transmissions, so feedback
+        # that did not see our packet cannot name one, even on a driver clock that starts at 0
+        self.ts_off = ctx.rng.getrandbits(61)
+        self.wimm_out = 0  # WRITE-with-immediates started and not yet completed (<= attr.max_wimm)
+        self.rnr: dict[int, list[int]] = {}  # PSN refused for want of a receive -> [resend at or -1, tries]
         self.rack_next = attr.initial_psn  # loss detection pointer over first transmissions
         self.rtxq: deque[tuple[int, int]] = deque()  # (psn, serial) of retransmissions, in send order
         self.retx_q: deque[int] = deque()
@@ -176,11 +186,16 @@ class QueuePair:
         self.retries = 0
         self.rto_deadline = NEVER
         self.loss_deadline = NEVER
+        self.aux_deadline = NEVER  # the earlier of an RNR resend and the responder's message sweep
         self.next_rid = 1
         # ---------------- responder
         self.rcv_cum = 0  # 24-bit: lowest PSN not yet received
         self.rbits = 0  # bit i <=> PSN rcv_cum + i received (bit 0 is always clear)
-        self.msgs: dict[int, list[Any]] = {}  # msn -> [bytes placed, imm or None, msg_len]
+        # msn -> [bytes placed, imm or None, msg_len, bytes placed at the previous sweep]; in arrival
+        # order, bounded by max_rx_msgs (the oldest goes first) and swept every rx_msg_timeout_ns
+        self.msgs: dict[int, list[Any]] = {}
+        self.max_rx_msgs = attr.rx_msgs_limit
+        self.gc_at = NEVER
         self.recv_q: deque[int] = deque()
         self.imm_reserved = 0
         self.unacked = 0
@@ -191,17 +206,17 @@ class QueuePair:
         # ---------------- counters
         self.c: dict[str, int] = dict.fromkeys(
             (
-                "retx_sack", "retx_trim", "retx_timeout", "retx_nack",
-                "retx_spurious", "sack_rx", "nack_rx", "nack_trim_rx", "ecn_echo_rx", "probe_tx",
-                "probe_reply_rx", "rto", "window_limited", "cwnd_limited",
+                "retx_sack", "retx_trim", "retx_timeout", "retx_nack", "retx_rnr",
+                "retx_spurious", "lost_then_acked", "sack_rx", "nack_rx", "nack_trim_rx", "rnr_rx",
+                "ecn_echo_rx", "probe_tx", "probe_reply_rx", "rto", "no_path_rto", "window_limited",
+                "cwnd_limited", "wimm_limited", "unmatched_rx",
                 "dup_rx", "stale_rx", "oow_rx", "trim_rx", "ecn_rx",
                 "sack_tx", "nack_tx", "probe_rx", "bad_rkey_rx", "bad_va_rx", "bad_length_rx",
-                "no_recv_buffer_rx", "imm_rx", "port_status_rx",
+                "no_recv_buffer_rx", "imm_rx", "port_status_rx", "rx_msg_evicted", "rx_msg_expired",
             ),
             0,
         )
         self.max_outstanding = 0
-        self.peer_port_epoch: dict[int, int] = {}
         self.max_trim_recovery_ns = 0
         # True after `send` found the congestion window full (the fast exit below) and nothing that can
         # change that outcome has happened since: SACK, NACK, timer, post, error all clear it. Context.
@@ -272,6 +287,8 @@ class QueuePair:
             d = self.loss_deadline
         if self.ack_deadline < d:
             d = self.ack_deadline
+        if self.aux_deadline < d:
+            d = self.aux_deadline
         p = self.paths.next_probe_deadline
         return p if p < d else d
 
@@ -324,9 +341,17 @@ class QueuePair:
                 continue
             wr = self.cur
             if wr is None:
-                if not self.send_q:
+                send_q = self.send_q
+                if not send_q:
                     return
-                wr = self.cur = self.send_q.popleft()
+                if send_q[0].imm is not None:
+                    # max_wimm: the next WRITE-with-immediate (and what was posted after it) waits
+                    # until an outstanding one completes
+                    if self.wimm_out >= self.attr.max_wimm:
+                        self.c["wimm_limited"] += 1
+                        return
+                    self.wimm_out += 1
+                wr = self.cur = send_q.popleft()
             sent = wr.sent
             if sent and self.inflight and self.snd_nxt < self.snd_una + W:
                 # The congestion window is full: exactly what _send_new would find first (same counter,
@@ -373,6 +398,7 @@ class QueuePair:
         seq = paths.seq
         seq_len = len(seq)
         seq_pos = paths.seq_pos
+        stamp = now + self.ts_off
         if sent == 0:
             wr.first_psn = psn
         ok = True
@@ -395,7 +421,9 @@ class QueuePair:
                     seq_pos = 0
             else:
                 ev = paths.next_ev()
-                if ev < 0:
+                if ev < 0:  # no usable EV: the ACK timer counts the wait against the retry budget
+                    if self.rto_deadline == NEVER:
+                        self.rto_deadline = now + self._rto_interval()
                     ok = False
                     break
             off = sent
@@ -411,7 +439,7 @@ class QueuePair:
             # AckReq on a message's last packet and when so little is in flight that coalesced SACKs
             # might not come (the responder's delayed-ACK timer covers the rest)
             buf = write_packet(
-                icrc, dqpn, psn, ev, va0 + off, rkey, view[lo : lo + n], msn, length, off, now, flags,
+                icrc, dqpn, psn, ev, va0 + off, rkey, view[lo : lo + n], msn, length, off, stamp, flags,
                 last or inflight + n < ack_floor, m_imm,
             )
             slot = psn % W
@@ -451,6 +479,8 @@ class QueuePair:
         paths = self.paths
         ev = paths.other_ev(self.tx_ev[slot])
         if ev < 0:
+            if self.rto_deadline == NEVER:
+                self.rto_deadline = now + self._rto_interval()
             return False
         wr = self.tx_wr[slot]
         assert wr is not None
@@ -462,7 +492,7 @@ class QueuePair:
         lo = wr.offset + off
         buf = write_packet(
             self.tx_icrc, self.peer_qpn, psn, ev, wr.remote_addr + off, wr.rkey, wr.mr.view[lo : lo + n],
-            wr.msn, wr.length, off, now, flags, True, imm,
+            wr.msn, wr.length, off, now + self.ts_off, flags, True, imm,
         )
         t0 = self.trim_pending.pop(psn, -1)
         if t0 >= 0:
@@ -472,6 +502,7 @@ class QueuePair:
                 self.max_trim_recovery_ns = d
         self.tx_state[slot] = _INFLIGHT
         self.tx_ev[slot] = ev
+        self.tx_prev[slot] = self.tx_time[slot]
         self.tx_time[slot] = now
         self.serial = s = self.serial + 1
         self.tx_serial[slot] = s
@@ -487,9 +518,33 @@ class QueuePair:
         return True
 
     def _rto_interval(self) -> int:
-        base = self.attr.ack_timeout_ns
-        k = self.retries - self.attr.linear_cnt
-        return base if k <= 0 else base << min(k, 24)
+        return self.attr.rto_interval_ns(self.retries)
+
+    # ================================================================== requester: validation
+
+    def _own_slot(self, wire_psn: int, ts: int) -> int:
+        """The slot of the transmission a control packet refers to: `wire_psn` names a PSN this QP has
+        sent whose slot still holds it, and `ts` is the timestamp of its current transmission (>= 0
+        returned) or of the one before it (-2 - slot returned). -1: no transmission of ours; a stray or
+        forged packet, which must not change anything."""
+        una = self.snd_una
+        nxt = self.snd_nxt
+        r = (wire_psn - una) & PSN_MASK
+        if r >= _HALF:
+            r -= PSN_MOD
+        p = una + r
+        if p >= nxt or p < nxt - self.W or p < self.first_psn:
+            return -1
+        slot = p % self.W
+        if self.tx_time[slot] == ts:
+            return slot
+        if self.tx_retx[slot] and self.tx_prev[slot] == ts:
+            return -2 - slot
+        return -1
+
+    def _unmatched(self, reason: str) -> None:
+        self.c["unmatched_rx"] += 1
+        self.ctx.drop(reason)
 
     # ================================================================== requester: feedback
 
@@ -498,7 +553,19 @@ class QueuePair:
         s = pkt.body
         assert s is not None
         c = self.c
+        # A genuine SACK echoes the PSN and send timestamp of the packet that triggered it: one that
+        # names no transmission of ours is stray or forged and acknowledges nothing.
+        ts = s.echo_timestamp_ns - self.ts_off  # type: ignore[union-attr]
+        own = self._own_slot(pkt.psn, ts)
+        if own == -1:
+            self._unmatched("sack_unmatched")
+            return
         c["sack_rx"] += 1
+        if s.echo_flags & _S_DUP:  # type: ignore[union-attr]
+            # a second copy of that PSN arrived: when we had sent it more than once, one of those
+            # transmissions was not needed
+            if self.tx_retx[own if own >= 0 else -2 - own]:
+                c["retx_spurious"] += 1
         una = self.snd_una
         outstanding = self.snd_nxt - una
         rel = (s.cum_psn - una) & PSN_MASK  # type: ignore[union-attr]
@@ -552,7 +619,7 @@ class QueuePair:
                 self.inflight = inflight
                 self.latest_acked_serial = las
                 if spurious:
-                    c["retx_spurious"] += spurious
+                    c["lost_then_acked"] += spurious
                 sk = self.sacked
                 if sk & 1:
                     t = (sk ^ (sk + 1)).bit_length() - 1
@@ -561,6 +628,8 @@ class QueuePair:
                     wrs = self.wrs_out
                     while wrs and wrs[0].last_psn < una:
                         wr = wrs.popleft()
+                        if wr.imm is not None:
+                            self.wimm_out -= 1
                         self.send_cq.push(
                             WorkCompletion(
                                 wr.wr_id, WcStatus.SUCCESS, self._wc_op(wr.imm), self.qpn, wr.length, None
@@ -581,7 +650,6 @@ class QueuePair:
                 paths.dirty = True
         # RTT sample (per transmission timestamps: no retransmission ambiguity)
         rtt = -1
-        ts = s.echo_timestamp_ns  # type: ignore[union-attr]
         if 0 < ts <= now:
             rtt = now - ts - s.service_time_ns  # type: ignore[union-attr]
             if rtt < 0:
@@ -683,28 +751,31 @@ class QueuePair:
         self.cc.on_loss(now)
 
     def on_nack(self, pkt: MrcPacket, now: int) -> None:
+        """A NACK acts only on the current transmission of a PSN still outstanding (its echo timestamp
+        names it): a stray packet at the responder, or a forged NACK, cannot fail or stall the QP.
+        BAD_RKEY / BAD_VA / BAD_LENGTH / BAD_QPN for our own packet are fatal, as in RC; NO_RECV_BUFFER
+        is receiver-not-ready (resent after a backoff); TRIMMED and OUT_OF_WINDOW resend the PSN."""
         self.parked = False
         b = pkt.body
         assert b is not None
         c = self.c
+        own = self._own_slot(pkt.psn, b.echo_timestamp_ns - self.ts_off)  # type: ignore[union-attr]
+        if own == -1:
+            self._unmatched("nack_unmatched")
+            return
+        if own < 0 or self.tx_state[own] != _INFLIGHT:
+            self.ctx.drop("nack_stale")  # an older transmission, or already acknowledged or resent
+            return
+        slot = own
+        psn = self.snd_una + ((pkt.psn - self.snd_una) & PSN_MASK)
         c["nack_rx"] += 1
         code = b.code  # type: ignore[union-attr]
-        if code in FATAL_NACK_CODES or code == NackCode.NO_RECV_BUFFER:
-            status = (
-                WcStatus.REM_OP_ERR
-                if code in (NackCode.BAD_QPN, NackCode.NO_RECV_BUFFER)
-                else WcStatus.REM_ACCESS_ERR
-            )
-            self.set_error(status, now)
+        if code in FATAL_NACK_CODES:
+            self.set_error(WcStatus.REM_OP_ERR if code == NackCode.BAD_QPN else WcStatus.REM_ACCESS_ERR, now)
             return
-        una = self.snd_una
-        rel = (pkt.psn - una) & PSN_MASK
-        if rel >= self.snd_nxt - una:
-            return  # stale
-        psn = una + rel
-        slot = psn % self.W
-        if self.tx_state[slot] != _INFLIGHT or self.tx_time[slot] != b.echo_timestamp_ns:  # type: ignore[union-attr]
-            return  # already handled, or a NACK of an older transmission
+        if code == NackCode.NO_RECV_BUFFER:
+            self._rnr(psn, slot, now)
+            return
         if code == NackCode.TRIMMED:
             c["nack_trim_rx"] += 1
             c["retx_trim"] += 1
@@ -720,13 +791,36 @@ class QueuePair:
             c["retx_nack"] += 1
             self._lost(psn, slot, now, False)
 
+    def _rnr(self, psn: int, slot: int, now: int) -> None:
+        """Receiver not ready (no posted receive for an immediate): hold the PSN and resend it after
+        rnr_wait_ns(tries); after rnr_retry resends of the same PSN the QP fails with
+        RNR_RETRY_EXC_ERR. Not a path or congestion signal: no EV blame, no window change."""
+        self.c["rnr_rx"] += 1
+        rnr = self.rnr
+        una = self.snd_una
+        for p in [p for p in rnr if p < una]:
+            del rnr[p]
+        e = rnr.get(psn)
+        tries = e[1] + 1 if e is not None else 1
+        if tries > self.attr.rnr_retry:
+            self.set_error(WcStatus.RNR_RETRY_EXC_ERR, now)
+            return
+        self.tx_state[slot] = _LOST
+        self.inflight -= self.tx_len[slot]
+        due = now + self.attr.rnr_wait_ns(tries)
+        rnr[psn] = [due, tries]
+        if due < self.aux_deadline:
+            self.aux_deadline = due
+
     def on_probe_reply(self, pkt: MrcPacket, now: int) -> None:
         b = pkt.body
         assert b is not None
-        self.c["probe_reply_rx"] += 1
         svc = b.service_time_ns if b.flags & _SVC_VALID else 0  # type: ignore[union-attr]
-        rtt = now - b.echo_timestamp_ns - svc  # type: ignore[union-attr]
-        self.paths.probe_reply(b.request_id, rtt, now)  # type: ignore[union-attr]
+        ts = b.echo_timestamp_ns - self.ts_off  # type: ignore[union-attr]
+        if not self.paths.probe_reply(b.request_id, b.echo_ev_index, ts, now - ts - svc, now):  # type: ignore[union-attr]
+            self._unmatched("probe_reply_unmatched")
+            return
+        self.c["probe_reply_rx"] += 1
 
     # ================================================================== timers
 
@@ -745,13 +839,15 @@ class QueuePair:
             self._on_rto(now)
             if self.state != _RTS:
                 return
+        if self.aux_deadline <= now:
+            self._on_aux(now)
         if self.paths.next_probe_deadline <= now:
             paths = self.paths
             for rid, i in paths.due_probes(now, self.next_rid):
                 buf = bytearray(_PROBE_SIZE)
                 build_probe(
                     buf, self.tx_icrc, dqpn=self.peer_qpn, ev_index=i, request_id=rid, reply_qpn=self.qpn,
-                    timestamp_ns=now,
+                    timestamp_ns=now + self.ts_off,
                 )
                 self.next_rid = (rid + 1) & 0xFFFF or 1
                 self.c["probe_tx"] += 1
@@ -759,25 +855,62 @@ class QueuePair:
 
     def _on_rto(self, now: int) -> None:
         """ACK timeout: linear stage (timeout x 1, linear_cnt times), then exponential backoff (x2 per
-        retry, exp_cnt times; 25 = forever), then ERROR."""
-        self.c["rto"] += 1
-        if self.snd_nxt == self.snd_una:
-            self.rto_deadline = NEVER
-            return
-        self.retries += 1
+        retry up to x 2^backoff_cap, exp_cnt times; 25 = forever), then ERROR. A timeout counts as a
+        retry when a transmission is overdue or when work waits for want of a usable EV (every EV
+        denied: the probes run meanwhile); one that finds only RNR waits does not."""
+        c = self.c
+        c["rto"] += 1
         a = self.attr
-        if a.exp_cnt < 25 and self.retries > a.linear_cnt + a.exp_cnt:
-            self.set_error(WcStatus.RETRY_EXC_ERR, now)
-            return
         base = a.ack_timeout_ns
         W = self.W
         tx_state, tx_time = self.tx_state, self.tx_time
-        for psn in range(self.snd_una, self.snd_nxt):
-            slot = psn % W
-            if tx_state[slot] == _INFLIGHT and tx_time[slot] + base <= now:
-                self.c["retx_timeout"] += 1
-                self._lost(psn, slot, now, True)
+        overdue = [
+            psn for psn in range(self.snd_una, self.snd_nxt)
+            if tx_state[psn % W] == _INFLIGHT and tx_time[psn % W] + base <= now
+        ]
+        no_path = not self.paths.good_count and (
+            self.retx_q or self.cur is not None or bool(self.send_q)
+        )
+        if not overdue and not no_path:
+            busy = self.snd_nxt != self.snd_una
+            self.rto_deadline = now + self._rto_interval() if busy else NEVER
+            return
+        if no_path:
+            c["no_path_rto"] += 1
+        self.retries += 1
+        if a.exp_cnt < EXP_CNT_INFINITE and self.retries > a.linear_cnt + a.exp_cnt:
+            self.set_error(WcStatus.RETRY_EXC_ERR, now)
+            return
+        for psn in overdue:
+            c["retx_timeout"] += 1
+            self._lost(psn, psn % W, now, True)
         self.rto_deadline = now + self._rto_interval()
+
+    def _on_aux(self, now: int) -> None:
+        """RNR resends that are due, and the responder's sweep of incomplete messages."""
+        deadline = NEVER
+        rnr = self.rnr
+        if rnr:
+            una = self.snd_una
+            W = self.W
+            for psn in list(rnr):
+                e = rnr[psn]
+                if psn < una:
+                    del rnr[psn]
+                elif e[0] >= 0:
+                    if e[0] <= now:
+                        e[0] = -1
+                        if self.tx_state[psn % W] == _LOST:
+                            self.c["retx_rnr"] += 1
+                            self.retx_q.append(psn)
+                    elif e[0] < deadline:
+                        deadline = e[0]
+        if self.gc_at <= now:
+            self.gc_at = NEVER
+            self._sweep_msgs(now)
+        if self.gc_at < deadline:
+            deadline = self.gc_at
+        self.aux_deadline = deadline
 
     def set_error(self, status: WcStatus, now: int) -> None:
         """Move to ERROR: the oldest outstanding WRITE completes with `status`, everything else posted is
@@ -802,10 +935,11 @@ class QueuePair:
         self.recv_q.clear()
         self.retx_q.clear()
         self.rtxq.clear()
-        self.rto_deadline = self.loss_deadline = self.ack_deadline = NEVER
-        self.paths.probe_at.clear()
-        self.paths.probe_wait.clear()
-        self.paths.next_probe_deadline = NEVER
+        self.rnr.clear()
+        self.wimm_out = 0
+        self.rto_deadline = self.loss_deadline = self.ack_deadline = self.aux_deadline = NEVER
+        self.gc_at = NEVER
+        self.paths.stop_probes()
         self.ctx.async_event(now, self.qpn, "QP_FATAL", status.name)
 
     # ================================================================== responder
@@ -882,13 +1016,24 @@ class QueuePair:
             if n >= mlen and imm is None:
                 pass  # single-packet plain WRITE: nothing to track
             else:
-                m = self.msgs[msn] = [n, imm, mlen]
+                msgs = self.msgs
+                if len(msgs) >= self.max_rx_msgs:
+                    self._evict_oldest_msg()
+                m = msgs[msn] = [n, imm, mlen, -1]
+                if self.gc_at == NEVER:
+                    self.gc_at = now + self.attr.rx_msg_timeout_ns
+                    if self.gc_at < self.aux_deadline:
+                        self.aux_deadline = self.gc_at
         else:
             m[0] += n
             if imm is not None:
                 m[1] = imm
         if m is not None and m[0] >= m[2]:
             del self.msgs[msn]
+            if not self.msgs:  # nothing left to sweep
+                self.gc_at = NEVER
+                if not self.rnr:
+                    self.aux_deadline = NEVER
             if m[1] is not None:
                 self.imm_reserved -= 1
                 wr_id = self.recv_q.popleft()
@@ -907,6 +1052,29 @@ class QueuePair:
             self.last_rx = (psn, ev, ts, 0, now, port)
             if self.ack_deadline == NEVER:
                 self.ack_deadline = now + self.attr.ack_delay_ns
+
+    def _forget_msg(self, msn: int) -> None:
+        m = self.msgs.pop(msn)
+        if m[1] is not None:
+            self.imm_reserved -= 1  # its immediate had reserved a posted receive
+
+    def _evict_oldest_msg(self) -> None:
+        """At max_rx_msgs incomplete messages, the oldest is forgotten (a genuine requester never has
+        more open than its MPR window, so this happens only to abandoned or injected ones)."""
+        self.c["rx_msg_evicted"] += 1
+        self._forget_msg(next(iter(self.msgs)))
+
+    def _sweep_msgs(self, now: int) -> None:
+        """Forget incomplete messages that placed no byte since the previous sweep (a whole
+        rx_msg_timeout_ns: their requester gave up or never existed), releasing their reservations."""
+        for msn, m in list(self.msgs.items()):
+            if m[3] == m[0]:
+                self.c["rx_msg_expired"] += 1
+                self._forget_msg(msn)
+            else:
+                m[3] = m[0]
+        if self.msgs:
+            self.gc_at = now + self.attr.rx_msg_timeout_ns
 
     def _sack(
         self, now: int, out: list[Datagram], psn: int, ev: int, ts: int, eflags: int, svc: int, port: int
@@ -938,6 +1106,12 @@ class QueuePair:
     def on_probe(self, pkt: MrcPacket, now: int, port: int, out: list[Datagram]) -> None:
         b = pkt.body
         assert b is not None
+        enabled = self.ctx.port_enabled
+        if port < len(enabled) and not enabled[port]:
+            # an administratively disabled port answers nothing: the peer's probes of it must fail,
+            # as they would on hardware, so that its view of the port agrees with our PORT_STATUS
+            self.ctx.drop("port_disabled")
+            return
         self.c["probe_rx"] += 1
         buf = bytearray(_PROBE_REPLY_SIZE)
         cev = self.paths.ctl_ev(port)
@@ -963,22 +1137,25 @@ class QueuePair:
         out.append(Datagram(buf, via[0], ev, self.peer_gid))
 
     def on_port_status(self, pkt: MrcPacket, now: int) -> None:
-        """The peer's plane port changed state: stop (or resume) spraying toward it. Older epochs are
-        ignored; EVs the controller DENIED stay DENIED when the port comes back."""
+        """The peer's plane port changed state: stop (or resume) spraying toward it. Epochs compare in
+        32-bit serial-number arithmetic (RFC 1982): one not newer than the last seen for that port is
+        stale. EVs the controller DENIED stay DENIED when the port comes back. A port reported down is
+        still probed now and then (`PathSet.peer_port`): a forged DOWN, or a lost UP, heals when the
+        probes are answered."""
         b = pkt.body
         assert b is not None
         port, state, epoch = b.port, b.state, b.epoch  # type: ignore[union-attr]
         paths = self.paths
-        if port >= paths.nports or epoch <= self.peer_port_epoch.get(port, -1):
+        if port >= paths.nports:
+            self._unmatched("port_status_bad_port")
+            return
+        last = paths.peer_epoch.get(port)
+        if last is not None and not 0 < (epoch - last) & 0xFFFFFFFF < 1 << 31:
             self.ctx.drop("port_status_stale")
             return
-        self.peer_port_epoch[port] = epoch
+        paths.peer_epoch[port] = epoch
         self.c["port_status_rx"] += 1
-        idx = [i for i in range(paths.n) if paths.ev_port[i] == port]
-        if state == PortState.DOWN:
-            paths.set_denied(idx, True, now)
-        else:
-            paths.set_denied([i for i in idx if i not in paths.profile.denied], False, now)
+        paths.peer_port(port, state == PortState.UP, now)
 
     # ================================================================== introspection
 

@@ -19,6 +19,8 @@ MPR_UNIT: Final = 128
 ACK_TIMEOUT_UNIT_NS: Final = 1024
 #: exp_cnt value meaning "retry forever".
 EXP_CNT_INFINITE: Final = 25
+#: The RNR wait doubles per retry of the same packet up to this many times its first value.
+RNR_BACKOFF_MAX: Final = 32
 
 
 class Access(IntFlag):
@@ -42,6 +44,7 @@ class WcStatus(IntEnum):
     REM_ACCESS_ERR = 10
     REM_OP_ERR = 11
     RETRY_EXC_ERR = 12
+    RNR_RETRY_EXC_ERR = 13
     WR_FLUSH_ERR = 5
 
 
@@ -119,24 +122,39 @@ class MemoryRegion:
 
 @dataclass(slots=True)
 class QpAttr:
-    """QP attributes (`mrc_qp_attr` / `ibv_qp_attr` subset).
+    """QP attributes (`mrc_qp_attr` / `ibv_qp_attr` subset), with the engine's own knobs.
 
     timeout: ACK timeout exponent, 1.024 us x 2^timeout (0..24; 8 = 262 us as in the MRC example).
     linear_cnt: retries at the fixed timeout (<= 7); exp_cnt: further retries with doubling timeout
-    (<= 25; 25 = forever). mpr: PSN window in units of 128 PSNs (requester and responder).
+    (<= 25; 25 = forever, the spec's value; the default is finite so that a QP whose every path is
+    dead reports RETRY_EXC_ERR instead of retrying for ever); backoff_cap: the doubling stops at
+    timeout x 2^backoff_cap. `retry_budget_ns` is the time from the last progress to ERROR when
+    nothing gets through. mpr: PSN window in units of 128 PSNs (requester and responder).
+    rnr_retry / rnr_timer_ns: a WRITE-with-immediate refused for want of a posted receive (an RNR
+    NACK) is resent after rnr_timer_ns, doubling per retry of that packet (up to 32x), at most
+    rnr_retry times, then the QP fails with RNR_RETRY_EXC_ERR. max_wimm: WRITE-with-immediates
+    outstanding at the requester; a further one waits in the send queue until one completes.
+    max_rx_msgs / rx_msg_timeout_ns: the responder tracks at most this many incomplete messages
+    (0 = the MPR window, which bounds what a genuine requester can have open) and forgets one that
+    placed no byte for a whole rx_msg_timeout_ns, releasing its receive reservation.
     """
 
     timeout: int = 8
     linear_cnt: int = 7
-    exp_cnt: int = 25
+    exp_cnt: int = 7
+    backoff_cap: int = 6
     mpr: int = 8
     mtu: int = DEFAULT_PAYLOAD
     max_wimm: int = 128
+    rnr_retry: int = 7
+    rnr_timer_ns: int = 1_000_000
+    max_rx_msgs: int = 0
+    rx_msg_timeout_ns: int = 1_000_000_000
     ack_coalesce: int = 16  # responder SACKs at least every this many data packets (64 KiB at 4 KiB)
     ack_delay_ns: int = 4_000  # ... or this long after an unacknowledged arrival
     reorder_ns: int = 2_000  # minimum reordering tolerance before a SACK hole is a loss
     probe_interval_ns: int = 20_000  # first probe of an ASSUMED_BAD EV after this long
-    probe_max_interval_ns: int = 2_000_000  # probe backoff cap
+    probe_max_interval_ns: int = 2_000_000  # probe backoff cap (also the cadence of peer-port probes)
     probe_timeout_ns: int = 200_000  # a probe without reply after this long failed
     probe_good: int = 2  # consecutive probe replies that return an EV to GOOD
     initial_psn: int = 0
@@ -149,10 +167,22 @@ class QpAttr:
             raise ValueError("linear_cnt must be 0..7")
         if not 0 <= self.exp_cnt <= EXP_CNT_INFINITE:
             raise ValueError("exp_cnt must be 0..25")
+        if not 0 <= self.backoff_cap <= 24:
+            raise ValueError("backoff_cap must be 0..24")
         if not 1 <= self.mpr <= 8:
             raise ValueError("mpr must be 1..8 (units of 128 PSNs; SACK bitmaps carry up to 1024)")
         if not 64 <= self.mtu <= MAX_PAYLOAD:
             raise ValueError(f"mtu must be 64..{MAX_PAYLOAD}")
+        if not 1 <= self.max_wimm <= 0xFFFF:
+            raise ValueError("max_wimm must be 1..65535")
+        if not 0 <= self.rnr_retry <= 7:
+            raise ValueError("rnr_retry must be 0..7")
+        if not 1_000 <= self.rnr_timer_ns <= 1_000_000_000:
+            raise ValueError("rnr_timer_ns must be 1 us .. 1 s")
+        if not 0 <= self.max_rx_msgs <= 1 << 16:
+            raise ValueError("max_rx_msgs must be 0..65536 (0 = the MPR window)")
+        if not 1_000_000 <= self.rx_msg_timeout_ns <= 3_600_000_000_000:
+            raise ValueError("rx_msg_timeout_ns must be 1 ms .. 1 h")
         if self.ack_coalesce < 1:
             raise ValueError("ack_coalesce must be >= 1")
 
@@ -163,6 +193,27 @@ class QpAttr:
     @property
     def window(self) -> int:
         return self.mpr * MPR_UNIT
+
+    @property
+    def rx_msgs_limit(self) -> int:
+        return self.max_rx_msgs or self.window
+
+    def rto_interval_ns(self, retries: int) -> int:
+        """The ACK timeout after `retries` consecutive timeouts without progress."""
+        k = retries - self.linear_cnt
+        return self.ack_timeout_ns << (min(k, self.backoff_cap) if k > 0 else 0)
+
+    @property
+    def retry_budget_ns(self) -> int | None:
+        """Time from the last acknowledgement that made progress to RETRY_EXC_ERR when nothing gets
+        through any more (None: exp_cnt = 25, forever)."""
+        if self.exp_cnt >= EXP_CNT_INFINITE:
+            return None
+        return sum(self.rto_interval_ns(r) for r in range(self.linear_cnt + self.exp_cnt + 1))
+
+    def rnr_wait_ns(self, tries: int) -> int:
+        """How long the `tries`-th RNR retry of one packet waits (1-based)."""
+        return self.rnr_timer_ns * min(1 << (tries - 1), RNR_BACKOFF_MAX)
 
 
 @dataclass(slots=True)

@@ -40,7 +40,8 @@ def _fake_daemon() -> Any:
     fd = SimpleNamespace(_host_stats=lambda h, b: {"planes": planes, "tx_drops": {"no_path": 1}})
     ctl = SimpleNamespace(counts={"deny": 1}, event_counts={"ASSUMED_BAD": 2}, ports_down=set(), denied={})
     return SimpleNamespace(host="h0", topo=topo, ctx=ctx, fd=fd, lock=threading.Lock(), controller=ctl,
-                           gone={}, gone_c={}, gone_port=[0] * topo.planes, started=1.0)
+                           gone={}, gone_c={}, gone_port=[0] * topo.planes, started=1.0,
+                           rejected={"bad_json": 2})
 
 
 def _families() -> tuple[dict[str, Any], str]:
@@ -63,6 +64,7 @@ def test_exporter_names_units_and_labels() -> None:
     assert 'mrc_plane_tx_packets_total{host="h0",plane="3",port="p3l0"} 13.0' in text
     assert 'mrc_drops_total{direction="rx",host="h0",plane="0",reason="foreign_qpn"} 4.0' in text
     assert 'mrc_engine_drops_total{host="h0",reason="unknown_qpn"} 3.0' in text
+    assert 'mrc_control_rejected_total{host="h0",reason="bad_json"} 2.0' in text
     assert 'mrc_evs{host="h0",plane="1",state="good"} 4.0' in text
     assert 'mrc_qps{host="h0",state="rts"} 1.0' in text
 
