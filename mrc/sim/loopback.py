@@ -163,7 +163,7 @@ class LoopbackFabric:
         self, until_ns: int = NEVER, stop: Callable[[], bool] | None = None, check_every: int = 64
     ) -> int:
         """Process events until the heap is empty, `until_ns` passes, or `stop()` is true (checked
-        every `check_every` events). Returns the number of events processed."""
+        every `check_every` events and before every timer). Returns the number of events processed."""
         heap = self.heap
         engines = self.engines
         timer_at = self.timer_at
@@ -174,15 +174,22 @@ class LoopbackFabric:
             if heap[0][0] > until_ns:
                 self.now = until_ns
                 break
-            t, _, j, data, port, ecn = pop(heap)
-            self.now = t
+            ev = pop(heap)
+            t, _, j, data, port, ecn = ev
             eng = engines[j]
             if data is None:
                 if timer_at[j] != t:
                     continue
+                if stop is not None and stop():
+                    # done before a timer that may lie far ahead (a responder's message sweep): the
+                    # run ends at the time of the last event that did something
+                    heapq.heappush(heap, ev)
+                    break
+                self.now = t
                 timer_at[j] = NEVER
                 eng.handle_timer(t)
             else:
+                self.now = t
                 eng.receive(data, t, ecn, port)
             out = eng.datagrams_to_send(t)
             if out:

@@ -107,7 +107,7 @@ class QueuePair:
         "tx_retx", "rack_next", "rtxq", "port_thr", "ack_timeout", "retries", "wrs_out", "send_cq", "srtt",
         "rttvar", "min_rtt", "port_srtt", "port_rttvar", "reo_extra", "ctx", "qpn", "recv_cq",
         "error_status", "msn", "trim_pending", "next_rid", "recv_q", "imm_reserved",
-        "max_trim_recovery_ns", "trim_recoveries", "aux_deadline", "tx_prev", "first_psn", "wimm_out",
+        "max_trim_recovery_ns", "trim_recoveries", "aux_deadline", "tx_old", "first_psn", "wimm_out",
         "rnr", "gc_at", "max_rx_msgs", "ts_off",
     )
 
@@ -160,7 +160,8 @@ class QueuePair:
         self.tx_bytes = 0
         self.latest_acked_serial = 0
         self.tx_retx = [False] * W  # this PSN has been retransmitted (watched through rtxq)
-        self.tx_prev = [0] * W  # the time of the transmission before the current one (when tx_retx)
+        # PSN -> times of its earlier transmissions, for PSNs sent more than once (feedback may echo any)
+        self.tx_old: dict[int, list[int]] = {}
         self.first_psn = attr.initial_psn
         # MXH timestamps go out as now + ts_off, a random per-QP offset (as TCP randomizes its
         # timestamps per connection): echoes are checked against our own transmissions, so feedback
@@ -502,7 +503,15 @@ class QueuePair:
                 self.max_trim_recovery_ns = d
         self.tx_state[slot] = _INFLIGHT
         self.tx_ev[slot] = ev
-        self.tx_prev[slot] = self.tx_time[slot]
+        old = self.tx_old
+        times = old.get(psn)
+        if times is None:
+            if len(old) >= 2 * self.W:  # forget PSNs whose slots were reused
+                floor = self.snd_nxt - self.W
+                for p in [p for p in old if p < floor]:
+                    del old[p]
+            times = old[psn] = []
+        times.append(self.tx_time[slot])
         self.tx_time[slot] = now
         self.serial = s = self.serial + 1
         self.tx_serial[slot] = s
@@ -525,8 +534,8 @@ class QueuePair:
     def _own_slot(self, wire_psn: int, ts: int) -> int:
         """The slot of the transmission a control packet refers to: `wire_psn` names a PSN this QP has
         sent whose slot still holds it, and `ts` is the timestamp of its current transmission (>= 0
-        returned) or of the one before it (-2 - slot returned). -1: no transmission of ours; a stray or
-        forged packet, which must not change anything."""
+        returned) or of an earlier one (-2 - slot returned). -1: no transmission of ours (a stray or
+        forged packet, or feedback a whole window late), which must not change anything."""
         una = self.snd_una
         nxt = self.snd_nxt
         r = (wire_psn - una) & PSN_MASK
@@ -538,7 +547,7 @@ class QueuePair:
         slot = p % self.W
         if self.tx_time[slot] == ts:
             return slot
-        if self.tx_retx[slot] and self.tx_prev[slot] == ts:
+        if self.tx_retx[slot] and ts in self.tx_old.get(p, ()):
             return -2 - slot
         return -1
 
@@ -561,11 +570,10 @@ class QueuePair:
             self._unmatched("sack_unmatched")
             return
         c["sack_rx"] += 1
-        if s.echo_flags & _S_DUP:  # type: ignore[union-attr]
-            # a second copy of that PSN arrived: when we had sent it more than once, one of those
-            # transmissions was not needed
-            if self.tx_retx[own if own >= 0 else -2 - own]:
-                c["retx_spurious"] += 1
+        # a second copy of that PSN arrived: when we had sent it more than once, one of those
+        # transmissions was not needed
+        if s.echo_flags & _S_DUP and self.tx_retx[own if own >= 0 else -2 - own]:  # type: ignore[union-attr]
+            c["retx_spurious"] += 1
         una = self.snd_una
         outstanding = self.snd_nxt - una
         rel = (s.cum_psn - una) & PSN_MASK  # type: ignore[union-attr]
@@ -936,6 +944,7 @@ class QueuePair:
         self.retx_q.clear()
         self.rtxq.clear()
         self.rnr.clear()
+        self.tx_old.clear()
         self.wimm_out = 0
         self.rto_deadline = self.loss_deadline = self.ack_deadline = self.aux_deadline = NEVER
         self.gc_at = NEVER

@@ -1,0 +1,126 @@
+"""mrcd's control socket against hostile clients (no root, no kernel): every line that is not a valid
+request gets exactly one error reply and is counted by reason; nothing a client sends, however long,
+deep or malformed, and no client that vanishes mid-line, ends the loop or loses the next answer."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import selectors
+import socket
+from typing import Any
+
+import pytest
+
+from mrc.ctl.daemon import MAX_REQUEST_BYTES, Client, Daemon
+from mrc.transport import Context
+
+GA = bytes.fromhex("fd000000000000000000000000000001")
+
+
+@pytest.fixture
+def daemon() -> Any:
+    d: Any = Daemon.__new__(Daemon)
+    d.rejected = {}
+    d.ctx = Context(GA)
+    d.host = "h0"
+    d.qp_peer = {}
+    d.pinned_qps = set()
+    d.clients = {}
+    d.sel = selectors.DefaultSelector()
+    d.mrs = {}
+    return d
+
+
+def replies(c: Client) -> list[dict[str, Any]]:
+    out = [json.loads(line) for line in bytes(c.wbuf).splitlines()]
+    c.wbuf.clear()
+    return out
+
+
+BAD_LINES = [
+    (b"[1]", "not_object"),
+    (b'"x"', "not_object"),
+    (b"5", "not_object"),
+    (b"null", "not_object"),
+    (b'{"qpn": Infinity, "op": "qp_stats"}', "bad_json"),
+    (b'{"op": "qp_stats", "qpn": NaN}', "bad_json"),
+    (b"[" * 60_000, "bad_json"),  # deeper than the parser recurses, shorter than the line limit
+    (b"{" * 50_000, "bad_json"),
+    (b"\xff\xfe not utf-8", "bad_json"),
+    (b"{not json", "bad_json"),
+    (b'{"op": 5}', "bad_op"),
+    (b'{"id": 3}', "bad_op"),
+    (b'{"op": "no_such_thing"}', "unknown_op"),
+    (b'{"op": "__init__"}', "unknown_op"),
+    (b'{"op": "qp_stats", "qpn": 1e400}', "bad_field"),
+    (b'{"op": "qp_stats", "qpn": [1]}', "bad_field"),
+    (b'{"op": "qp_stats"}', "bad_field"),
+    (b'{"op": "qp_stats", "qpn": 77}', "invalid"),
+    (b"x" * (MAX_REQUEST_BYTES + 1), "too_long"),
+]
+
+
+@pytest.mark.parametrize(("line", "reason"), BAD_LINES, ids=[f"{r}{i}" for i, (_, r) in enumerate(BAD_LINES)])
+def test_a_bad_line_gets_one_error_and_the_next_request_its_answer(
+    daemon: Any, line: bytes, reason: str
+) -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        c = Client(a, 0)
+        daemon._request(c, line)
+        daemon._request(c, b'{"id": 9, "op": "qp_show"}')
+        r = replies(c)
+        assert len(r) == 2 and "error" in r[0] and r[1] == {"id": 9, "ok": []}
+        assert daemon.rejected == {reason: 1}
+
+
+def test_a_handler_bug_is_answered_and_counted_not_raised(
+    daemon: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    daemon.op_boom = lambda c, req: 1 // 0
+    a, b = socket.socketpair()
+    with a, b:
+        c = Client(a, 0)
+        daemon._request(c, b'{"id": "x1", "op": "boom"}')
+        daemon._request(c, b'{"id": [1, 2], "op": "qp_show"}')  # an id that is no id is not echoed
+        assert replies(c) == [{"id": "x1", "error": "internal error: ZeroDivisionError: integer division or "
+                                                    "modulo by zero"}, {"id": None, "ok": []}]
+    assert daemon.rejected == {"internal": 1}
+    assert "ZeroDivisionError" in capsys.readouterr().err
+
+
+def test_an_oversized_line_is_refused_once_and_skipped_to_its_newline(daemon: Any) -> None:
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    with a, b:
+        c = Client(a, 0)
+        b.setblocking(False)
+        huge = b"y" * (4 * MAX_REQUEST_BYTES)
+        sent = 0
+        while sent < len(huge):  # the client keeps writing; mrcd keeps reading and discarding
+            with contextlib.suppress(BlockingIOError):
+                sent += b.send(huge[sent:])
+            daemon._client_io(c, selectors.EVENT_READ)
+        b.setblocking(True)
+        b.sendall(b'\n{"id": 1, "op": "qp_show"}\n')
+        for _ in range(10):
+            daemon._client_io(c, selectors.EVENT_READ)
+            if c.wbuf.count(b"\n") >= 2:
+                break
+        r = replies(c)
+        assert len(r) == 2 and "longer than" in r[0]["error"] and r[1] == {"id": 1, "ok": []}
+        assert daemon.rejected == {"too_long": 1} and len(c.rbuf) <= MAX_REQUEST_BYTES
+        assert not c.skipping
+
+
+def test_a_client_that_vanishes_mid_line_is_dropped_quietly(daemon: Any) -> None:
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    c = Client(a, 0)
+    daemon.clients[a.fileno()] = c
+    b.sendall(b'{"id": 1, "op": "qp_')
+    daemon._client_io(c, selectors.EVENT_READ)
+    b.close()
+    daemon._client_io(c, selectors.EVENT_READ)
+    assert daemon.clients == {} and a.fileno() < 0 and daemon.rejected == {}

@@ -1,0 +1,436 @@
+"""Hostile, stray and extreme input against a live QP (issue 14): a packet the genuine peer did not send,
+or one that names no transmission of ours, never fails, stalls or corrupts a transfer; receivers that
+are not ready, responders flooded with messages that never complete, heavy loss and dead paths all end
+in delivery or in a bounded, documented error."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mrc.sim.loopback import (
+    GID_A,
+    GID_B,
+    NEVER,
+    Blackhole,
+    FabricConfig,
+    LoopbackConfig,
+    LoopbackRun,
+    build,
+    run_transfer,
+)
+from mrc.transport import Context, Datagram, EvProfile, EvState, QpAttr, QpState, QueuePair, WcStatus
+from mrc.wire import NackCode, PortState, SackFlag, build_write, parse
+from mrc.wire.icrc import IcrcContext
+from mrc.wire.packet import build_nack, build_port_status, build_probe, build_probe_reply, build_sack
+
+GA = bytes.fromhex("fd000000000000000000000000000001")
+GB = bytes.fromhex("fd000000000000000000000000000002")
+GX = bytes.fromhex("fd0000000000000000000000000000ff")
+FROM_B = IcrcContext(GB, GA)  # what B's packets to A carry (a forger with B's address)
+FROM_A = IcrcContext(GA, GB)
+LB_FROM_A = IcrcContext(GID_A, GID_B)  # the same for the loopback harness' two hosts
+LB_FROM_B = IcrcContext(GID_B, GID_A)
+FATAL = (NackCode.BAD_RKEY, NackCode.BAD_VA, NackCode.BAD_LENGTH, NackCode.BAD_QPN)
+
+
+def pair(
+    attr: QpAttr | None = None, attr_a: QpAttr | None = None, evs: int = 8, ports: int = 2
+) -> tuple[Context, Context, QueuePair, QueuePair]:
+    a = Context(GA, ports=ports, seed=1)
+    b = Context(GB, ports=ports, seed=2)
+    qps = []
+    for ctx, at in ((a, attr_a or attr), (b, attr)):
+        prof = ctx.create_ev_profile(EvProfile.even(1, evs, ports))
+        qps.append(ctx.create_qp(ctx.create_cq(), ev_profile=prof, attr=at or QpAttr()))
+    qa, qb = qps
+    qa.connect(GB, qb.qpn)
+    qb.connect(GA, qa.qpn, rq_psn=0)
+    return a, b, qa, qb
+
+
+def deliver(dst: Context, dgs: list[Datagram], now: int) -> None:
+    for dg in dgs:
+        dst.receive(dg.data, now, False, dg.port)
+
+
+def nack(qpn: int, psn: int, code: int, ts: int = 0) -> bytes:
+    buf = bytearray(64)
+    n = build_nack(buf, FROM_B, dqpn=qpn, psn=psn, ev_index=1, code=code, echo_ev_index=1, cum_psn=0,
+                   echo_timestamp_ns=ts)
+    return bytes(buf[:n])
+
+
+def port_status(qpn: int, port: int, up: bool, epoch: int, ctx: IcrcContext = FROM_B) -> bytes:
+    buf = bytearray(64)
+    n = build_port_status(buf, ctx, dqpn=qpn, ev_index=0, request_id=1, port=port,
+                          state=int(PortState.UP if up else PortState.DOWN), epoch=epoch)
+    return bytes(buf[:n])
+
+
+def stray_write(qb: QueuePair, psn: int, rkey: int, va: int, *, imm: int | None = None, msn: int = 99,
+                msg_len: int | None = None, offset: int = 0, n: int = 512) -> bytes:
+    """A WRITE as if from A (spoofed address, right ICRC) that A never sent."""
+    buf = bytearray(n + 200)
+    k = build_write(buf, FROM_A, dqpn=qb.qpn, psn=psn, ev_index=3, va=va, rkey=rkey, payload=b"\xab" * n,
+                    msn=msn, msg_len=msg_len, msg_offset=offset, timestamp_ns=123, imm=imm, ackreq=True)
+    return bytes(buf[:k])
+
+
+def loop(cfg: LoopbackConfig) -> LoopbackRun:
+    return build(cfg)
+
+
+def transfer(r: LoopbackRun) -> dict[str, Any]:
+    return run_transfer(r)
+
+
+# ------------------------------------------------------------------------------------ 1. fatal NACKs
+
+
+@pytest.mark.parametrize("code", (*FATAL, NackCode.NO_RECV_BUFFER))
+def test_a_fatal_nack_that_names_no_transmission_of_ours_changes_nothing(code: NackCode) -> None:
+    a, b, qa, _ = pair()
+    src = np.random.default_rng(1).integers(0, 256, 5 * 4096, dtype=np.uint8)
+    dst = bytearray(src.nbytes)
+    smr, dmr = a.reg_mr(src), b.reg_mr(dst)
+    qa.post_send(1, smr, 0, src.nbytes, dmr.addr, dmr.rkey)
+    dgs = a.datagrams_to_send(1_000)
+    assert len(dgs) == 5
+    a.receive(nack(qa.qpn, 4000, code), 2_000)  # a PSN never sent
+    a.receive(nack(qa.qpn, 2, code, ts=1_000), 2_000)  # one in flight, but not its timestamp
+    a.receive(nack(qa.qpn, 2, code, ts=1_000 + qa.ts_off + 1), 2_000)
+    a.receive(nack(qa.qpn, 2, code, ts=1_000 + qa.ts_off), 2_000, src=GX)  # right fields, other host
+    assert qa.state == QpState.RTS and not qa.send_cq.poll() and not a.poll_async_events()
+    assert a.drops == {"nack_unmatched": 3, "foreign_src": 1}
+    # the transfer goes on and completes, bit-exact
+    deliver(b, dgs, 3_000)
+    deliver(a, b.datagrams_to_send(3_000), 4_000)
+    assert [w.status for w in qa.send_cq.poll()] == [WcStatus.SUCCESS]
+    assert dst == src.tobytes()
+
+
+def test_a_genuine_fatal_nack_for_our_own_packet_still_ends_the_qp() -> None:
+    a, b, qa, _ = pair()
+    smr, dmr = a.reg_mr(bytearray(4096)), b.reg_mr(bytearray(4096))
+    qa.post_send(1, smr, 0, 4096, dmr.addr, dmr.rkey ^ 0x55)  # our own wrong R_Key
+    deliver(b, a.datagrams_to_send(10), 11)
+    deliver(a, b.datagrams_to_send(11), 12)
+    assert qa.state == QpState.ERROR and qa.error_status == WcStatus.REM_ACCESS_ERR
+    assert [w.status for w in qa.send_cq.poll()] == [WcStatus.REM_ACCESS_ERR]
+
+
+# ------------------------------------------------------------------------------------ 2. reflected kills
+
+
+@pytest.mark.parametrize("kind", ["bad_rkey", "bad_va", "no_recv_buffer"])
+def test_one_stray_write_at_the_responder_is_not_reflected_into_a_kill(kind: str) -> None:
+    a, b, qa, qb = pair()
+    src = np.random.default_rng(2).integers(0, 256, 4 * 4096, dtype=np.uint8)
+    dst = bytearray(src.nbytes)
+    smr, dmr = a.reg_mr(src), b.reg_mr(dst)
+    qa.post_send(1, smr, 0, src.nbytes, dmr.addr, dmr.rkey)
+    dgs = a.datagrams_to_send(1_000)
+    # one packet inside the responder's window, as if from A, that A never sent
+    bad = {
+        "bad_rkey": stray_write(qb, 2, dmr.rkey ^ 1, dmr.addr),
+        "bad_va": stray_write(qb, 2, dmr.rkey, dmr.addr + src.nbytes),
+        "no_recv_buffer": stray_write(qb, 2, dmr.rkey, dmr.addr, imm=2, msn=51, msg_len=512),
+    }[kind]
+    b.receive(bad, 2_000)
+    back = b.datagrams_to_send(2_000)
+    assert [parse(g.data).body.code for g in back] == [NackCode[kind.upper()]]  # type: ignore[union-attr]
+    assert bytes(dst) == bytes(len(dst))  # nothing placed
+    deliver(a, back, 3_000)  # the responder's NACK reaches the genuine requester ...
+    assert qa.state == QpState.RTS and a.drops == {"nack_unmatched": 1}  # ... which ignores it
+    deliver(b, dgs, 4_000)
+    deliver(a, b.datagrams_to_send(4_000), 5_000)
+    assert [w.status for w in qa.send_cq.poll()] == [WcStatus.SUCCESS]
+    assert dst == src.tobytes()
+
+
+# ------------------------------------------------------------------------------------ 3. PORT_STATUS
+
+
+def test_port_status_epochs_compare_in_serial_number_arithmetic() -> None:
+    a, _, qa, _ = pair(evs=8, ports=2)
+    a.receive(port_status(qa.qpn, 1, False, 0xFFFFFFFF), 0)
+    assert [qa.paths.state[i] for i in (1, 3, 5, 7)] == [EvState.DENIED] * 4
+    a.receive(port_status(qa.qpn, 1, True, 3), 10)  # 3 is after 2^32 - 1 (it wrapped)
+    assert all(s == EvState.GOOD for s in qa.paths.state)
+    a.receive(port_status(qa.qpn, 1, False, 0xFFFFFFF0), 20)  # before 3: stale
+    a.receive(port_status(qa.qpn, 1, False, 3), 20)  # a replay
+    a.receive(port_status(qa.qpn, 9, False, 4), 20)  # a port the peer does not have
+    assert all(s == EvState.GOOD for s in qa.paths.state)
+    assert a.drops == {"port_status_stale": 2, "port_status_bad_port": 1}
+
+
+def test_a_forged_port_status_on_every_port_does_not_stall_the_sender() -> None:
+    r = loop(LoopbackConfig(size=4 << 20, seed=3))
+    for p in range(4):
+        r.a.receive(port_status(r.qa.qpn, p, False, 0xFFFFFFFF, LB_FROM_B), 0)
+    assert r.qa.paths.good_count == 0
+    doc = transfer(r)
+    assert doc["completed"] and doc["bit_exact"], doc["status"]
+    assert r.qa.paths.good_count == 128 and not r.qa.paths.peer_down
+    assert doc["sim_time_s"] < 0.05  # the peer-port probes found the ports up within milliseconds
+
+
+def test_a_peer_port_reported_down_is_probed_and_stays_down_while_it_is_silent() -> None:
+    r = loop(LoopbackConfig(size=1 << 20, seed=4, fabric=FabricConfig(
+        planes=4, blackholes=[Blackhole(1, 0, NEVER)])))
+    r.a.receive(port_status(r.qa.qpn, 1, False, 7, LB_FROM_B), 0)
+    doc = transfer(r)
+    assert doc["completed"] and doc["bit_exact"]
+    r.fabric.run(until_ns=r.fabric.now + 20_000_000)  # 20 ms more: ten probe rounds, all lost
+    assert 1 in r.qa.paths.peer_down and r.qa.c["probe_tx"] >= 5
+    assert all(r.qa.paths.state[i] == EvState.DENIED for i in range(1, 128, 4))
+
+
+def test_a_qp_with_work_and_no_usable_ev_errors_after_its_retry_budget() -> None:
+    attr = QpAttr(timeout=4, linear_cnt=2, exp_cnt=3)
+    a, b, qa, _ = pair(attr)
+    qa.paths.profile.deny(list(range(8)))  # the controller denied every EV
+    smr, dmr = a.reg_mr(bytearray(4096)), b.reg_mr(bytearray(4096))
+    qa.post_send(1, smr, 0, 4096, dmr.addr, dmr.rkey)
+    assert a.datagrams_to_send(0) == []
+    t = a.next_deadline()
+    assert t is not None  # a timer is armed: no silent stall
+    while qa.state == QpState.RTS and t is not None and t < 10**10:
+        a.handle_timer(t)
+        a.datagrams_to_send(t)
+        t = a.next_deadline()
+    assert qa.state == QpState.ERROR and [w.status for w in qa.send_cq.poll()] == [WcStatus.RETRY_EXC_ERR]
+    ev = a.poll_async_events()
+    assert ev[0].time_ns == attr.retry_budget_ns and qa.c["no_path_rto"] == 2 + 3 + 1
+
+
+# ------------------------------------------------------------------------------------ 4. RNR, max_wimm
+
+
+def test_an_immediate_without_a_posted_receive_is_retried_not_fatal() -> None:
+    a, b, qa, qb = pair(QpAttr(rnr_timer_ns=50_000))
+    src = bytes(range(256)) * 16
+    smr, dmr = a.reg_mr(bytearray(src)), b.reg_mr(bytearray(4096))
+    qa.post_send(1, smr, 0, 4096, dmr.addr, dmr.rkey, imm=0xBEEF)
+    deliver(b, a.datagrams_to_send(0), 10)
+    back = b.datagrams_to_send(10)
+    assert parse(back[0].data).body.code == NackCode.NO_RECV_BUFFER  # type: ignore[union-attr]
+    deliver(a, back, 20)
+    assert qa.state == QpState.RTS and qa.c["rnr_rx"] == 1 and a.datagrams_to_send(20) == []
+    assert a.next_deadline() == 20 + 50_000
+    qb.post_recv(9)  # the application catches up
+    a.handle_timer(50_020)
+    deliver(b, a.datagrams_to_send(50_020), 50_030)
+    assert [(w.wr_id, w.status, w.imm_data) for w in qb.recv_cq.poll()] == [(9, WcStatus.SUCCESS, 0xBEEF)]
+    deliver(a, b.datagrams_to_send(50_030), 50_040)
+    assert [w.status for w in qa.send_cq.poll()] == [WcStatus.SUCCESS]
+    assert bytes(dmr.view) == src and qa.c["retx_rnr"] == 1
+
+
+def test_a_receiver_that_never_posts_ends_in_rnr_retry_exceeded() -> None:
+    attr = QpAttr(rnr_timer_ns=10_000, rnr_retry=3)
+    a, b, qa, _ = pair(attr)
+    smr, dmr = a.reg_mr(bytearray(4096)), b.reg_mr(bytearray(4096))
+    qa.post_send(1, smr, 0, 4096, dmr.addr, dmr.rkey, imm=1)
+    qa.post_send(2, smr, 0, 4096, dmr.addr, dmr.rkey)
+    t = 0
+    for _ in range(50):
+        deliver(b, a.datagrams_to_send(t), t + 1)
+        deliver(a, b.datagrams_to_send(t + 1), t + 2)
+        if qa.state != QpState.RTS:
+            break
+        t = a.next_deadline() or t + 2
+        a.handle_timer(t)
+    assert qa.state == QpState.ERROR and qa.c["rnr_rx"] == 4 and qa.c["retx_rnr"] == 3
+    assert t == 10_000 + 20_000 + 40_000 + 6  # the waits double per retry of the packet
+    assert [(w.wr_id, w.status) for w in qa.send_cq.poll()] == [
+        (1, WcStatus.RNR_RETRY_EXC_ERR), (2, WcStatus.WR_FLUSH_ERR)
+    ]
+    assert [(e.kind, e.detail) for e in a.poll_async_events()] == [("QP_FATAL", "RNR_RETRY_EXC_ERR")]
+
+
+def test_max_wimm_holds_posts_at_the_sender_and_never_fails_the_qp() -> None:
+    cfg = LoopbackConfig(size=1 << 20, seed=5, attr=QpAttr(max_wimm=2))
+    r = loop(cfg)
+    smr = r.a.reg_mr(r.src)
+    dmr = r.b.reg_mr(r.dst)
+    k = 8
+    part = cfg.size // k
+    for i in range(k):
+        r.qb.post_recv(100 + i)
+    for i in range(k):
+        r.qa.post_send(i, smr, i * part, part, dmr.addr + i * part, dmr.rkey, imm=i)
+    peak = 0
+    r.fabric.kick(0)
+    while r.fabric.heap and len(r.send_wc) < k:
+        r.fabric.run(until_ns=r.fabric.now + 2_000)
+        peak = max(peak, r.qa.wimm_out)
+        r.send_wc.extend(r.qa.send_cq.poll())
+    assert peak == 2 and r.qa.c["wimm_limited"] > 0
+    assert [w.wr_id for w in r.send_wc] == list(range(k))
+    assert all(w.status == WcStatus.SUCCESS for w in r.send_wc)
+    assert sorted(w.imm_data for w in r.qb.recv_cq.poll()) == list(range(k))  # type: ignore[type-var]
+    assert np.array_equal(r.src, r.dst)
+
+
+# ------------------------------------------------------------------------------------ 5. responder state
+
+
+def test_messages_that_never_complete_are_bounded_and_expire() -> None:
+    n = 20_000
+    attr_b = QpAttr()
+    a, b, qa, qb = pair(attr_b, attr_a=QpAttr(initial_psn=n + 1))
+    dst = bytearray(1 << 16)
+    dmr = b.reg_mr(dst)
+    qb.post_recv(1)
+    peak = 0
+    for i in range(n):  # first packets of messages whose rest never comes
+        b.receive(stray_write(qb, i, dmr.rkey, dmr.addr, msn=1000 + i, msg_len=8192), 10 + i)
+        peak = max(peak, len(qb.msgs))
+        b.datagrams_to_send(10 + i)
+    limit = attr_b.window  # max_rx_msgs 0: the MPR window
+    assert qb.rcv_cum == n and peak == limit and qb.c["rx_msg_evicted"] == n - limit
+    # the last packet of one more, with an immediate: it reserves the one posted receive
+    b.receive(stray_write(qb, n, dmr.rkey, dmr.addr, imm=5, msn=999_999, msg_len=8192, offset=4096), 10 + n)
+    b.datagrams_to_send(10 + n)
+    assert qb.imm_reserved == 1 and len(qb.msgs) == limit
+    # two sweeps without progress forget them all, with the reservation
+    t = b.next_deadline()
+    assert t == 10 + attr_b.rx_msg_timeout_ns
+    b.handle_timer(t)
+    assert len(qb.msgs) == limit  # the first sweep only notes where each message stands
+    b.handle_timer(t + attr_b.rx_msg_timeout_ns)
+    assert qb.msgs == {} and qb.imm_reserved == 0 and qb.c["rx_msg_expired"] == limit
+    assert b.next_deadline() is None
+    # the genuine requester (its PSNs start where the strays left off) is served, immediate and all
+    src = bytes(range(256)) * 32
+    smr = a.reg_mr(bytearray(src))
+    now = 3 * attr_b.rx_msg_timeout_ns
+    qa.post_send(7, smr, 0, len(src), dmr.addr, dmr.rkey, imm=0xF00D)
+    deliver(b, a.datagrams_to_send(now), now + 1)
+    deliver(a, b.datagrams_to_send(now + 1), now + 2)
+    assert [w.status for w in qa.send_cq.poll()] == [WcStatus.SUCCESS]
+    assert [(w.status, w.imm_data) for w in qb.recv_cq.poll()] == [(WcStatus.SUCCESS, 0xF00D)]
+    assert bytes(dst[: len(src)]) == src
+
+
+# ------------------------------------------------------------------------------------ 6. heavy loss
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss", [0.4, 0.5])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_heavy_random_loss_completes_bit_exact_within_a_second(loss: float, seed: int) -> None:
+    doc = transfer(loop(LoopbackConfig(size=16 << 20, seed=seed, fabric=FabricConfig(planes=4, loss=loss))))
+    assert doc["completed"] and doc["bit_exact"], (doc["status"], doc["sim_time_s"])
+    assert doc["sim_time_s"] < 1.0
+    assert doc["cc"]["min_cwnd_seen"] > 4096  # never stop-and-wait
+
+
+def test_a_fully_blackholed_qp_errors_after_the_default_retry_budget() -> None:
+    attr = QpAttr()
+    holes = [Blackhole(p, 20_000, NEVER) for p in range(4)]
+    r = loop(LoopbackConfig(size=4 << 20, seed=6, fabric=FabricConfig(planes=4, blackholes=holes)))
+    doc = transfer(r)
+    assert doc["status"] == ["RETRY_EXC_ERR"]
+    ev = r.a.poll_async_events()
+    budget = attr.retry_budget_ns
+    assert budget is not None and budget < 100_000_000
+    assert ev and ev[0].time_ns <= 20_000 + budget + attr.ack_timeout_ns
+
+
+# ------------------------------------------------------------------------------------ 8. spurious
+
+
+def test_spurious_retransmissions_are_the_copies_that_arrived_twice() -> None:
+    # no loss anywhere, but an ACK timeout (4 us) shorter than the round trip: every retransmission
+    # is one the sender did not need, and the responder receives each of those PSNs twice
+    cfg = LoopbackConfig(size=8 << 20, seed=7, attr=QpAttr(timeout=2), fabric=FabricConfig(planes=4))
+    r = loop(cfg)
+    doc = transfer(r)
+    assert doc["completed"] and doc["bit_exact"] and r.fabric.c["lost"] == 0
+    resent = r.qa.serial - cfg.size // 4096
+    twice = r.qb.c["dup_rx"] + r.qb.c["stale_rx"]
+    assert resent > 50 and twice == resent
+    assert doc["retransmits"]["spurious"] == resent  # the sender learns it from the DUPLICATE echoes
+    assert not r.a.drops  # every one of those echoes named a transmission of ours
+
+
+# ------------------------------------------------------------------------------------ fuzz
+
+
+_CTRL = st.sampled_from(["sack", "nack", "probe", "probe_reply", "port_status"])
+
+
+@st.composite
+def _control(draw: st.DrawFn) -> tuple[str, dict[str, int]]:
+    kind = draw(_CTRL)
+    small = st.integers(0, (1 << 16) - 1)
+    f = {
+        "psn": draw(st.one_of(st.integers(0, 2048), st.integers(0, (1 << 24) - 1))),
+        "ts": draw(st.one_of(st.integers(0, 20_000_000), st.integers(0, (1 << 64) - 1))),
+        "code": draw(st.sampled_from([int(c) for c in NackCode])),
+        "cum": draw(st.one_of(st.integers(0, 4096), st.integers(0, (1 << 24) - 1))),
+        "bitmap": draw(st.integers(0, (1 << 64) - 1)),
+        "flags": draw(st.sampled_from([0, int(SackFlag.ECN_CE), int(SackFlag.DUPLICATE), 7])),
+        "rid": draw(small),
+        "ev": draw(st.integers(0, 200)),
+        "port": draw(st.integers(0, 5)),
+        "up": draw(st.integers(0, 1)),
+        "epoch": draw(st.one_of(st.integers(0, 10), st.integers(0, (1 << 32) - 1))),
+        "at": draw(st.integers(0, 60_000)),
+        "third": draw(st.booleans()),
+        "to_b": draw(st.booleans()),
+    }
+    return kind, f
+
+
+def _forge(kind: str, f: dict[str, int], qpn: int, ctx: IcrcContext) -> bytes:
+    buf = bytearray(256)
+    if kind == "sack":
+        n = build_sack(buf, ctx, dqpn=qpn, psn=f["psn"], ev_index=1, cum_psn=f["cum"], echo_ev_index=f["ev"],
+                       echo_timestamp_ns=f["ts"], bitmap=f["bitmap"], words=1, echo_flags=f["flags"])
+    elif kind == "nack":
+        n = build_nack(buf, ctx, dqpn=qpn, psn=f["psn"], ev_index=1, code=f["code"], echo_ev_index=f["ev"],
+                       cum_psn=f["cum"], echo_timestamp_ns=f["ts"])
+    elif kind == "probe":
+        n = build_probe(buf, ctx, dqpn=qpn, ev_index=f["ev"], request_id=f["rid"], reply_qpn=f["rid"],
+                        timestamp_ns=f["ts"])
+    elif kind == "probe_reply":
+        n = build_probe_reply(buf, ctx, dqpn=qpn, ev_index=1, request_id=f["rid"], echo_ev_index=f["ev"],
+                              echo_timestamp_ns=f["ts"], flags=1)
+    else:
+        n = build_port_status(buf, ctx, dqpn=qpn, ev_index=1, request_id=f["rid"], port=f["port"],
+                              state=f["up"], epoch=f["epoch"])
+    return bytes(buf[:n])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_control(), min_size=1, max_size=30))
+def test_injected_control_packets_never_break_a_running_transfer(
+    pkts: list[tuple[str, dict[str, int]]],
+) -> None:
+    r = loop(LoopbackConfig(size=2 << 20, seed=11, fabric=FabricConfig(planes=4, loss=0.01, jitter_ns=1_000)))
+    smr, dmr = r.a.reg_mr(r.src), r.b.reg_mr(r.dst)
+    r.qb.post_recv(7)
+    r.qa.post_send(1, smr, 0, r.cfg.size, dmr.addr, dmr.rkey, imm=0x1234ABCD)
+    fab = r.fabric
+    fab.kick(0)
+    for kind, f in sorted(pkts, key=lambda p: p[1]["at"]):
+        fab.run(until_ns=f["at"])
+        to_b = bool(f["to_b"])
+        eng, qp = (r.b, r.qb) if to_b else (r.a, r.qa)
+        ctx = LB_FROM_A if to_b else LB_FROM_B
+        src = GX if f["third"] else (GID_A if to_b else GID_B)
+        eng.receive(_forge(kind, f, qp.qpn, ctx), fab.now, False, f["port"] % 4, src)
+        fab.kick(fab.now)
+    fab.run(until_ns=2_000_000_000, stop=lambda: bool(r.qa.send_cq._q) and bool(r.qb.recv_cq._q))
+    assert r.qa.state == QpState.RTS and r.qb.state == QpState.RTS
+    assert [w.status for w in r.qa.send_cq.poll()] == [WcStatus.SUCCESS]
+    assert [(w.status, w.imm_data) for w in r.qb.recv_cq.poll()] == [(WcStatus.SUCCESS, 0x1234ABCD)]
+    assert np.array_equal(r.src, r.dst)
