@@ -205,6 +205,7 @@ class PathSet:
         self.since_rebuild = 0
         self.tx_packets = [0] * n
         self.port_bytes = [0] * self.nports
+        self.ctl_rr = 0  # turn of the control-packet EV choice (ctl_ev)
         # probes: per ASSUMED_BAD EV: next probe time, current interval, consecutive successes
         self.probe_interval, self.probe_max, self.probe_timeout, self.probe_good = attr_probe
         self.probe_at: dict[int, int] = {}
@@ -332,17 +333,27 @@ class PathSet:
                 i = self.next_ev()
         return i
 
-    def ctl_ev(self, port: int) -> int:
-        """EV index for a control packet (SACK/NACK/probe reply) leaving on `port`: a GOOD EV of that
-        port; if it has none, a GOOD EV of another port (the port's own EVs are all suspect or denied:
-        its return path may be the failed one, so a probe reply sent there could be lost and the path
-        never restored); then a not-DENIED EV of the port; EV 0 only when nothing else is left."""
+    def ctl_ev(self, port: int, echo: int = -1) -> int:
+        """EV index for a control packet (SACK/NACK/probe reply) leaving on `port` in answer to a packet
+        that came on EV index `echo`.
+
+        The echo first, when it is GOOD here and on that port: profiles are built alike at both ends, so
+        index `echo` names the same plane and spine back, a path the peer is using right now (it retires
+        an EV whose packets are lost, and then no packet echoes it). Otherwise the port's GOOD EVs in
+        turn: acknowledgements are cumulative, so spread over the port's paths the loss of one path costs
+        a fraction of them, never all (one fixed EV per port put every SACK of a port on one spine's
+        links). Then, when the port has no GOOD EV, the GOOD EVs of the other ports in turn (the port's
+        own EVs are suspect or denied: a reply sent there could be lost and the path never restored);
+        then a not-DENIED EV of the port; EV 0 only when nothing else is left."""
+        if 0 <= echo < self.n and self.state[echo] == GOOD and self.ev_port[echo] == port:
+            return echo
         evs = self.port_evs[port] if port < self.nports else ()
+        k = self.ctl_rr = self.ctl_rr + 1
         if evs:
-            return evs[0]
-        for other in self.port_evs:
-            if other:
-                return other[0]
+            return evs[k % len(evs)]
+        others = [i for other in self.port_evs for i in other]
+        if others:
+            return others[k % len(others)]
         for i in range(self.n):
             if self.ev_port[i] == port and self.state[i] != DENIED:
                 return i

@@ -108,7 +108,7 @@ class QueuePair:
         "rttvar", "min_rtt", "port_srtt", "port_rttvar", "reo_extra", "ctx", "qpn", "recv_cq",
         "error_status", "msn", "trim_pending", "next_rid", "recv_q", "imm_reserved",
         "max_trim_recovery_ns", "trim_recoveries", "aux_deadline", "tx_old", "first_psn", "wimm_out",
-        "rnr", "gc_at", "max_rx_msgs", "ts_off",
+        "rnr", "gc_at", "max_rx_msgs", "ts_off", "ackreq_since", "ackreq_div",
     )
 
     def __init__(
@@ -136,6 +136,8 @@ class QueuePair:
         self.cc = make_cc(cc, attr.mtu)
         self.mtu = attr.mtu
         self.ack_floor = attr.ack_coalesce * attr.mtu
+        self.ackreq_div = attr.ack_req_per_window  # AckReq at least this often per congestion window
+        self.ackreq_since = 0  # bytes sent since the last packet with AckReq
         self.ack_coalesce = attr.ack_coalesce
         self.ack_timeout = attr.ack_timeout_ns
         # a SACK may be held by the peer's delayed-ACK timer (same QpAttr defaults at both ends)
@@ -400,6 +402,10 @@ class QueuePair:
         seq_len = len(seq)
         seq_pos = paths.seq_pos
         stamp = now + self.ts_off
+        since = self.ackreq_since
+        every = cwnd // self.ackreq_div if self.ackreq_div else 0
+        if every >= ack_floor:  # the responder's coalescing already acknowledges often enough
+            every = 0
         if sent == 0:
             wr.first_psn = psn
         ok = True
@@ -437,11 +443,19 @@ class QueuePair:
             else:
                 m_imm = None
             lo = base + off
-            # AckReq on a message's last packet and when so little is in flight that coalesced SACKs
-            # might not come (the responder's delayed-ACK timer covers the rest)
+            # AckReq on a message's last packet, when so little is in flight that coalesced SACKs might
+            # not come (the responder's delayed-ACK timer covers the rest), and every cwnd /
+            # ack_req_per_window bytes: a window smaller than a few coalescing runs (one plane) must
+            # still be acknowledged often enough to keep it full
+            areq = last or inflight + n < ack_floor
+            if every:
+                since += n
+                if areq or since >= every:
+                    areq = True
+                    since = 0
             buf = write_packet(
                 icrc, dqpn, psn, ev, va0 + off, rkey, view[lo : lo + n], msn, length, off, stamp, flags,
-                last or inflight + n < ack_floor, m_imm,
+                areq, m_imm,
             )
             slot = psn % W
             tx_wr[slot] = wr
@@ -464,6 +478,7 @@ class QueuePair:
                 break
         if seq_len:
             paths.seq_pos = seq_pos
+        self.ackreq_since = since
         wr.sent = sent
         self.snd_nxt = psn
         self.serial = serial
@@ -1091,7 +1106,9 @@ class QueuePair:
         bm = self.rbits >> 1
         words = (bm.bit_length() + 63) >> 6 or 1
         buf = bytearray(_SACK_BASE + 8 * words)
-        cev = self.paths.ctl_ev(port)
+        paths = self.paths
+        # a duplicate says an earlier acknowledgement was lost: this one goes on the next path in turn
+        cev = paths.ctl_ev(port, -1 if eflags & _S_DUP else ev)
         build_sack(
             buf, self.tx_icrc, dqpn=self.peer_qpn, psn=psn, ev_index=cev, cum_psn=self.rcv_cum,
             echo_ev_index=ev, echo_timestamp_ns=ts, bitmap=bm, words=words, echo_flags=eflags,
@@ -1100,17 +1117,17 @@ class QueuePair:
         self.unacked = 0
         self.ack_deadline = NEVER
         self.c["sack_tx"] += 1
-        out.append(Datagram(buf, port, cev, self.peer_gid))
+        out.append(Datagram(buf, paths.ev_port[cev], cev, self.peer_gid))
 
     def _nack(self, out: list[Datagram], psn: int, ev: int, ts: int, code: int, port: int) -> None:
         buf = bytearray(_NACK_SIZE)
-        cev = self.paths.ctl_ev(port)
+        cev = self.paths.ctl_ev(port, ev)
         build_nack(
             buf, self.tx_icrc, dqpn=self.peer_qpn, psn=psn, ev_index=cev, code=code,
             echo_ev_index=ev, cum_psn=self.rcv_cum, echo_timestamp_ns=ts,
         )
         self.c["nack_tx"] += 1
-        out.append(Datagram(buf, port, cev, self.peer_gid))
+        out.append(Datagram(buf, self.paths.ev_port[cev], cev, self.peer_gid))
 
     def on_probe(self, pkt: MrcPacket, now: int, port: int, out: list[Datagram]) -> None:
         b = pkt.body
@@ -1123,13 +1140,13 @@ class QueuePair:
             return
         self.c["probe_rx"] += 1
         buf = bytearray(_PROBE_REPLY_SIZE)
-        cev = self.paths.ctl_ev(port)
+        cev = self.paths.ctl_ev(port, pkt.ev_index)  # the probed path back, when it is GOOD here
         build_probe_reply(
             buf, self.tx_icrc, dqpn=b.reply_qpn, ev_index=cev, request_id=b.request_id,  # type: ignore[union-attr]
             echo_ev_index=pkt.ev_index, echo_timestamp_ns=pkt.timestamp_ns, service_time_ns=0,
             flags=_SVC_VALID, timestamp_ns=now,
         )
-        out.append(Datagram(buf, port, cev, self.peer_gid))
+        out.append(Datagram(buf, self.paths.ev_port[cev], cev, self.peer_gid))
 
     # ================================================================== port status
 

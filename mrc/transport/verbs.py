@@ -152,6 +152,7 @@ class QpAttr:
     rx_msg_timeout_ns: int = 1_000_000_000
     ack_coalesce: int = 16  # responder SACKs at least every this many data packets (64 KiB at 4 KiB)
     ack_delay_ns: int = 4_000  # ... or this long after an unacknowledged arrival
+    ack_req_per_window: int = 4  # requester: AckReq at least every cwnd / this many bytes (0: off)
     reorder_ns: int = 2_000  # minimum reordering tolerance before a SACK hole is a loss
     probe_interval_ns: int = 20_000  # first probe of an ASSUMED_BAD EV after this long
     probe_max_interval_ns: int = 2_000_000  # probe backoff cap (also the cadence of peer-port probes)
@@ -185,6 +186,8 @@ class QpAttr:
             raise ValueError("rx_msg_timeout_ns must be 1 ms .. 1 h")
         if self.ack_coalesce < 1:
             raise ValueError("ack_coalesce must be >= 1")
+        if not 0 <= self.ack_req_per_window <= 64:
+            raise ValueError("ack_req_per_window must be 0..64")
 
     @property
     def ack_timeout_ns(self) -> int:

@@ -27,7 +27,9 @@ def test_permutation_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert doc["experiment"] == "permutation"
     assert set(doc["results"]) == {"ecmp", "mrc", "mrc-1plane"}
     for r in doc["results"].values():
-        assert 0 < r["capacity_fraction"] <= 1.0
+        # bytes are counted per packet placed: over a 30 us window a flow at line rate may count one
+        # packet per plane more than the window holds (4 KiB of ~360 KiB per plane, 1.1 %)
+        assert 0 < r["capacity_fraction"] <= 1.011
     assert doc["results"]["mrc-1plane"]["capacity_fraction"] <= 0.5  # one plane of two
     e = doc["results"]["ecmp"]
     assert {"derived_expected", "derived_this_draw", "uplink_only_bound"} <= set(e)

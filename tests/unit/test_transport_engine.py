@@ -433,22 +433,31 @@ def test_stale_and_foreign_source_packets_are_counted() -> None:
     assert bytes(dmr.view) == b"s" * 8192
 
 
-def test_control_packets_avoid_a_port_whose_evs_are_all_denied_or_bad() -> None:
-    """SACKs and probe replies leave on a GOOD EV of the port the data came in on; when that port has
-    none (its access link or its fabric path is failed: every EV denied by the controller, or suspect),
-    a GOOD EV of another port, not EV 0 whatever its state (a probe reply on a dead path is lost, and
-    the path it answers for is never restored)."""
+def test_control_packets_follow_the_echo_spread_over_the_port_and_avoid_a_dead_port() -> None:
+    """SACKs, NACKs and probe replies leave on the EV the triggering packet came on when it is GOOD here
+    (same index, same plane and spine back); otherwise on the GOOD EVs of that port in turn (one fixed
+    EV per port put every acknowledgement of a port on one spine's links: a failure of that link
+    silenced the port); when the port has none (its access link or its fabric path is failed: every EV
+    denied by the controller, or suspect), a GOOD EV of another port, not EV 0 whatever its state (a
+    probe reply on a dead path is lost, and the path it answers for is never restored)."""
     from mrc.transport.paths import ASSUMED_BAD, DENIED, GOOD, PathSet
 
     prof = EvProfile.even(1, 8, 2)  # EV i on port i % 2
     ps = PathSet(prof, 7, (20_000, 2_000_000, 200_000, 2))
-    assert ps.ctl_ev(0) == 0 and ps.ctl_ev(1) == 1
+    assert ps.ctl_ev(0, 4) == 4 and ps.ctl_ev(1, 3) == 3  # the echo
+    assert {ps.ctl_ev(0) for _ in range(8)} == {0, 2, 4, 6}  # no echo: every EV of the port in turn
+    assert ps.ev_port[ps.ctl_ev(0, 3)] == 0  # an echo of another port is not followed
+    ps.state[4] = ASSUMED_BAD
+    ps._rebuild()
+    assert ps.ctl_ev(0, 4) != 4 and ps.ev_port[ps.ctl_ev(0, 4)] == 0  # nor one that is suspect here
+    ps.state[4] = GOOD
+    ps._rebuild()
     prof.deny([0, 2, 4, 6])  # every EV of port 0
     assert [ps.state[i] for i in (0, 2, 4, 6)] == [DENIED] * 4
-    ev = ps.ctl_ev(0)
+    ev = ps.ctl_ev(0, 2)
     assert ps.ev_port[ev] == 1 and ps.state[ev] == GOOD
     prof.allow([0, 2, 4, 6])
-    assert ps.ctl_ev(0) == 0
+    assert ps.ev_port[ps.ctl_ev(0)] == 0
     for i in (0, 2, 4, 6):  # all of port 0 suspect: still a GOOD EV of port 1
         ps.state[i] = ASSUMED_BAD
     ps._rebuild()
