@@ -357,7 +357,9 @@ def _render_permutation(doc: dict[str, Any]) -> str:
 
 @run_group.command("failover")
 @click.option("--duration", default="2ms", show_default=True, help="Simulated time.")
-@click.option("--link", "link_", default=None, help="Link to fail, A-B [default: p0l0-p0s<last>].")
+@click.option("--link", "link_", default=None,
+              help="Link to fail, A-B [default: p0l0-p0s<last>]; all-of-LEAF (all-of-p0l0; all-of-leaf0 "
+                   "is p0l0): each leaf-spine link of that leaf in turn, with the worst case.")
 @click.option("--fail-at", default="500us", show_default=True, help="When the link goes down.")
 @click.option("--heal-at", default=None, help="When it comes back [default: never].")
 @click.option("--flap", default="0", show_default=True, help="Toggle the link every T from fail-at on.")
@@ -387,6 +389,21 @@ def failover_cmd(
     if not 0 < bin_ns <= dur // 4:
         raise UsageError("bin must be positive and at most a quarter of the duration")
     link = None
+    if link_ and link_.startswith("all-of-"):
+        leaf = link_.removeprefix("all-of-")
+        leaf = {"leaf0": "p0l0"}.get(leaf, leaf)
+        topo = spec.fabric.topology()
+        links = sorted(((lk.a, lk.b) for lk in topo.links()
+                        if lk.kind == "leaf-spine" and leaf in (lk.a, lk.b)),
+                       key=lambda ab: topo.node(ab[1]).index)
+        if not links:
+            raise UsageError(f"no leaf-spine link touches {leaf!r} (example: all-of-p0l0)")
+        if heal_at or flap_ns:
+            raise UsageError("--link all-of-... fails each link for good: no --heal-at or --flap")
+        sweep = exps.failover_sweep(spec, links, dur, t_fail, bin_ns, progress=out.progress,
+                                    run_all=_runner(jobs))
+        out.emit(sweep, _render_failover_sweep)
+        return
     if link_:
         parts = link_.split("-")
         topo = spec.fabric.topology()
@@ -430,6 +447,31 @@ def _render_failover(doc: dict[str, Any]) -> str:
     if "plot" in doc:
         lines.append(f"plot: {doc['plot']}")
     return "\n".join(lines)
+
+
+def _render_failover_sweep(doc: dict[str, Any]) -> str:
+    rows = []
+    for run in doc["runs"]:
+        for v, r in run["results"].items():
+            rows.append({"link": "-".join(run["link"]), "variant": v,
+                         "during": f"{r['goodput_fraction_during_failure']:.1%}",
+                         "required": f"{r['required_fraction']:.1%}",
+                         "min": f"{r['goodput_fraction_min_bin']:.1%}", "zero": run["zero_bins"][v],
+                         "reroute": f"{r['reroute_s'] * 1e6:.1f}", "stall": f"{r['max_stall_s'] * 1e6:.0f}"})
+    cols = [("link", "LINK"), ("variant", "VARIANT"), ("during", "DURING FAILURE"), ("required", "REQUIRED"),
+            ("min", "MIN BIN"), ("zero", "ZERO BINS"), ("reroute", "REROUTE US"), ("stall", "MAX STALL US")]
+    worst = []
+    for v, w in doc["worst"].items():
+        worst.append({"link": "worst", "variant": v,
+                      "during": f"{w['goodput_fraction_during_failure']['value']:.1%} "
+                                f"({w['goodput_fraction_during_failure']['link']})",
+                      "required": "all met" if w["all_meet_required"] else "NOT MET",
+                      "min": f"{w['goodput_fraction_min_bin']['value']:.1%}", "zero": w["zero_bins"],
+                      "reroute": f"{w['reroute_s']['value'] * 1e6:.1f} ({w['reroute_s']['link']})",
+                      "stall": f"{w['max_stall_s']['value'] * 1e6:.0f}"})
+    return "\n".join([f"failover on each of {len(doc['runs'])} links, one run each", "",
+                      table(rows + worst, cols),
+                      f"speed: {doc['packet_hops']:,} packet-hops in {doc['sim_wall_s']:.1f} s"])
 
 
 @run_group.command("incast")

@@ -373,6 +373,47 @@ def failover(spec: RunSpec, duration_ns: int = 2_000_000, fail_ns: int = 500_000
     }
 
 
+def failover_sweep(spec: RunSpec, links: list[tuple[str, str]], duration_ns: int = 2_000_000,
+                   fail_ns: int = 500_000, bin_ns: int = 10_000, progress: Progress | None = None,
+                   run_all: VariantMap = in_process) -> dict[str, Any]:
+    """`failover` once per link of `links` (e.g. every leaf-spine link of one leaf), and per variant the
+    worst case over them: lowest goodput during the failure and lowest bin, longest reroute and stall,
+    each with the link it came from, and whether every run met its requirement."""
+    runs = []
+    for a, b in links:
+        doc = failover(spec, duration_ns, fail_ns, NEVER, (a, b), 0, bin_ns, progress, run_all)
+        runs.append({"link": [a, b], "results": doc["results"],
+                     "zero_bins": {v: sum(1 for x in tl[fail_ns // bin_ns:] if x <= 0)
+                                   for v, tl in doc["timeline"]["goodput_fraction"].items()},
+                     "speed": {k: doc[k] for k in ("packet_hops", "sim_wall_s")}})
+    worst: dict[str, dict[str, Any]] = {}
+    for v in spec.variants:
+        rs = [(r["link"], r["results"][v], r["zero_bins"][v]) for r in runs]
+
+        def pick(key: str, low: bool, rs: list[Any] = rs) -> dict[str, Any]:
+            lk, r, _ = (min if low else max)(rs, key=lambda x: x[1][key] if x[1][key] is not None else 0.0)
+            return {"value": r[key], "link": "-".join(lk)}
+
+        worst[v] = {
+            "goodput_fraction_during_failure": pick("goodput_fraction_during_failure", True),
+            "goodput_fraction_min_bin": pick("goodput_fraction_min_bin", True),
+            "reroute_s": pick("reroute_s", False),
+            "max_stall_s": pick("max_stall_s", False),
+            "zero_bins": max(z for _, _, z in rs),
+            "all_meet_required": all(
+                (r["goodput_fraction_during_failure"] or 0) >= r["required_fraction"] for _, r, _ in rs),
+        }
+    return {
+        "experiment": "failover-sweep",
+        "config": {**asdict(spec), "duration_ns": duration_ns, "fail_ns": fail_ns, "bin_ns": bin_ns,
+                   "links": [list(lk) for lk in links]},
+        "runs": runs,
+        "worst": worst,
+        "packet_hops": sum(r["speed"]["packet_hops"] for r in runs),
+        "sim_wall_s": round(sum(r["speed"]["sim_wall_s"] for r in runs), 3),
+    }
+
+
 # ============================================================================================ incast
 
 

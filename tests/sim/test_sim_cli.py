@@ -36,6 +36,21 @@ def test_permutation_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert doc["events_per_s"] > 0 and doc["hops_per_s"] > 0
 
 
+def test_failover_on_every_link_of_a_leaf_reports_each_and_the_worst(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    doc = _json(capsys, ["failover", *SMALL, "--duration", "200us", "--fail-at", "50us", "--variants", "mrc",
+                         "--link", "all-of-leaf0"])
+    assert doc["experiment"] == "failover-sweep"
+    assert [r["link"] for r in doc["runs"]] == [["p0l0", "p0s0"], ["p0l0", "p0s1"]]
+    w = doc["worst"]["mrc"]
+    during = [r["results"]["mrc"]["goodput_fraction_during_failure"] for r in doc["runs"]]
+    assert w["goodput_fraction_during_failure"]["value"] == min(during)
+    assert w["all_meet_required"] and w["zero_bins"] == 0
+    assert main(["sim", "run", "failover", *SMALL, "--link", "all-of-p9l9"]) == 2
+    assert "no leaf-spine link touches" in capsys.readouterr().err
+
+
 def test_failover_json_and_text(capsys: pytest.CaptureFixture[str]) -> None:
     doc = _json(capsys, ["failover", *SMALL, "--duration", "300us", "--fail-at", "100us", "--bin", "10us",
                          "--link", "p1l0-p1s0", "--variants", "mrc,ecmp", "--reconverge", "100us"])
