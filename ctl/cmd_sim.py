@@ -324,6 +324,74 @@ def permutation_cmd(
     _finish(out, doc, plot_path, _render_permutation)
 
 
+@run_group.command("degraded")
+@click.option("--hosts", default=64, show_default=True, type=int, help="Hosts (leaves = hosts / per leaf).")
+@click.option("--link", "link_", default=None, help="Leaf-spine link to slow down, A-B [default: p0l0-p0s0].")
+@click.option("--factor", default=0.1, show_default=True, type=float,
+              help="Its rate, as a fraction of the others'.")
+@click.option("--duration", default="200us", show_default=True, help="Simulated time.")
+@click.option("--warmup", default="50us", show_default=True, help="Excluded from the throughput.")
+@_fabric_options(planes=8, spines=8, hosts_per_leaf=None, leaves=None)
+@click.pass_obj
+def degraded_cmd(
+    out: Output, hosts: int, link_: str | None, factor: float, duration: str, warmup: str, planes: int,
+    spines: int, hosts_per_leaf: int | None, leaves: int | None, rate: float, delay: str, buffer_: str,
+    ecn: str | None, trim_at: str | None, topo_file: str | None, variants: str | None, evs: int, timeout: int,
+    seed: int, plot_path: str | None, jobs: int | None,
+) -> None:
+    """The permutation with one leaf-spine link slowed to FACTOR of its rate, routing unchanged."""
+    hpl = spines if hosts_per_leaf is None else hosts_per_leaf
+    if hpl < 1 or hosts % hpl:
+        raise UsageError(f"hosts ({hosts}) must be a multiple of hosts per leaf ({hpl})")
+    lv = hosts // hpl if leaves is None else leaves
+    spec = _spec(planes, spines, hpl, lv, rate, delay, buffer_, ecn, trim_at, variants, ("ecmp", "mrc"),
+                 evs, timeout, seed, topo_file)
+    if not 0 < factor <= 1:
+        raise UsageError("factor must be in (0, 1]")
+    link = None
+    if link_:
+        parts = link_.split("-")
+        if len(parts) != 2:
+            raise UsageError(f"bad link {link_!r} (example: p0l0-p0s0)")
+        try:
+            lk = spec.fabric.topology().link_between(parts[0], parts[1])
+        except KeyError as e:
+            raise UsageError(str(e.args[0])) from None
+        if lk.kind != "leaf-spine":
+            raise UsageError("slow down a leaf-spine link")
+        link = (lk.a, lk.b)
+    dur, wu = parse_time(duration), parse_time(warmup)
+    if not 0 <= wu < dur:
+        raise UsageError("warmup must be shorter than the duration")
+    doc = exps.degraded(spec, link, factor, dur, wu, progress=out.progress, run_all=_runner(jobs))
+    _finish(out, doc, None, _render_degraded)
+
+
+def _render_degraded(doc: dict[str, Any]) -> str:
+    c = doc["config"]
+    def f3(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
+    rows = [{"variant": v, "cap": f"{r['capacity_fraction']:.1%}", "min": f3(r["flow_fraction_min"]),
+             "fair": f3(r["worst_flow_of_fair_share"]), "below": r["flows_below_half_fair_share"],
+             "through": f"{r['flows_through_slow_link']} / {f3(r['worst_flow_through_slow_link'])}",
+             "load": f3(r["slow_link_load"])} for v, r in doc["results"].items()]
+    ref = doc["reference"]
+    return "\n".join([
+        f"degraded: link {'-'.join(c['link'])} at {c['factor']:g} of its rate; smallest fair share "
+        f"{c['fair_share_min']:.3f} of a host",
+        "",
+        table(rows, [("variant", "VARIANT"), ("cap", "CAPACITY"), ("min", "WORST FLOW"),
+                     ("fair", "WORST / FAIR SHARE"), ("below", "FLOWS < 1/2 FAIR"),
+                     ("through", "FLOWS VIA SLOW LINK / WORST"), ("load", "SLOW LINK LOAD")]),
+        "(slow link load: its bytes over the other leaf-spine links' mean; a full-rate link ~1)",
+        "",
+        f"htsim (Broadcom/csg-htsim), same shape: ECMP worst flow {ref['htsim_ecmp_worst_flow'][0]}-"
+        f"{ref['htsim_ecmp_worst_flow'][1]}, spraying worst {ref['htsim_spraying_worst_flow']}",
+        _speed_line(doc),
+    ])
+
+
 def _render_permutation(doc: dict[str, Any]) -> str:
     c = doc["config"]
     f = c["fabric"]

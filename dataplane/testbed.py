@@ -224,10 +224,17 @@ def up(topo: Topology, name: str = DEFAULT_NAME, source: str = "<model>",
         raise MrcError(f"{topo.source}: link.delay: {topo.link.delay_us} us requested, but link delay needs "
                        "netem or fq (EDT) and this kernel has neither; use delay = 0")
     check_rate(topo.link.rate_bps)
+    for i, o in enumerate(topo.link_overrides):
+        if o.delay_us:
+            raise MrcError(f"{topo.source}: link_override[{i}].delay: {o.delay_us} us requested, but link "
+                           "delay needs netem or fq (EDT) and this kernel has neither")
+        if o.rate_bps is not None:
+            check_rate(o.rate_bps)
     if os.geteuid() != 0:
         raise MrcError("building a testbed needs root (network namespaces)")
     tb = Testbed(name=name, topo=topo, source=source,
-                 links={_link_key(lk.a, lk.b): LinkState(True, topo.link.rate_bps) for lk in topo.links()})
+                 links={_link_key(lk.a, lk.b): LinkState(True, topo.link_rate_bps(lk.a, lk.b))
+                        for lk in topo.links()})
     clash = [n for n in tb.namespaces() if netns.exists(n)]
     if Testbed.path_for(name).exists() or clash:
         raise MrcError(f"testbed {name!r} already exists; remove it with 'mrcctl testbed down --name {name}'")

@@ -81,6 +81,17 @@ class LinkParams:
 
 
 @dataclass(frozen=True)
+class LinkOverride:
+    """One link whose rate or delay differs from `LinkParams` (a degraded or longer link); routing is
+    unchanged. Both directions. From a topology file's ``[[link_override]]`` tables."""
+
+    a: str
+    b: str
+    rate_bps: int | None = None
+    delay_us: int | None = None
+
+
+@dataclass(frozen=True)
 class Node:
     name: str
     kind: str  # "host", "leaf", "spine"
@@ -167,6 +178,7 @@ class Topology:
     usid_block: ipaddress.IPv6Network = DEFAULT_USID_BLOCK
     link_prefix: ipaddress.IPv6Network = DEFAULT_LINK_PREFIX
     mrc_prefix: ipaddress.IPv6Network = DEFAULT_MRC_PREFIX
+    link_overrides: tuple[LinkOverride, ...] = ()
     source: str = "<model>"
 
     def __post_init__(self) -> None:
@@ -226,6 +238,29 @@ class Topology:
             for k2 in names[i + 1:]:
                 if nets[k1].overlaps(nets[k2]):
                     yield k2, f"{nets[k2]} overlaps {k1} {nets[k1]} (address clash)"
+        yield from self._override_problems()
+
+    def _override_problems(self) -> Iterator[tuple[str, str]]:
+        if not self.link_overrides:
+            return
+        if not all(0 <= leaf < self.leaves for _, leaf in self.hosts) or self.leaves < 1:
+            return  # reported above; the links cannot be listed
+        seen: set[frozenset[str]] = set()
+        for i, o in enumerate(self.link_overrides):
+            key = f"link_override[{i}]"
+            pair = frozenset((o.a, o.b))
+            if pair not in self._link_map:
+                yield f"{key}", f"no link between {o.a!r} and {o.b!r}"
+                continue
+            if pair in seen:
+                yield f"{key}", f"a second override of the link {o.a}-{o.b}"
+            seen.add(pair)
+            if o.rate_bps is None and o.delay_us is None:
+                yield f"{key}", "gives neither rate nor delay"
+            if o.rate_bps is not None and o.rate_bps <= 0:
+                yield f"{key}.rate", "must be positive"
+            if o.delay_us is not None and o.delay_us < 0:
+                yield f"{key}.delay", "must not be negative"
 
     # -- nodes
     def host_names(self) -> list[str]:
@@ -407,9 +442,34 @@ class Topology:
         """Whether ``path`` and its reverse (a probe's reply) avoid every link in ``down``."""
         return not any(frozenset(pair) in down for pair in path.links)
 
+    # -- per-link parameters
+    def _override(self, a: str, b: str) -> LinkOverride | None:
+        for o in self.link_overrides:
+            if {o.a, o.b} == {a, b}:
+                return o
+        return None
+
+    def link_rate_bps(self, a: str, b: str) -> int:
+        """The rate of the link a-b: its override's, else the fabric's `link.rate_bps`."""
+        o = self._override(a, b)
+        return self.link.rate_bps if o is None or o.rate_bps is None else o.rate_bps
+
+    def link_delay_us(self, a: str, b: str) -> int:
+        o = self._override(a, b)
+        return self.link.delay_us if o is None or o.delay_us is None else o.delay_us
+
     # -- serialisation (the testbed state file)
     def to_dict(self) -> dict[str, Any]:
+        overrides = []
+        for o in self.link_overrides:
+            d: dict[str, Any] = {"a": o.a, "b": o.b}
+            if o.rate_bps is not None:
+                d["rate"] = o.rate_bps
+            if o.delay_us is not None:
+                d["delay"] = o.delay_us
+            overrides.append(d)
         return {
+            **({"link_override": overrides} if overrides else {}),
             "topology": {"planes": self.planes, "leaves": self.leaves, "spines": self.spines},
             "link": {"rate": self.link.rate_bps, "delay": self.link.delay_us, "mtu": self.link.mtu,
                      "buffer": self.link.buffer_bytes},
@@ -439,8 +499,9 @@ def from_dict(doc: Mapping[str, Any], source: str = "<dict>") -> Topology:
         return ConfigError(f"{source}: {key}: {problem}")
 
     for key in doc:
-        if key not in _SCHEMA and key != "hosts":
-            raise fail(key, f"unknown key (expected one of: {', '.join([*_SCHEMA, 'hosts'])})")
+        if key not in _SCHEMA and key not in ("hosts", "link_override"):
+            known = ", ".join([*_SCHEMA, "hosts", "link_override"])
+            raise fail(key, f"unknown key (expected one of: {known})")
     for table, keys in _SCHEMA.items():
         section = doc.get(table, {})
         if not isinstance(section, Mapping):
@@ -515,8 +576,40 @@ def from_dict(doc: Mapping[str, Any], source: str = "<dict>") -> Topology:
         planes=ints["planes"], leaves=ints["leaves"], spines=ints["spines"], hosts=tuple(hosts),
         link=LinkParams(rate_bps=rate, delay_us=delay, mtu=mtu, buffer_bytes=buffer),
         usid_block=nets["usid_block"], link_prefix=nets["link_prefix"], mrc_prefix=nets["mrc_prefix"],
-        source=source,
+        link_overrides=_overrides(doc.get("link_override", []), fail), source=source,
     )
+
+
+def _overrides(raw: Any, fail: Any) -> tuple[LinkOverride, ...]:
+    """``[[link_override]]`` tables: a, b (the link's two nodes), rate and/or delay."""
+    if not isinstance(raw, list):
+        raise fail("link_override", "must be an array of tables ([[link_override]])")
+    out = []
+    for i, o in enumerate(raw):
+        key = f"link_override[{i}]"
+        if not isinstance(o, Mapping):
+            raise fail(key, "must be a table with a, b and rate and/or delay")
+        for k in o:
+            if k not in ("a", "b", "rate", "delay"):
+                raise fail(f"{key}.{k}", "unknown key (expected a, b, rate, delay)")
+        for k in ("a", "b"):
+            if k not in o:
+                raise fail(f"{key}.{k}", "missing field")
+            if not isinstance(o[k], str):
+                raise fail(f"{key}.{k}", f"must be a node name, got {o[k]!r}")
+        rate = delay = None
+        if "rate" in o:
+            try:
+                rate = parse_rate(o["rate"])
+            except ValueError as e:
+                raise fail(f"{key}.rate", str(e)) from None
+        if "delay" in o:
+            try:
+                delay = parse_delay_us(o["delay"])
+            except ValueError as e:
+                raise fail(f"{key}.delay", str(e)) from None
+        out.append(LinkOverride(o["a"], o["b"], rate, delay))
+    return tuple(out)
 
 
 def load(path: str | FsPath) -> Topology:
@@ -530,7 +623,27 @@ def load(path: str | FsPath) -> Topology:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{p}: not valid TOML: {e}") from None
-    return from_dict(doc, source=str(p))
+    try:
+        return from_dict(doc, source=str(p))
+    except ConfigError as e:
+        line = _table_line(text, str(e).removeprefix(f"{p}: "))
+        if line is None:
+            raise
+        raise ConfigError(f"{p}:{line}: {str(e).removeprefix(f'{p}: ')}") from None
+
+
+def _table_line(text: str, message: str) -> int | None:
+    """The line of the array-of-tables entry a message's key names (``hosts[3].leaf`` -> the line of the
+    fourth ``[[hosts]]``): tomllib gives no positions for valid documents."""
+    m = re.match(r"(\w+)\[(\d+)\]", message)
+    if m is None:
+        return None
+    header = re.compile(rf"^[ \t]*\[\[[ \t]*{re.escape(m.group(1))}[ \t]*\]\]", re.M)
+    found = list(header.finditer(text))
+    k = int(m.group(2))
+    if k >= len(found):
+        return None
+    return text.count("\n", 0, found[k].start()) + 1
 
 
 def default_topology_dir() -> FsPath:

@@ -247,6 +247,126 @@ def permutation(spec: RunSpec, duration_ns: int = 200_000, warmup_ns: int = 50_0
     }
 
 
+# ============================================================================================ degraded
+
+
+def degraded(spec: RunSpec, link: tuple[str, str] | None = None, factor: float = 0.1,
+             duration_ns: int = 200_000, warmup_ns: int = 50_000, progress: Progress | None = None,
+             run_all: VariantMap = in_process) -> dict[str, Any]:
+    """The permutation of `permutation` with one leaf-spine link (default: the first of leaf 0 in plane
+    0) serializing at `factor` of its rate, both directions, routing unchanged (a flaky optic, a link
+    renegotiated to a lower speed). Per flow the goodput as a fraction of the host's capacity and of its
+    fair share: what ideal multipath routing could give it with that link slow, min over the flow's
+    two leaves of (their uplink or downlink capacity left) / (the flows that share it), at most 1.
+    Per variant: capacity, worst flow, worst flow over its fair share, and the share of the fabric's
+    data bytes that crossed the slow link."""
+    fs = spec.fabric
+    topo = fs.topology()
+    a, b = link or (topo.leaf_name(0, 0), topo.spine_name(0, 0))
+    lk = topo.link_between(a, b)
+    if lk.kind != "leaf-spine":
+        raise ValueError("degrade a leaf-spine link")
+    if not 0 < factor <= 1:
+        raise ValueError("factor must be in (0, 1]")
+    rng = random.Random(spec.seed)
+    n = fs.hosts
+    perm = derangement(n, rng)
+    flows = [Flow(i, perm[i], None) for i in range(n)]
+    eff = efficiency(spec.mtu)
+    host_cap = fs.planes * fs.rate_gbps * 1e9 / 8 * eff
+    window = duration_ns - warmup_ns
+    # fair shares: per leaf, uplink (= downlink) capacity in host units, the slow link counting `factor`
+    H = fs.hosts_per_leaf
+    slow_leaf = topo.node(a if topo.node(a).kind == "leaf" else b).index
+    units = [float(fs.planes * fs.spines) for _ in range(fs.leaves)]
+    units[slow_leaf] -= 1 - factor
+    out_n = [0] * fs.leaves
+    in_n = [0] * fs.leaves
+    for f in flows:
+        if f.src // H != f.dst // H:
+            out_n[f.src // H] += 1
+            in_n[f.dst // H] += 1
+
+    def fair(f: Flow) -> float:
+        ls, ld = f.src // H, f.dst // H
+        if ls == ld:
+            return 1.0
+        # a leaf's uplinks (= downlinks) in units of one host's capacity, shared by its flows
+        return min(1.0, units[ls] / fs.planes / out_n[ls], units[ld] / fs.planes / in_n[ld])
+
+    fairs = [fair(f) for f in flows]
+    slow = {a, b}
+
+    def slow_flows(variant: str, fab: Fabric, tr: Traffic) -> list[int]:
+        """Flows whose data can cross the slow link: for ECMP those hashed onto it in its plane; for the
+        sprayers every flow between the slow leaf and another leaf."""
+        out = []
+        for i, f in enumerate(flows):
+            ls, ld = f.src // H, f.dst // H
+            if ls == ld or slow_leaf not in (ls, ld):
+                continue
+            if variant != "ecmp":
+                out.append(i)
+                continue
+            for c in tr.conns[i]:
+                sp = tr.routing.spine(f.src, f.dst, c.sport, c.plane)
+                hops = {topo.leaf_name(c.plane, ls), topo.leaf_name(c.plane, ld)}
+                if sp is not None and slow <= hops | {topo.spine_name(c.plane, sp)}:
+                    out.append(i)
+                    break
+        return out
+
+    def one(variant: str) -> dict[str, Any]:
+        fab = Fabric(topo, fs.params(trimming=variant != "mrc-notrim"))
+        li = fab.link(a, b)
+        fab.set_link_rate(li, int(fs.rate_gbps * 1e9 * factor))
+        tr = Traffic(fab, variant, flows, _host_params(spec), duration_ns)
+        marks: dict[int, list[int]] = {}
+        _mark(fab, tr, warmup_ns, marks)
+        if progress:
+            progress(f"degraded {variant}: {n} hosts, link {a}-{b} at {factor:g} of its rate ...")
+        t0 = time.perf_counter()
+        fab.run(until_ns=duration_ns, progress=_reporter(progress, variant, duration_ns))
+        wall = time.perf_counter() - t0
+        end = tr.delivered()
+        rates = [(y - x) / (window / 1e9) / host_cap for x, y in zip(marks[0], end, strict=True)]
+        rel = [r / fr for r, fr in zip(rates, fairs, strict=True)]
+        def link_bytes(i: int) -> int:
+            return sum(fab.port_tx_bytes[k] for k in fab.link_ports[i])
+
+        spine_links = [fab.link(x.a, x.b) for x in topo.links() if x.kind == "leaf-spine"]
+        others = [link_bytes(i) for i in spine_links if i != li]
+        through = slow_flows(variant, fab, tr)
+        res: dict[str, Any] = {
+            "capacity_fraction": round(sum(rates) / n, 4),
+            "flow_fraction_mean": round(sum(rates) / n, 4),
+            "flow_fraction_min": round(min(rates), 4),
+            "worst_flow_of_fair_share": round(min(rel), 4),
+            "flows_below_half_fair_share": sum(1 for x in rel if x < 0.5),
+            # the slow link's bytes over the mean of the other leaf-spine links' (full rate ~1, ideal ~factor)
+            "slow_link_load": round(link_bytes(li) / (sum(others) / len(others) or 1), 4),
+            "flows_through_slow_link": len(through),
+            "worst_flow_through_slow_link": round(min(rates[i] for i in through), 4) if through else None,
+            "wall_s": round(wall, 2),
+            "drops": dict(fab.drops),
+            "trims": fab.trims,
+            "ecn_marks": fab.ecn_marks,
+            **tr.counters(),
+        }
+        return {"result": res, "speed": _loop_speed(fab)}
+
+    outs, speed = _run_jobs(run_all, one, spec.variants)
+    return {
+        "experiment": "degraded",
+        "config": {**asdict(spec), "duration_ns": duration_ns, "warmup_ns": warmup_ns, "link": [a, b],
+                   "factor": factor, "fair_share_min": round(min(fairs), 4),
+                   "host_capacity_gbps": round(host_cap * 8 / 1e9, 2)},
+        "results": {v: o["result"] for v, o in zip(spec.variants, outs, strict=True)},
+        "reference": {"htsim_ecmp_worst_flow": [0.03, 0.09], "htsim_spraying_worst_flow": 0.63},
+        **speed,
+    }
+
+
 # ============================================================================================ failover
 
 

@@ -146,6 +146,9 @@ class Fabric:
         #: host index -> plane -> NIC egress port
         self.host_port: list[list[int]] = [[-1] * topo.planes for _ in range(self.nhosts)]
         self.port_index: dict[tuple[str, str], int] = {}
+        #: per port (slowdown, extra delay ns) where the link's rate or delay differs from the fabric's
+        #: (topology `[[link_override]]`, `set_link_rate`), else None: one list index per hop
+        self.port_mods: list[tuple[float, int] | None] = []
         for lk in topo.links():
             a, b = self.node_index[lk.a], self.node_index[lk.b]
             li = len(self.link_names)
@@ -165,6 +168,9 @@ class Fabric:
             else:
                 self.host_port[a][lk.plane] = up
             self.fib[b][ua] = down
+        for o in topo.link_overrides:  # degraded or longer links of the topology file
+            delay = None if o.delay_us is None else o.delay_us * 1000
+            self.set_link_rate(self.link(o.a, o.b), o.rate_bps, delay)
         # ---- hosts
         self.endpoints: list[Endpoint | None] = [None] * self.nhosts
         self.routers: list[Router | None] = [None] * self.nhosts
@@ -208,6 +214,7 @@ class Fabric:
         self.port_max_backlog.append(0)
         self.port_up.append(True)
         self.port_epoch.append(0)
+        self.port_mods.append(None)
         return k
 
     def ser(self, wire_bytes: int) -> int:
@@ -287,6 +294,19 @@ class Fabric:
             if not up:
                 self.busy[k] = now  # the queue is gone with the link
 
+    def set_link_rate(self, li: int, rate_bps: int | None = None, delay_ns: int | None = None) -> None:
+        """A degraded (or restored) link: both directions serialize at `rate_bps` (None: the fabric's
+        rate) and add `delay_ns` of propagation delay (None: the fabric's); routing is unchanged."""
+        if rate_bps is not None and rate_bps <= 0:
+            raise ValueError("a link rate must be positive")
+        slow = 1.0 if rate_bps is None else self.p.rate_bps / rate_bps
+        extra = 0 if delay_ns is None else delay_ns - self.p.delay_ns
+        if extra < 0 and self.p.delay_ns + extra < 0:
+            raise ValueError("a link delay must not be negative")
+        mods = self.port_mods
+        for k in self.link_ports[li]:
+            mods[k] = None if slow == 1.0 and extra == 0 else (slow, extra)
+
     def fail_link(self, a: str, b: str, start_ns: int, end_ns: int = NEVER) -> None:
         li = self.link(a, b)
         self.at(start_ns, lambda t: self.set_link(li, False, t))
@@ -322,6 +342,7 @@ class Fabric:
         tx = self.port_tx_bytes
         future = self.future
         cb = self.cb
+        mods = self.port_mods
         last_dst: Any = None
         row: Any = None
         for dg in out:
@@ -341,6 +362,9 @@ class Fabric:
                 continue
             w = n + ovh
             s = ser_l[w] if w < _SER_LIST else self.ser(w)
+            m = mods[port]
+            if m is not None:
+                s = int(s * m[0])
             b = busy[port]
             if b < t:
                 b = t
@@ -351,7 +375,7 @@ class Fabric:
                 end = b + s
                 busy[port] = end
             tx[port] += w
-            end += delay
+            end += delay if m is None else delay + m[1]
             ev = (end, port, port_epoch[port], cont, data, n, False)
             bk = end >> _SHIFT
             if bk <= cb:
@@ -408,6 +432,7 @@ class Fabric:
         trim_1 = trim_t + 1
         ser_l = self._ser_l
         serf = self.ser
+        mods = self.port_mods
         send_from_host = self.send_from_host
         on_deliver = self.on_deliver
         events = 0
@@ -474,9 +499,10 @@ class Fabric:
                     continue
                 # The backlog found is q = int((b - t) * rate) bytes; q > K <=> (b - t) * rate >= K + 1
                 # for an integer K, so the thresholds are compared with the float x, without int().
+                m = mods[port]
                 b = busy[port]
                 if b > t:
-                    x = (b - t) * rate
+                    x = (b - t) * rate if m is None else (b - t) * rate / m[0]
                     if x >= max_backlog[port] + 1:
                         max_backlog[port] = int(x)
                 else:
@@ -496,9 +522,11 @@ class Fabric:
                         self.trims += 1
                     # control packets and trimmed headers: the priority queue
                     s = ser_l[w] if w < _SER_LIST else serf(w)
+                    if m is not None:
+                        s = int(s * m[0])
                     busy[port] = b + s
                     tx[port] += w
-                    ta = t + s + delay
+                    ta = t + s + (delay if m is None else delay + m[1])
                     ev = (ta, port, port_epoch[port], cont, data, n, ecn)
                     bk = ta >> _SHIFT
                     if bk <= cb:
@@ -515,10 +543,12 @@ class Fabric:
                     self._drop("buffer" if trimming else "buffer_no_trim")
                     continue
                 s = ser_l[w] if w < _SER_LIST else serf(w)
+                if m is not None:
+                    s = int(s * m[0])
                 b += s
                 busy[port] = b
                 tx[port] += w
-                ta = b + delay
+                ta = b + (delay if m is None else delay + m[1])
                 ev = (ta, port, port_epoch[port], cont, data, n, ecn)
                 bk = ta >> _SHIFT
                 if bk <= cb:

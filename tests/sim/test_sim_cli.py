@@ -115,3 +115,17 @@ def test_bad_input(capsys: pytest.CaptureFixture[str], args: list[str], needle: 
     rc = main(["sim", "run", *args, "-j"])
     out, _ = capsys.readouterr()
     assert rc != 0 and needle in json.loads(out)["error"]
+
+
+def test_degraded_json_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    doc = _json(capsys, ["degraded", "--hosts", "8", *SMALL, "--hosts-per-leaf", "2", "--duration", "60us",
+                         "--warmup", "20us", "--factor", "0.2", "--link", "p1l0-p1s1"])
+    assert doc["experiment"] == "degraded" and doc["config"]["link"] == ["p1l0", "p1s1"]
+    assert doc["config"]["factor"] == 0.2 and set(doc["results"]) == {"ecmp", "mrc"}
+    for r in doc["results"].values():
+        assert {"worst_flow_of_fair_share", "slow_link_load", "worst_flow_through_slow_link"} <= set(r)
+    assert main(["sim", "run", "degraded", "--hosts", "8", *SMALL, "--hosts-per-leaf", "2",
+                 "--link", "h0-p0l0"]) == 2
+    assert "leaf-spine" in capsys.readouterr().err
+    assert main(["sim", "run", "degraded", "--hosts", "8", *SMALL, "--hosts-per-leaf", "2",
+                 "--factor", "0"]) == 2

@@ -3,9 +3,15 @@ crosses (spine 0) must not silence the acknowledgements, and one plane must be f
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import pytest
 
-from mrc.sim.experiments import FabricSpec, RunSpec, failover, permutation
+from mrc.sim.experiments import FabricSpec, RunSpec, degraded, failover, permutation
+from mrc.sim.fabric import Fabric, FabricParams
+from mrc.topology import generate, load
 
 
 @pytest.mark.parametrize("link", [("p0l0", "p0s0"), ("p0l1", "p0s0"), ("p0l0", "p0s3")])
@@ -28,3 +34,43 @@ def test_one_plane_at_full_bisection_is_filled() -> None:
     many = permutation(RunSpec(fabric=FabricSpec(planes=4, leaves=8, spines=8, hosts_per_leaf=8),
                                variants=("mrc",)), duration_ns=60_000, warmup_ns=20_000)
     assert many["results"]["mrc"]["capacity_fraction"] >= 0.98
+
+
+def test_a_slow_link_is_steered_around_by_mrc() -> None:
+    spec = RunSpec(fabric=FabricSpec(planes=4, leaves=4, spines=4, hosts_per_leaf=4))
+    doc = degraded(spec, ("p0l0", "p0s0"), 0.1, duration_ns=150_000, warmup_ns=40_000)
+    mrc = doc["results"]["mrc"]
+    assert mrc["worst_flow_of_fair_share"] >= 0.6 and mrc["capacity_fraction"] >= 0.9
+    assert mrc["slow_link_load"] < 0.5  # far below the other leaf-spine links'
+    nominal = degraded(RunSpec(fabric=spec.fabric, variants=("mrc",)), ("p0l0", "p0s0"), 1.0,
+                       duration_ns=150_000, warmup_ns=40_000)["results"]["mrc"]
+    assert 0.7 < nominal["slow_link_load"] < 1.3  # the same link at full rate carries its share
+
+
+def test_a_topology_file_link_override_slows_that_link_in_the_simulator(tmp_path: Path) -> None:
+    topo = generate(2, 2, 2, 2)
+    doc = topo.to_dict()
+    doc["link_override"] = [{"a": "p1l1", "b": "p1s0", "rate": "10gbit", "delay": "3us"}]
+    f = tmp_path / "slow.toml"
+    f.write_text(_toml(doc))
+    t = load(f)
+    assert t.link_rate_bps("p1s0", "p1l1") == 10_000_000_000 and t.link_delay_us("p1l1", "p1s0") == 3
+    fab = Fabric(t, FabricParams(rate_bps=100_000_000_000, delay_ns=500))
+    li = fab.link("p1l1", "p1s0")
+    assert [fab.port_mods[k] for k in fab.link_ports[li]] == [(10.0, 2_500)] * 2
+    assert sum(m is not None for m in fab.port_mods) == 2  # that link only, both directions
+    fab.set_link_rate(li)  # back to nominal
+    assert all(m is None for m in fab.port_mods)
+
+
+def _toml(doc: dict[str, Any]) -> str:
+    lines: list[str] = []
+    for key, val in doc.items():
+        if isinstance(val, list):
+            for item in val:
+                lines.append(f"[[{key}]]")
+                lines += [f"{k} = {json.dumps(v)}" for k, v in item.items()]
+        else:
+            lines.append(f"[{key}]")
+            lines += [f"{k} = {json.dumps(v)}" for k, v in val.items()]
+    return "\n".join(lines) + "\n"

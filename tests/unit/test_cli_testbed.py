@@ -24,7 +24,9 @@ def test_bad_topology_file_names_file_key_problem(tmp_path: Path, capsys: pytest
     rc = main(["-j", "testbed", "up", str(bad), "--name", "x1"])
     out, _ = capsys.readouterr()
     assert rc == 2
-    assert json.loads(out)["error"] == f"{bad}: hosts[1].leaf: leaf 7 does not exist (leaves are 0..1)"
+    lines = bad.read_text().splitlines()
+    line = lines.index("[[hosts]]", 1 + lines.index("[[hosts]]")) + 1  # that entry's [[hosts]] header
+    assert json.loads(out)["error"] == f"{bad}:{line}: hosts[1].leaf: leaf 7 does not exist (leaves are 0..1)"
 
 
 def test_delay_refused_before_building(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

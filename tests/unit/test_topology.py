@@ -119,6 +119,8 @@ name = "b"
 leaf = 1
 """
 
+LO = '[[link_override]]\na = "p0l0"\n'
+
 
 @pytest.mark.parametrize(("text", "key", "problem"), [
     (BASE + "\n[link]\nspeed = 3\n", "link.speed", "unknown key"),
@@ -134,6 +136,13 @@ leaf = 1
     (BASE + '\n[addressing]\nlink_prefix = "nonsense"\n', "addressing.link_prefix", "not an IPv6 prefix"),
     ("extra = 1\n" + BASE, "extra", "unknown key"),
     (BASE.replace('name = "a"', 'name = "p0l1"'), "hosts[0].name", "looks like a switch"),
+    (BASE + LO + 'b = "p1s0"\nrate = "1gbit"\n', "link_override[0]", "no link between"),
+    (BASE + LO + 'b = "p0s0"\n', "link_override[0]", "neither rate nor delay"),
+    (BASE + LO + 'b = "p0s0"\nrate = "slow"\n', "link_override[0].rate", "not a rate"),
+    (BASE + LO + 'b = "p0s0"\nrate = 1\n[[link_override]]\na = "p0s0"\nb = "p0l0"\nrate = 2\n',
+     "link_override[1]", "a second override"),
+    (BASE + LO + 'c = 1\n', "link_override[0].c", "unknown key"),
+    ("link_override = 3\n" + BASE, "link_override", "array of tables"),
 ])
 def test_bad_files_name_file_key_problem(tmp_path: Path, text: str, key: str, problem: str) -> None:
     f = tmp_path / "bad.toml"
@@ -141,7 +150,12 @@ def test_bad_files_name_file_key_problem(tmp_path: Path, text: str, key: str, pr
     with pytest.raises(ConfigError) as e:
         topology.load(f)
     msg = str(e.value)
-    assert msg.startswith(f"{f}: {key}: "), msg
+    if "[" in key:  # an entry of an array of tables: the line of its [[...]] header too
+        table, i = key.split("[")[0], int(key.split("[")[1].split("]")[0])
+        headers = [n + 1 for n, line in enumerate(text.splitlines()) if line.strip() == f"[[{table}]]"]
+        assert msg.startswith(f"{f}:{headers[i]}: {key}: "), msg
+    else:
+        assert msg.startswith(f"{f}: {key}: "), msg
     assert problem in msg, msg
 
 
