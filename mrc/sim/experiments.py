@@ -179,6 +179,22 @@ def _mark(fab: Fabric, tr: Traffic, t: int, marks: dict[int, list[int]]) -> None
     fab.at(t, lambda now: marks.__setitem__(0, tr.delivered()))
 
 
+def _long_flows(fab: Fabric, spec: RunSpec, variant: str, flows: list[Flow], duration_ns: int, warmup_ns: int,
+                label: str, progress: Progress | None) -> tuple[Traffic, list[float], float]:
+    """Run long-lived `flows` on `fab` for `duration_ns`: (traffic, per-flow goodput in bytes/s over
+    [warmup, duration], wall seconds of the loop)."""
+    tr = Traffic(fab, variant, flows, _host_params(spec), duration_ns)
+    marks: dict[int, list[int]] = {}
+    _mark(fab, tr, warmup_ns, marks)
+    if progress:
+        progress(label)
+    t0 = time.perf_counter()
+    fab.run(until_ns=duration_ns, progress=_reporter(progress, variant, duration_ns))
+    wall = time.perf_counter() - t0
+    window_s = (duration_ns - warmup_ns) / 1e9
+    return tr, [(b - a) / window_s for a, b in zip(marks[0], tr.delivered(), strict=True)], wall
+
+
 def permutation(spec: RunSpec, duration_ns: int = 200_000, warmup_ns: int = 50_000,
                 progress: Progress | None = None, run_all: VariantMap = in_process) -> dict[str, Any]:
     """Every host sends to another (a random derangement), long-lived, for `duration_ns`; throughput is
@@ -190,21 +206,12 @@ def permutation(spec: RunSpec, duration_ns: int = 200_000, warmup_ns: int = 50_0
     flows = [Flow(i, perm[i], None) for i in range(n)]
     eff = efficiency(spec.mtu)
     host_cap = fs.planes * fs.rate_gbps * 1e9 / 8 * eff  # payload bytes/s per host
-    window = duration_ns - warmup_ns
 
     def one(variant: str) -> dict[str, Any]:
         topo = fs.topology()
         fab = Fabric(topo, fs.params(trimming=variant != "mrc-notrim"))
-        tr = Traffic(fab, variant, flows, _host_params(spec), duration_ns)
-        marks: dict[int, list[int]] = {}
-        _mark(fab, tr, warmup_ns, marks)
-        if progress:
-            progress(f"permutation {variant}: {n} hosts x {fs.planes} planes, {duration_ns / 1e3:.0f} us ...")
-        t0 = time.perf_counter()
-        fab.run(until_ns=duration_ns, progress=_reporter(progress, variant, duration_ns))
-        wall = time.perf_counter() - t0
-        end = tr.delivered()
-        rates = [(b - a) / (window / 1e9) for a, b in zip(marks[0], end, strict=True)]
+        label = f"permutation {variant}: {n} hosts x {fs.planes} planes, {duration_ns / 1e3:.0f} us ..."
+        tr, rates, wall = _long_flows(fab, spec, variant, flows, duration_ns, warmup_ns, label, progress)
         fr = sorted(r / host_cap for r in rates)
         res: dict[str, Any] = {
             "capacity_fraction": round(sum(rates) / (n * host_cap), 4),
@@ -274,7 +281,6 @@ def degraded(spec: RunSpec, link: tuple[str, str] | None = None, factor: float =
     flows = [Flow(i, perm[i], None) for i in range(n)]
     eff = efficiency(spec.mtu)
     host_cap = fs.planes * fs.rate_gbps * 1e9 / 8 * eff
-    window = duration_ns - warmup_ns
     # fair shares: per leaf, uplink (= downlink) capacity in host units, the slow link counting `factor`
     H = fs.hosts_per_leaf
     slow_leaf = topo.node(a if topo.node(a).kind == "leaf" else b).index
@@ -320,16 +326,10 @@ def degraded(spec: RunSpec, link: tuple[str, str] | None = None, factor: float =
         fab = Fabric(topo, fs.params(trimming=variant != "mrc-notrim"))
         li = fab.link(a, b)
         fab.set_link_rate(li, int(fs.rate_gbps * 1e9 * factor))
-        tr = Traffic(fab, variant, flows, _host_params(spec), duration_ns)
-        marks: dict[int, list[int]] = {}
-        _mark(fab, tr, warmup_ns, marks)
-        if progress:
-            progress(f"degraded {variant}: {n} hosts, link {a}-{b} at {factor:g} of its rate ...")
-        t0 = time.perf_counter()
-        fab.run(until_ns=duration_ns, progress=_reporter(progress, variant, duration_ns))
-        wall = time.perf_counter() - t0
-        end = tr.delivered()
-        rates = [(y - x) / (window / 1e9) / host_cap for x, y in zip(marks[0], end, strict=True)]
+        tr, goodput, wall = _long_flows(
+            fab, spec, variant, flows, duration_ns, warmup_ns,
+            f"degraded {variant}: {n} hosts, link {a}-{b} at {factor:g} of its rate ...", progress)
+        rates = [r / host_cap for r in goodput]
         rel = [r / fr for r, fr in zip(rates, fairs, strict=True)]
         def link_bytes(i: int) -> int:
             return sum(fab.port_tx_bytes[k] for k in fab.link_ports[i])
