@@ -14,9 +14,16 @@ from mrc.sim.fabric import Fabric, FabricParams
 from mrc.topology import generate, load
 
 
-@pytest.mark.parametrize("link", [("p0l0", "p0s0"), ("p0l1", "p0s0"), ("p0l0", "p0s3")])
-def test_a_failed_leaf_spine_link_of_spine_0_keeps_the_acks_flowing(link: tuple[str, str]) -> None:
-    spec = RunSpec(fabric=FabricSpec(planes=4, leaves=2, spines=4, hosts_per_leaf=4), variants=("mrc",))
+@pytest.mark.parametrize(("planes", "link"), [
+    (4, ("p0l0", "p0s0")), (4, ("p0l1", "p0s0")), (4, ("p0l0", "p0s3")),
+    (1, ("p0l0", "p0s0")), (1, ("p0l0", "p0s2")),
+])
+def test_a_failed_leaf_spine_link_of_spine_0_keeps_the_acks_flowing(
+    planes: int, link: tuple[str, str],
+) -> None:
+    # with one plane a quarter of the paths die: the reroute also needs the spraying cycle to go on past
+    # each retired EV (it restarted from the first EVs, and reached the last dead ones after ~200 us)
+    spec = RunSpec(fabric=FabricSpec(planes=planes, leaves=2, spines=4, hosts_per_leaf=4), variants=("mrc",))
     doc = failover(spec, duration_ns=400_000, fail_ns=100_000, link=link)
     r = doc["results"]["mrc"]
     during = doc["timeline"]["goodput_fraction"]["mrc"][10:]
