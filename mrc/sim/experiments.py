@@ -444,6 +444,7 @@ def failover(spec: RunSpec, duration_ns: int = 2_000_000, fail_ns: int = 500_000
         # the longest time any connection delivered nothing after the failure
         nconns = len(rows[0]) if rows else 0
         stall = 0
+        resumed = i0  # the bin in which the last connection that had stalled delivered again
         for k in range(nconns):
             run_ = best = 0
             for i in range(i0, len(rows) - 1):
@@ -451,15 +452,23 @@ def failover(spec: RunSpec, duration_ns: int = 2_000_000, fail_ns: int = 500_000
                     run_ += 1
                     best = max(best, run_)
                 else:
+                    if run_:
+                        resumed = max(resumed, i)
                     run_ = 0
             stall = max(stall, best)
         last = fab.last_down_drop.get(li)
+        into_dead = (last - fail_ns) / 1e9 if last is not None else 0.0
+        recovered = (resumed - i0) * bin_ns / 1e9
         res: dict[str, Any] = {
             "goodput_fraction_before": round(sum(pre) / len(pre), 4) if pre else None,
             "goodput_fraction_during_failure": round(sum(during) / len(during), 4) if during else None,
             "goodput_fraction_min_bin": round(min(during), 4) if during else None,
             "required_fraction": round((1 - failed_share) * 0.9, 4),
-            "reroute_s": (last - fail_ns) / 1e9 if last is not None else 0.0,
+            # senders that spray move off the link themselves: rerouted once nothing enters it any
+            # more; ECMP is rerouted by its routing: once its stalled connections deliver again
+            "reroute_s": recovered if variant == "ecmp" else into_dead,
+            "last_into_dead_link_s": into_dead,
+            "recovered_s": recovered,
             "max_stall_s": stall * bin_ns / 1e9,
             "lost_on_failed_link": fab.lost_on_link[li],
             "dropped_at_failed_link": fab.down_data_drops.get(li, 0),
