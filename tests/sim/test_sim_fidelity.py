@@ -81,3 +81,14 @@ def _toml(doc: dict[str, Any]) -> str:
             lines.append(f"[{key}]")
             lines += [f"{k} = {json.dumps(v)}" for k, v in val.items()]
     return "\n".join(lines) + "\n"
+
+
+def test_ecmp_reroute_is_when_its_stalled_connections_deliver_again() -> None:
+    spec = RunSpec(fabric=FabricSpec(planes=2, leaves=2, spines=2, hosts_per_leaf=2),
+                   variants=("ecmp", "mrc"), reconverge_ns=100_000)
+    doc = failover(spec, duration_ns=400_000, fail_ns=100_000, link=("p0l0", "p0s0"))
+    e, m = doc["results"]["ecmp"], doc["results"]["mrc"]
+    assert e["max_stall_s"] > 0  # some connection had its path over the link
+    # rerouted by its routing, 100 us after the failure at the earliest: not its last retry into the link
+    assert e["reroute_s"] == e["recovered_s"] >= 100e-6 > e["last_into_dead_link_s"]
+    assert m["reroute_s"] == m["last_into_dead_link_s"] < 100e-6 and m["max_stall_s"] == 0
