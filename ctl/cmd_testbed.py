@@ -27,6 +27,7 @@ import click
 from mrc import topology, units
 from mrc.dataplane import netns
 from mrc.dataplane import testbed as tbmod
+from mrc.dataplane.fabric import FabricDataplane, fail_link_now
 from mrc.errors import MrcError, UsageError
 
 from .output import Output, json_option, table
@@ -274,8 +275,8 @@ def _report_link(out: Output, tb: tbmod.Testbed, a: str, b: str) -> None:
 @json_option
 @click.pass_obj
 def link_down(out: Output, node_a: str, node_b: str, name: str | None) -> None:
-    """Take the link NODE_A - NODE_B down (both directions stop)."""
-    _report_link(out, tbmod.set_link(tbmod.resolve_name(name), node_a, node_b, up=False), node_a, node_b)
+    """Take the link NODE_A - NODE_B down (both directions stop at once)."""
+    _report_link(out, fail_link_now(tbmod.resolve_name(name), node_a, node_b), node_a, node_b)
 
 
 @link.command(name="up")
@@ -310,7 +311,21 @@ def link_set(
     except ValueError as e:
         raise UsageError(str(e)) from None
     tb = tbmod.set_link(tbmod.resolve_name(name), node_a, node_b, rate_bps=rate_bps, delay_us=delay_us)
+    if rate_bps is not None:
+        _follow_rate(tb.name, node_a, node_b, rate_bps)
     _report_link(out, tb, node_a, node_b)
+
+
+def _follow_rate(name: str, a: str, b: str, rate_bps: int) -> None:
+    """With the eBPF dataplane attached, the switch ports' virtual queues take the link's new rate too
+    (else ECN and trimming would keep marking at the old rate, and a slowed link would only drop)."""
+    try:
+        fab = FabricDataplane.open(name)
+    except MrcError:
+        return  # no programs attached: the TBF alone sets the pace
+    with fab:
+        if fab.switch is not None:
+            fab.set_link_rate(a, b, rate_bps)
 
 
 # ------------------------------------------------------------------------------------------ exec

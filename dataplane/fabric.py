@@ -32,6 +32,7 @@ from mrc.topology import Topology
 from mrc.wire.ip import mac6
 
 from . import abi, netns
+from . import testbed as tbmod
 from .bpf import Program, netns_cookie, open_programs, program, records
 from .testbed import Testbed
 
@@ -66,11 +67,13 @@ def default_path(topo: Topology, src: str, dst: str, ev: int) -> TopoPath:
     return paths[ev % len(paths)]
 
 
-def switch_defaults(topo: Topology) -> dict[str, int]:
-    """Virtual queue of a switch port unless the operator sets it: the link's rate and buffer, ECN above a
-    quarter of the buffer, trimming above half."""
+def switch_defaults(topo: Topology, node: str | None = None, peer: str | None = None) -> dict[str, int]:
+    """Virtual queue of a switch port unless the operator sets it: the link's rate (that of the link
+    node-peer when given: a `[[link_override]]` may set it) and buffer, ECN above a quarter of the buffer,
+    trimming above half."""
     b = topo.link.buffer_bytes
-    return {"rate_bps": topo.link.rate_bps, "ecn_k": b // 4, "trim_t": b // 2, "buffer": b}
+    rate = topo.link.rate_bps if node is None or peer is None else topo.link_rate_bps(node, peer)
+    return {"rate_bps": rate, "ecn_k": b // 4, "trim_t": b // 2, "buffer": b}
 
 
 class FabricDataplane:
@@ -163,7 +166,7 @@ class FabricDataplane:
             key = abi.mac_key(port.mac)
             sw = abi.SwPort(port_id=pid)
             if not port.is_host:
-                for k, v in switch_defaults(self.topo).items():
+                for k, v in switch_defaults(self.topo, port.node, port.peer).items():
                     setattr(sw, k, v)
             vq.set(ct_u32(pid), abi.Vq())
             cfg.set(key, sw)
@@ -316,6 +319,13 @@ class FabricDataplane:
         self.switch.maps["mrc_sw_vq"].set(ct_u32(cfg.port_id), abi.Vq())
         return _sw_cfg_dict(cfg)
 
+    def set_link_rate(self, a: str, b: str, rate_bps: int) -> list[dict[str, int]]:
+        """The virtual queues of the switch ends of link a-b drain at `rate_bps` (what `mrcctl testbed
+        link set --rate` gives the link's TBF): ECN and trimming then track the slower link, as a
+        switch's would, instead of the rate the programs were attached with."""
+        return [self.set_port(node, ifname, rate_bps=rate_bps) for node, ifname in self.link_ports(a, b)
+                if not self.topo.node(node).is_host]
+
     def link_ports(self, a: str, b: str) -> list[tuple[str, str]]:
         try:
             lk = self.topo.link_between(a, b)
@@ -346,6 +356,20 @@ class FabricDataplane:
             _key, cfg = self._sw_port(node, ifname)
             assert self.switch is not None
             self.switch.maps["mrc_sw_faults"].set(ct_u32(cfg.port_id), f)
+
+    def cut_link(self, a: str, b: str) -> bool:
+        """Blackhole both ends of link a-b now (two map updates), unless a fault is already there (the
+        operator's): True when this call placed it, for the caller to lift once the link is down."""
+        if self.switch is None:
+            return False
+        faults = self.switch.maps["mrc_sw_faults"]
+        ids = [self._sw_port(node, ifname)[1].port_id for node, ifname in self.link_ports(a, b)]
+        if any(faults.get(ct_u32(pid)) is not None for pid in ids):
+            return False
+        f = abi.Fault(drop_prob=0, blackhole=1, ev_index=abi.FAULT_ANY_EV)
+        for pid in ids:
+            faults.set(ct_u32(pid), f)
+        return True
 
     def clear_faults(self, a: str | None = None, b: str | None = None, plane: int | None = None) -> int:
         if self.switch is None:
@@ -530,3 +554,21 @@ def ct_u64(v: int) -> Any:
 def _sw_cfg_dict(cfg: abi.SwPort) -> dict[str, int]:
     return {"rate_bps": int(cfg.rate_bps), "ecn_k": int(cfg.ecn_k), "trim_t": int(cfg.trim_t),
             "buffer": int(cfg.buffer)}
+
+
+def fail_link_now(name: str, a: str, b: str) -> Testbed:
+    """Take link a-b of testbed `name` down as a failure does, at once: with the eBPF programs attached
+    both ends drop everything from the first map update on, while the kernel takes the link down
+    (setting a veth down waits for RCU grace periods: 10-13 ms here, longer on a busy machine); then
+    that blackhole is lifted and the link stays down. Without the programs, the link-down alone."""
+    try:
+        fab = FabricDataplane.open(name)
+    except MrcError:
+        return tbmod.set_link(name, a, b, up=False)
+    with fab:
+        placed = fab.cut_link(a, b)
+        try:
+            return tbmod.set_link(name, a, b, up=False)
+        finally:
+            if placed:
+                fab.clear_faults(a, b)

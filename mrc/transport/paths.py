@@ -191,6 +191,7 @@ class PathSet:
         self.ev_port = [e.port for e in profile.entries]
         self.state = [DENIED if i in profile.denied else GOOD for i in range(n)]
         self.pen = [0] * n
+        self.npen = 0  # EVs with a penalty (of any state)
         self.skip = [0] * n
         self.drops = [0] * n  # losses since the EV's last event
         self.good_count = sum(1 for s in self.state if s == GOOD)
@@ -387,6 +388,8 @@ class PathSet:
 
     def penalise(self, i: int) -> None:
         """ECN-echo or trim on EV i: lower its preference (steer away); the window is untouched."""
+        if not self.pen[i]:
+            self.npen += 1
         p = self.pen[i] + PEN_STEP
         self.pen[i] = PEN_MAX if p > PEN_MAX else p
         self.skip[i] = self.pen[i] + 1
@@ -395,6 +398,19 @@ class PathSet:
             self._sync_rr(self.port_evs)
             self.seq = []  # leave the fast path until penalties decay
             self.since_rebuild = _REBUILD_EVERY  # build the weighted pattern at the next pick
+
+    def relieve(self, i: int) -> None:
+        """A clean acknowledgement of EV i: one step of its penalty back."""
+        p = self.pen[i] - 1
+        self.pen[i] = p
+        if not p:
+            self.npen -= 1
+        self.dirty = True
+
+    def hot_spot(self, i: int) -> bool:
+        """EV i is already penalised while at most a quarter of the GOOD EVs are: one hot path among
+        clean ones, which steering is moving traffic off, not a congested QP."""
+        return self.pen[i] >= PEN_STEP and 4 * self.npen <= self.good_count
 
     # ------------------------------------------------------------------ state machine
 
@@ -423,7 +439,9 @@ class PathSet:
             self.good_count -= 1
         if state == GOOD:
             self.good_count += 1
-            self.pen[i] = 0
+            if self.pen[i]:
+                self.npen -= 1
+                self.pen[i] = 0
         if (old, state) in ((GOOD, ASSUMED_BAD), (ASSUMED_BAD, GOOD)):
             e = self.profile.entries[i]
             pid = self.profile.profile_id

@@ -211,8 +211,8 @@ class QueuePair:
             (
                 "retx_sack", "retx_trim", "retx_timeout", "retx_nack", "retx_rnr",
                 "retx_spurious", "lost_then_acked", "sack_rx", "nack_rx", "nack_trim_rx", "rnr_rx",
-                "ecn_echo_rx", "probe_tx", "probe_reply_rx", "rto", "no_path_rto", "window_limited",
-                "cwnd_limited", "wimm_limited", "unmatched_rx",
+                "ecn_echo_rx", "ecn_steered", "probe_tx", "probe_reply_rx", "rto", "no_path_rto",
+                "window_limited", "cwnd_limited", "wimm_limited", "unmatched_rx",
                 "dup_rx", "stale_rx", "oow_rx", "trim_rx", "ecn_rx",
                 "sack_tx", "nack_tx", "probe_rx", "bad_rkey_rx", "bad_va_rx", "bad_length_rx",
                 "no_recv_buffer_rx", "imm_rx", "port_status_rx", "rx_msg_evicted", "rx_msg_expired",
@@ -664,13 +664,14 @@ class QueuePair:
         e = s.echo_ev_index  # type: ignore[union-attr]
         ecn = bool(s.echo_flags & _CE)  # type: ignore[union-attr]
         paths = self.paths
+        hot = False
         if e < paths.n:
             if ecn:
                 c["ecn_echo_rx"] += 1
+                hot = paths.hot_spot(e)
                 paths.penalise(e)
             elif paths.pen[e]:
-                paths.pen[e] -= 1
-                paths.dirty = True
+                paths.relieve(e)
         # RTT sample (per transmission timestamps: no retransmission ambiguity)
         rtt = -1
         if 0 < ts <= now:
@@ -678,7 +679,13 @@ class QueuePair:
             if rtt < 0:
                 rtt = 0
             self._rtt_sample(rtt, paths.ev_port[e] if e < paths.n else -1)
-        self.cc.on_ack(now, acked, rtt, ecn)
+        if hot:
+            # the mark of a path the spraying already avoids, among clean ones (a slow or hot link):
+            # steering answers it, not the window of every path; the bytes still count
+            c["ecn_steered"] += 1
+            self.cc.on_ack(now, acked, -1, False)
+        else:
+            self.cc.on_ack(now, acked, rtt, ecn)
         if self.snd_nxt != self.snd_una:
             self._detect_losses(now)
 

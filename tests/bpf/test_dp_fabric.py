@@ -376,3 +376,21 @@ def test_blackhole_and_single_ev_faults(small_fabric: FabricDataplane, pair: Pai
         assert sorted(p.ev_index for p, *_ in pair.receive()) == sorted(p0)
     finally:
         assert fd.clear_faults(plane=1) == 8  # 4 links of plane 1, both ends
+
+
+def test_a_link_rate_change_moves_the_switch_ports_virtual_queues_too(small_fabric: FabricDataplane) -> None:
+    """`mrcctl testbed link set A B --rate R` with the programs attached: the TBF and the virtual queues
+    of both switch ends drain at R (they kept the attach-time rate, so a slowed link dropped without a
+    mark: MRC could not steer away from it)."""
+    from mrc.ctl.cli import main
+
+    fd = small_fabric
+    nominal = fd.topo.link.rate_bps
+    try:
+        assert main(["testbed", "link", "set", "p0l0", "p0s0", "--rate", "10mbit", "--name", fd.name]) == 0
+        assert [fd._sw_port(n, i)[1].rate_bps for n, i in fd.link_ports("p0l0", "p0s0")] == [10_000_000] * 2
+        other = fd.link_ports("p1l0", "p1s0")
+        assert [fd._sw_port(n, i)[1].rate_bps for n, i in other] == [nominal] * 2
+    finally:
+        main(["testbed", "link", "set", "p0l0", "p0s0", "--rate", str(nominal), "--name", fd.name])
+    assert [fd._sw_port(n, i)[1].rate_bps for n, i in fd.link_ports("p0l0", "p0s0")] == [nominal] * 2

@@ -205,3 +205,14 @@ def test_many_outstanding_messages_of_any_size() -> None:
     assert sorted(w.wr_id - 1000 for w in rwc) == [k for k, _ in imms]
     assert (r.src[:off] == r.dst[:off]).all() and not r.dst[off:].any()
     assert not r.qa.busy and r.qa.c["retx_sack"] + r.qa.c["retx_trim"] > 0
+
+
+def test_one_slow_marking_plane_is_steered_around_without_collapsing_the_window() -> None:
+    """ECN with a high delay on one plane only (a slow or hot path): the first marks may cut the window
+    once, then the path is penalised and its marks are steering's business. Before, every mark of
+    that plane was a multiplicative decrease of the whole window: 137 of them, down to one MTU."""
+    doc, r = run(16 << 20, ecn={2: 1.0}, plane_delay_ns=[0, 0, 20_000, 0], seed=2)
+    assert doc["completed"] and doc["bit_exact"]
+    cc = doc["cc"]
+    assert cc["md_count"] <= 2 and cc["min_cwnd_seen"] >= cc["cwnd"] // 2
+    assert r.qa.c["ecn_steered"] > 100 and doc["plane_share"][2] < 0.1
