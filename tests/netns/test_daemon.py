@@ -164,6 +164,23 @@ def test_link_failure_ride_through(tb: dict[str, Any]) -> None:
     assert tbmod.Testbed.load(tb["name"]).down_links() == frozenset()
 
 
+def test_a_slowed_link_is_steered_around(tb: dict[str, Any]) -> None:
+    """A leaf-spine link of plane 0 at a tenth of its rate, routing unchanged: the transfer completes
+    bit-exact and plane 0 carries clearly less than the others (its other spine still works: the slow
+    path's EV is penalised by the ECN of the switch port's virtual queue, which follows the link's new
+    rate). Before, the whole QP slowed to the slow path's pace on every plane alike."""
+    from mrc.ctl.cli import main
+
+    assert main(["testbed", "link", "set", "p0l0", "p0s0", "--rate", "10mbit", "--name", tb["name"]]) == 0
+    try:
+        doc = WriteBench(BenchConfig(tb["name"], "h0", "h2", [32 << 20], iters=1)).run()
+    finally:
+        main(["testbed", "link", "set", "p0l0", "p0s0", "--rate", "100mbit", "--name", tb["name"]])
+    assert doc["bit_exact"]
+    share = doc["rows"][0]["plane_gbps"]
+    assert share["0"] < 0.8 * min(share[p] for p in ("1", "2", "3")), share
+
+
 def test_incast_trims_and_nacks_without_timeouts(tb: dict[str, Any]) -> None:
     """Three senders to one host through switch ports configured to trim: every transfer is intact, the
     switches trimmed, the senders got TRIMMED NACKs and retransmitted on them, and no ACK timeout fired."""
