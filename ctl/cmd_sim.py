@@ -253,8 +253,9 @@ def _spec(
         hpl = spines if hosts_per_leaf is None else hosts_per_leaf
         if hpl < 1:
             raise UsageError("hosts per leaf must be at least 1")
-        if not 1 <= leaves <= 256 or leaves * hpl > 256:
-            raise UsageError(f"{leaves} leaves x {hpl} hosts: the model holds 2..256 hosts and 1..256 leaves")
+        if not 1 <= leaves <= 256 or leaves * hpl > 2048:
+            raise UsageError(f"{leaves} leaves x {hpl} hosts: the model holds 2..2048 hosts and 1..256 "
+                             "leaves")
         if rate <= 0:
             raise UsageError("rate must be positive")
         buf = parse_size(buffer_)

@@ -9,8 +9,10 @@ host has one port per plane, attached to the same leaf index in every plane. No 
 Addressing (all derived, nothing to configure per node):
 
 * micro-SID node ID (16 bits, F3216 format in a /32 locator block ``usid_block``):
-  ``plane << 12 | role << 8 | index`` with role 1 = leaf, 2 = spine, 3 = host port. Plane 0 leaf 1 is
-  0x0101, plane 2 spine 0 is 0x2200, host 3's port in plane 1 is 0x1303. Each node owns the /48
+  ``plane << 12 | role << 8 | index`` with role 1 = leaf, 2 = spine, 3 = host port (index < 256). Plane 0
+  leaf 1 is 0x0101, plane 2 spine 0 is 0x2200, host 3's port in plane 1 is 0x1303. Hosts 256..2047 take
+  the upper half of the low 12 bits instead: ``plane << 12 | 0x800 | index`` (host 300 in plane 1:
+  0x192C), so fabrics beyond 256 hosts keep the IDs of the first 256. Each node owns the /48
   ``block:ID::/48``; a path's container is ``block:ID1:ID2:...::`` (at most six IDs).
 * link underlay: the link between a lower node A (host port or leaf) and an upper node B (leaf or spine)
   is ``link_prefix:A:B::/64`` (link_prefix is a /32); A has ``::1``, B has ``::2``. A host's address on the
@@ -44,7 +46,8 @@ ROLE_LEAF: Final = 1
 ROLE_SPINE: Final = 2
 ROLE_HOST: Final = 3
 MAX_PLANES: Final = 16
-MAX_INDEX: Final = 256
+MAX_INDEX: Final = 256  # leaves and spines per plane, and hosts with the role-3 node ID
+MAX_HOSTS: Final = 2048  # hosts: 256 with role 3, the rest as 0x800 | index
 MAX_USIDS: Final = 6  # 96 bits after a 32-bit block, 16 bits each
 IFNAMSIZ: Final = 15
 DEFAULT_USID_BLOCK: Final = ipaddress.IPv6Network("fcbb:bbbb::/32")
@@ -198,8 +201,8 @@ class Topology:
             yield "topology.spines", f"must be 0..{MAX_INDEX}, got {self.spines}"
         if self.spines == 0 and self.leaves > 1:
             yield "topology.spines", "at least one spine is needed to join more than one leaf"
-        if not 2 <= len(self.hosts) <= MAX_INDEX:
-            yield "hosts", f"need 2..{MAX_INDEX} hosts, got {len(self.hosts)}"
+        if not 2 <= len(self.hosts) <= MAX_HOSTS:
+            yield "hosts", f"need 2..{MAX_HOSTS} hosts, got {len(self.hosts)}"
         seen: set[str] = set()
         for i, (name, leaf) in enumerate(self.hosts):
             key = f"hosts[{i}]"
@@ -334,6 +337,8 @@ class Topology:
     # -- micro-SIDs
     @staticmethod
     def usid(plane: int, role: int, index: int) -> int:
+        if role == ROLE_HOST and index >= MAX_INDEX:
+            return (plane << 12) | 0x800 | index
         return (plane << 12) | (role << 8) | index
 
     def node_usid(self, name: str, plane: int | None = None) -> int:

@@ -129,3 +129,14 @@ def test_degraded_json_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert "leaf-spine" in capsys.readouterr().err
     assert main(["sim", "run", "degraded", "--hosts", "8", *SMALL, "--hosts-per-leaf", "2",
                  "--factor", "0"]) == 2
+
+
+def test_permutation_beyond_256_hosts(capsys: pytest.CaptureFixture[str]) -> None:
+    doc = _json(capsys, ["permutation", "--hosts", "320", "--planes", "1", "--spines", "16",
+                         "--variants", "mrc", "--jobs", "1", "--duration", "20us", "--warmup", "10us"])
+    assert doc["config"]["fabric"]["leaves"] == 20
+    r = doc["results"]["mrc"]
+    assert len(r["flow_fractions"]) == 320 and r["capacity_fraction"] > 0.8  # hosts 256..319 deliver too
+    assert r["flow_fractions"][0] > 0.5
+    assert main(["sim", "run", "permutation", "--hosts", "2064", "--spines", "16"]) == 2
+    assert "2..2048 hosts" in capsys.readouterr().err

@@ -185,3 +185,19 @@ def test_sizes_mean_the_same_bytes_in_files_and_commands() -> None:
     for bad in ("1.5", "0", "-1", "10 furlongs", True, 2.5):
         with pytest.raises(ValueError):
             units.parse_size(bad)
+
+
+def test_more_than_256_hosts_get_node_ids_of_their_own_and_the_first_256_keep_theirs() -> None:
+    small = topology.generate(2, 8, 8, 8)  # 64 hosts
+    big = topology.generate(2, 64, 16, 16)  # 1024 hosts
+    assert [small.node_usid(f"h{i}", 1) for i in range(64)] == [big.node_usid(f"h{i}", 1) for i in range(64)]
+    assert big.node_usid("h3", 1) == 0x1303 and big.node_usid("h300", 1) == 0x192C
+    ids = [big.node_usid(n, p) for n, _ in big.hosts for p in range(2)] + [big.node_usid(s.name)
+                                                                          for s in big.switches()]
+    assert len(ids) == len(set(ids)) == 2 * 1024 + 2 * (64 + 16)
+    assert all(i >> 12 == p for n, _ in big.hosts for p in range(2) for i in [big.node_usid(n, p)])
+    # the paths of a host beyond 256 end in its own port
+    (path,) = [p for p in big.paths("h0", "h1000") if p.plane == 1 and p.spine == 3]
+    assert path.usids[-1] == big.node_usid("h1000", 1) and path.usids[-1] & 0xF00 >= 0x800
+    with pytest.raises(ConfigError, match=r"need 2\.\.2048 hosts"):
+        topology.generate(1, 129, 16, 16)
