@@ -225,7 +225,9 @@ class QueuePair:
         # change that outcome has happened since: SACK, NACK, timer, post, error all clear it. Context.
         # datagrams_to_send then counts the attempt (cwnd_limited) without the call.
         self.parked = False
-        self.trim_recoveries: list[int] = []
+        # the latest trim recovery times (ns from the trimmed send to its resend), for statistics: bounded,
+        # as is everything the network's behaviour can grow
+        self.trim_recoveries: deque[int] = deque(maxlen=4096)
 
     # ================================================================== verbs
 
@@ -809,7 +811,12 @@ class QueuePair:
         if code == NackCode.TRIMMED:
             c["nack_trim_rx"] += 1
             c["retx_trim"] += 1
-            self.trim_pending[psn] = self.tx_time[slot]
+            tp = self.trim_pending
+            if len(tp) >= self.W:  # PSNs acknowledged before their resend left entries behind
+                una = self.snd_una
+                for p in [p for p in tp if p < una]:
+                    del tp[p]
+            tp[psn] = self.tx_time[slot]
             self.tx_state[slot] = _LOST
             self.inflight -= self.tx_len[slot]
             self.retx_q.appendleft(psn)  # selective retransmit now, on another EV; the EV stays GOOD

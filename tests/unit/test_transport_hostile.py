@@ -435,3 +435,12 @@ def test_injected_control_packets_never_break_a_running_transfer(
     assert [w.status for w in r.qa.send_cq.poll()] == [WcStatus.SUCCESS]
     assert [(w.status, w.imm_data) for w in r.qb.recv_cq.poll()] == [(WcStatus.SUCCESS, 0x1234ABCD)]
     assert np.array_equal(r.src, r.dst)
+
+
+def test_what_the_network_can_grow_at_the_requester_is_bounded() -> None:
+    # every third data packet trimmed: ~5,000 trim recoveries in one transfer
+    r = loop(LoopbackConfig(size=64 << 20, seed=9, fabric=FabricConfig(planes=4, trim=0.3)))
+    doc = transfer(r)
+    assert doc["completed"] and doc["bit_exact"] and doc["trims"] > 4096
+    assert len(r.qa.trim_recoveries) == 4096 and len(r.qa.trim_pending) <= r.qa.W
+    assert len(r.qa.tx_old) <= 2 * r.qa.W and len(r.qa.rnr) <= r.qa.W
