@@ -167,8 +167,10 @@ class QueuePair:
         self.first_psn = attr.initial_psn
         # MXH timestamps go out as now + ts_off, a random per-QP offset (as TCP randomizes its
         # timestamps per connection): echoes are checked against our own transmissions, so feedback
-        # that did not see our packet cannot name one, even on a driver clock that starts at 0
-        self.ts_off = ctx.rng.getrandbits(61)
+        # that did not see our packet cannot name one, even on a driver clock that starts at 0 (one
+        # guess in 2^29 per forged packet, PSN aside). 29 bits keep a simulator's timestamps within
+        # CPython's one-digit ints (< 2^30) for its first half second, as they were before the offset
+        self.ts_off = ctx.rng.getrandbits(29)
         self.wimm_out = 0  # WRITE-with-immediates started and not yet completed (<= attr.max_wimm)
         self.rnr: dict[int, list[int]] = {}  # PSN refused for want of a receive -> [resend at or -1, tries]
         self.rack_next = attr.initial_psn  # loss detection pointer over first transmissions
