@@ -265,8 +265,9 @@ def degraded(spec: RunSpec, link: tuple[str, str] | None = None, factor: float =
     renegotiated to a lower speed). Per flow the goodput as a fraction of the host's capacity and of its
     fair share: what ideal multipath routing could give it with that link slow, min over the flow's
     two leaves of (their uplink or downlink capacity left) / (the flows that share it), at most 1.
-    Per variant: capacity, worst flow, worst flow over its fair share, and the share of the fabric's
-    data bytes that crossed the slow link."""
+    Per variant: capacity, worst flow, worst flow over its fair share, the flows whose data can cross
+    the slow link and the worst of them, and the slow link's load (its bytes over the mean of the other
+    leaf-spine links')."""
     fs = spec.fabric
     topo = fs.topology()
     a, b = link or (topo.leaf_name(0, 0), topo.spine_name(0, 0))
@@ -339,7 +340,6 @@ def degraded(spec: RunSpec, link: tuple[str, str] | None = None, factor: float =
         through = slow_flows(variant, fab, tr)
         res: dict[str, Any] = {
             "capacity_fraction": round(sum(rates) / n, 4),
-            "flow_fraction_mean": round(sum(rates) / n, 4),
             "flow_fraction_min": round(min(rates), 4),
             "worst_flow_of_fair_share": round(min(rel), 4),
             "flows_below_half_fair_share": sum(1 for x in rel if x < 0.5),
