@@ -199,7 +199,7 @@ class Context:
             # else, and every rejection, goes through `parse` below)
             f = parse_write(data, qp.rx_icrc)
             if f is not None:
-                qp.on_write(*f, now, ecn, port, self._out)
+                qp.on_write(f, now, ecn, port, self._out)
                 return
         try:
             pkt = parse(data, qp.rx_icrc)

@@ -480,9 +480,12 @@ def parse(
     )
 
 
-def parse_write(
-    data: bytes | bytearray, ctx: IcrcContext
-) -> tuple[int, bool, int, int, int, int | None, int, int, int, int, int, memoryview] | None:
+# parse_write's result: (psn, ackreq, va, rkey, dma_len, imm, flags, ev_index, msn, msg_len, timestamp_ns,
+# payload), the MrcPacket fields of those names
+WriteFields = tuple[int, bool, int, int, int, "int | None", int, int, int, int, int, memoryview]
+
+
+def parse_write(data: bytes | bytearray, ctx: IcrcContext) -> WriteFields | None:
     """The receive hot path of `parse` for an RDMA WRITE Only / WRITE Only with Immediate packet that
     `parse(data, ctx)` accepts with icrc "ok" (the default source port of its EV, `verify` on):
     (psn, ackreq, va, rkey, dma_len, imm, flags, ev_index, msn, msg_len, timestamp_ns, payload), the
