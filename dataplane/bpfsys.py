@@ -8,11 +8,48 @@ from __future__ import annotations
 import ctypes as ct
 import errno
 import os
+import platform
 from functools import cache
 from pathlib import Path
 from typing import Final
 
-_NR_BPF: Final = 321  # x86_64
+from mrc.errors import MrcError
+
+# bpf(2) has a different number on each architecture (the kernel's syscall tables: x86_64 in
+# arch/x86/entry/syscalls/syscall_64.tbl; arm64, riscv64 and loongarch64 share the generic
+# include/uapi/asm-generic/unistd.h; the others in their own syscall.tbl). The wheel is py3-none-any, so
+# the number is chosen at run time for the machine and the width of this Python (a 32-bit userland on a
+# 64-bit kernel uses the 32-bit table), and an architecture not listed is refused with a clear error.
+BPF_SYSCALL_NUMBERS: Final[dict[tuple[str, int], int]] = {
+    ("x86_64", 64): 321, ("amd64", 64): 321,
+    ("x86_64", 32): 357, ("amd64", 32): 357,
+    ("i386", 32): 357, ("i486", 32): 357, ("i586", 32): 357, ("i686", 32): 357,
+    ("aarch64", 64): 280, ("arm64", 64): 280, ("riscv64", 64): 280, ("loongarch64", 64): 280,
+    ("aarch64", 32): 386, ("arm64", 32): 386,
+    ("armv6l", 32): 386, ("armv7l", 32): 386, ("armv8l", 32): 386,
+    ("ppc64le", 64): 361, ("ppc64", 64): 361,
+    ("s390x", 64): 351,
+}
+
+
+def syscall_number(machine: str | None = None, pointer_bits: int | None = None) -> int:
+    """The bpf(2) syscall number for `machine` (default `platform.machine()`) and a userland of
+    `pointer_bits` (default this Python's); MrcError for an architecture mrc does not know."""
+    m = (platform.machine() if machine is None else machine).lower()
+    bits = 8 * ct.sizeof(ct.c_void_p) if pointer_bits is None else pointer_bits
+    try:
+        return BPF_SYSCALL_NUMBERS[(m, bits)]
+    except KeyError:
+        known = ", ".join(sorted({a for a, _ in BPF_SYSCALL_NUMBERS}))
+        raise MrcError(f"bpf(2): unsupported architecture {m!r} ({bits}-bit userland): mrc does not know "
+                       f"its syscall number (known: {known})") from None
+
+
+@cache
+def _nr_bpf() -> int:
+    return syscall_number()
+
+
 BPF_MAP_LOOKUP_ELEM: Final = 1
 BPF_MAP_UPDATE_ELEM: Final = 2
 BPF_MAP_DELETE_ELEM: Final = 3
@@ -52,7 +89,7 @@ class _ProgLoadAttr(ct.Structure):
 
 
 def _bpf(cmd: int, attr: ct.Structure) -> int:
-    rc = int(_libc.syscall(_NR_BPF, cmd, ct.byref(attr), ct.sizeof(attr)))
+    rc = int(_libc.syscall(_nr_bpf(), cmd, ct.byref(attr), ct.sizeof(attr)))
     if rc < 0:
         e = ct.get_errno()
         raise OSError(e, os.strerror(e))

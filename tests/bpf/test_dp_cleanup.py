@@ -21,10 +21,8 @@ from mrc import topology
 from mrc.dataplane import bpf, netns
 from mrc.dataplane import testbed as tb
 
-pytestmark = [pytest.mark.root, pytest.mark.netns, pytest.mark.bpf, pytest.mark.slow]
-
-if os.geteuid() != 0:
-    pytest.skip("needs root: loads eBPF programs, builds namespaces", allow_module_level=True)
+pytestmark = [pytest.mark.root(reason="loads eBPF programs, builds namespaces"),
+              pytest.mark.netns, pytest.mark.bpf, pytest.mark.slow]
 
 TOPOS = Path(__file__).resolve().parents[2] / "deploy" / "topologies"
 

@@ -8,7 +8,6 @@ counters and captures show."""
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import subprocess
 import time
@@ -25,10 +24,8 @@ from mrc.dataplane.fabric import FabricDataplane
 from mrc.errors import MrcError
 from mrc.wire import ip
 
-pytestmark = [pytest.mark.root, pytest.mark.netns, pytest.mark.bpf]
-
-if os.geteuid() != 0:
-    pytest.skip("needs root: loads eBPF programs, builds namespaces", allow_module_level=True)
+pytestmark = [pytest.mark.root(reason="loads eBPF programs, builds namespaces"),
+              pytest.mark.netns, pytest.mark.bpf]
 
 
 class Pair:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ctypes as ct
 import ipaddress
-import os
 import struct
 from collections.abc import Callable
 
@@ -18,10 +17,7 @@ from mrc.dataplane import abi, bpfsys
 from mrc.dataplane.bpf import Program, netns_cookie
 from mrc.wire import ip
 
-pytestmark = [pytest.mark.root, pytest.mark.bpf]
-
-if os.geteuid() != 0:
-    pytest.skip("needs root: loads eBPF programs, builds namespaces", allow_module_level=True)
+pytestmark = [pytest.mark.root(reason="loads eBPF programs, builds namespaces"), pytest.mark.bpf]
 
 XDP_DROP, XDP_PASS = 1, 2
 TC_ACT_OK, TC_ACT_SHOT, TC_ACT_REDIRECT = 0, 2, 7

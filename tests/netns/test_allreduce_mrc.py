@@ -20,10 +20,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytestmark = [pytest.mark.root, pytest.mark.netns, pytest.mark.bpf]
-
-if os.geteuid() != 0:
-    pytest.skip("needs root: namespaces, eBPF programs, daemons", allow_module_level=True)
+pytestmark = [pytest.mark.root(reason="namespaces, eBPF programs, daemons"),
+              pytest.mark.netns, pytest.mark.bpf]
 
 from rank_procs import rank_pids  # noqa: E402
 from test_daemon import tb  # noqa: E402,F401  (the module-scoped testbed + mrcd fixture)

@@ -24,10 +24,9 @@ from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.root, pytest.mark.netns, pytest.mark.bpf]
+pytestmark = [pytest.mark.root(reason="namespaces, eBPF programs, daemons"),
+              pytest.mark.netns, pytest.mark.bpf]
 
-if os.geteuid() != 0:
-    pytest.skip("needs root: namespaces, eBPF programs, daemons", allow_module_level=True)
 pytest.importorskip("torch", reason="torch is not importable (make setup installs torch==2.13.0)")
 
 from rank_procs import rank_pids  # noqa: E402
