@@ -3,13 +3,17 @@
     mrcctl wire [show]                              opcodes, header sizes, flags and codes
     mrcctl wire sample --out FILE.pcap [--count N] [--seed S]
                                                     a capture of every packet type, as on the fabric
-    mrcctl wire decode FILE.pcap                    one row per packet, rejects counted by reason
+    mrcctl wire decode FILE                         one row per packet, rejects counted by reason
+                                                    (classic pcap or pcapng; Ethernet, raw IP, Linux
+                                                    cooked; snaplen-cut frames decoded from headers)
 
 `-j` may come before the object (`mrcctl -j wire ...`) or after the verb (`mrcctl wire decode F -j`).
 
 `decode` never stops at a bad packet: a frame that is not MRC is counted under the `WireError.reason`
 the parser gave (non-IPv6 or non-4791 frames as `bad_ip`), the way the receive path counts them, so
-the totals always account for every frame. Only a file that is not a readable pcap is an error.
+the totals always account for every frame. Only a file that is not a readable pcap or pcapng is an
+error. A frame the capture's snaplen cut (`editcap -s 200`) is decoded from its headers, with the
+lengths it had on the wire, `truncated` true and ICRC "truncated": it is not a bad packet.
 Frame numbers start at 1, as in Wireshark, so rows can be matched with `tshark -r FILE`.
 """
 
@@ -22,12 +26,12 @@ from typing import Any, Final
 
 import click
 
-from mrc.wire import IcrcContext, MrcPacket, WireError, parse
+from mrc.wire import MrcPacket, WireError
 from mrc.wire import consts as C
+from mrc.wire.capture import LINKTYPE_ETHERNET, parse_captured, read_capture, split_captured
 from mrc.wire.control import Nack, PortStatus, Probe, ProbeReply, Sack
-from mrc.wire.ip import split_ether
 from mrc.wire.packet import OPCODE_NAMES, header_len
-from mrc.wire.pcap import read_pcap, write_pcap
+from mrc.wire.pcap import Record, write_pcap
 from mrc.wire.samples import ROUND, sample_frames
 
 from .output import Output, json_option, table
@@ -108,10 +112,20 @@ def _info(pkt: MrcPacket) -> str:
     return info if pkt.imm is None else f"{info} imm={pkt.imm:#010x}"
 
 
-def decode_frame(index: int, ts: float, frame: bytes) -> dict[str, Any]:
-    """One captured Ethernet frame as a JSON-ready row; raises WireError when it is not MRC."""
-    f = split_ether(frame)
-    pkt = parse(f.mrc, IcrcContext(f.inner.src, f.inner.dst), sport=f.sport, verify=False)
+def decode_frame(
+    index: int, ts: float | None, frame: bytes, orig_len: int | None = None, linktype: int = LINKTYPE_ETHERNET
+) -> dict[str, Any]:
+    """One captured frame as a JSON-ready row; raises WireError when it is not MRC.
+
+    `orig_len` is the frame's length on the wire when the capture kept less (snaplen): the headers are
+    then decoded from what was kept and every length reported is the on-the-wire one (`payload_len`
+    4096 for a 4096-byte WRITE cut to 200 bytes), with `truncated` true and ICRC "truncated" (it
+    cannot be checked), rather than the frame being rejected."""
+    c = split_captured(Record(ts, frame, len(frame) if orig_len is None else orig_len, linktype))
+    pkt, icrc = parse_captured(c)
+    f = c.frame
+    # The payload on the wire (DMA length), not what the capture kept; a trimmed packet carries none.
+    payload_len = pkt.dma_len if pkt.is_data and not pkt.trimmed else 0
     return {
         "index": index,
         "time": ts,
@@ -124,7 +138,7 @@ def decode_frame(index: int, ts: float, frame: bytes) -> dict[str, Any]:
         "flags": flag_names(pkt.flags),
         "flags_value": pkt.flags,
         "ackreq": pkt.ackreq,
-        "payload_len": len(pkt.payload),
+        "payload_len": payload_len,
         "dma_len": pkt.dma_len,
         "pad": pkt.pad,
         "va": f"{pkt.va:#x}" if pkt.is_data else None,
@@ -137,35 +151,42 @@ def decode_frame(index: int, ts: float, frame: bytes) -> dict[str, Any]:
         "mrc_len": pkt.length,
         "outer_len": f.outer.payload_len if f.outer else None,
         "inner_len": f.inner.payload_len,
+        "frame_len": c.wire_len,
+        "captured_len": len(frame),
+        "truncated": c.truncated,
         "sport": f.sport,
         "src": f.inner.src_str,
         "dst": f.inner.dst_str,
         "container": f.outer.dst_str if f.outer else None,
         "flow_label": f.outer.flow_label if f.outer else None,
         "ecn": f.outer.ecn if f.outer else f.inner.ecn,
-        "icrc": pkt.icrc,
+        "icrc": icrc,
         "body": _body_doc(pkt),
-        "info": _info(pkt),
+        "info": _info(pkt) if pkt.is_data or pkt.body is not None else "body not captured",
     }
 
 
 def decode_frames(
-    name: str, frames: Iterable[tuple[float, bytes]], out: Output | None = None
+    name: str, frames: Iterable[Record | tuple[float, bytes]], out: Output | None = None
 ) -> dict[str, Any]:
-    """The `wire decode` document for `frames`: parsed rows, rejects by reason, ICRC totals."""
+    """The `wire decode` document for `frames` (capture records, or (time, Ethernet frame) pairs):
+    parsed rows, rejects by reason, ICRC totals ("truncated": snaplen-cut packets whose ICRC the
+    capture did not keep)."""
     packets: list[dict[str, Any]] = []
     errors: list[dict[str, Any]] = []
     rejected: Counter[str] = Counter()
-    icrc: Counter[str] = Counter({"ok": 0, "bad": 0, "ignored": 0})
+    icrc: Counter[str] = Counter({"ok": 0, "bad": 0, "ignored": 0, "truncated": 0})
     total = 0
-    for total, (ts, frame) in enumerate(frames, 1):
+    for total, item in enumerate(frames, 1):
+        rec = item if isinstance(item, Record) else Record(item[0], item[1], len(item[1]), LINKTYPE_ETHERNET)
         try:
-            row = decode_frame(total, ts, frame)
+            row = decode_frame(total, rec.time, rec.data, rec.orig_len, rec.linktype)
         except WireError as e:
             rejected[e.reason] += 1
-            errors.append(
-                {"index": total, "time": ts, "reason": e.reason, "detail": str(e), "len": len(frame)}
-            )
+            errors.append({
+                "index": total, "time": rec.time, "reason": e.reason, "detail": str(e),
+                "len": rec.orig_len, "captured_len": len(rec.data),
+            })
         else:
             icrc[row["icrc"]] += 1
             packets.append(row)
@@ -294,9 +315,9 @@ _DECODE_COLUMNS: Final = [
 @json_option
 @click.pass_obj
 def decode(out: Output, file: str) -> None:
-    """Decode a pcap: one row per MRC packet; what is not MRC is counted by reason."""
-    # A missing or corrupt file raises PcapError (file and byte offset in the message).
-    doc = decode_frames(file, read_pcap(file), out)
+    """Decode a pcap or pcapng capture: one row per MRC packet; what is not MRC is counted by reason."""
+    # A missing or corrupt file raises PcapError (file, byte offset, block in the message).
+    doc = decode_frames(file, read_capture(file), out)
 
     def render(d: dict[str, Any]) -> str:
         rows: list[dict[str, Any]] = []
@@ -317,6 +338,7 @@ def decode(out: Output, file: str) -> None:
             f"{d['file']}: {d['total']} frames, {d['parsed']} parsed, "
             f"{d['total'] - d['parsed']} rejected ({rej}); "
             f"ICRC ok {ic['ok']}, bad {ic['bad']}, ignored {ic['ignored']}"
+            + (f", truncated {ic['truncated']} (cut by the capture's snaplen)" if ic["truncated"] else "")
         )
         return (table(rows, _DECODE_COLUMNS) + "\n" if rows else "") + summary
 

@@ -1,4 +1,4 @@
-"""Classic pcap files (the libpcap format tcpdump and tshark read and write), Ethernet link type only.
+"""Classic pcap files (the libpcap format tcpdump writes; `tshark -F pcap`, `editcap -F pcap`).
 
 Why our own and not scapy's: `mrcctl wire decode` must survive any file an operator hands it and say
 exactly where it is broken (file and byte offset) instead of a struct.error or a silently short read,
@@ -11,19 +11,22 @@ read with two Structs::
                                 thiszone     GMT offset, 0 in practice (ignored)
                                 sigfigs      0 (ignored)
                                 snaplen      largest record the capture kept
-                                network      link type; only LINKTYPE_ETHERNET (1) is accepted
+                                network      link type (LINKTYPE_ETHERNET 1 for what we write)
     record header (16 bytes)    ts_sec, ts_frac (us or ns), incl_len (bytes stored), orig_len (on wire)
     record data                 incl_len bytes
 
-pcapng (`tcpdump` >= 4.99 and `dumpcap` default) is refused with a hint, not misread.
+`write_pcap` writes Ethernet, microsecond or nanosecond, little-endian. `read_pcap_records` reads any
+link type and keeps each record's on-the-wire length (`orig_len`), which a snaplen-cut capture needs;
+pcapng (the default of dumpcap, tshark and editcap) is in `pcapng.py`, and `capture.read_capture`
+reads either, choosing by the magic number.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from os import PathLike
-from typing import Final
+from typing import BinaryIO, Final, NamedTuple
 
 from mrc.errors import MrcError
 
@@ -86,18 +89,45 @@ def write_pcap(
     return count
 
 
-def read_pcap(path: StrPath) -> Iterator[tuple[float, bytes]]:
-    """Yield (timestamp in seconds, frame bytes) for every record of a classic Ethernet pcap.
+class Record(NamedTuple):
+    """One captured packet, from a classic pcap or a pcapng file.
+
+    `data` holds the `len(data)` bytes the capture kept; `orig_len` is the packet's length on the wire
+    (larger when the capture's snaplen cut it, `editcap -s`, `tcpdump -s`): decoders report lengths
+    from it and must not mistake a cut packet for a malformed one. `time` is seconds since the epoch,
+    None where the format has none (pcapng Simple Packet Blocks). `interface` is the pcapng interface
+    index (0 in a classic pcap) and `linktype` that interface's LINKTYPE_* value."""
+
+    time: float | None
+    data: bytes
+    orig_len: int
+    linktype: int
+    interface: int = 0
+
+    @property
+    def truncated(self) -> bool:
+        """True when the capture kept fewer bytes than were on the wire."""
+        return self.orig_len > len(self.data)
+
+
+def read_pcap_records(
+    path: StrPath, f: BinaryIO | None = None, *, linktypes: Collection[int] | None = None
+) -> Iterator[Record]:
+    """Yield a `Record` for every record of a classic pcap, of any link type.
 
     Microsecond and nanosecond files in either byte order are read. Anything else (missing file,
-    pcapng, wrong link type, a header or record cut short, an absurd record length) raises
-    `PcapError` naming the file and the byte offset where the problem is; records already yielded
-    stay valid, so a caller may count what came before a truncated tail."""
+    pcapng, a header or record cut short, an absurd record length) raises `PcapError` naming the
+    file and the byte offset where the problem is; records already yielded stay valid, so a caller
+    may count what came before a truncated tail. `f`, when given, is an open file positioned at the
+    start (the caller keeps ownership); otherwise `path` is opened and closed here. `linktypes`, when
+    given, are the link types the caller accepts: another is a `PcapError` at the global header."""
     name = str(path)
-    try:
-        f = open(path, "rb")  # noqa: SIM115 -- closed in the finally below; a generator owns it
-    except OSError as e:
-        raise PcapError(f"{name}: cannot open: {e.strerror or e}") from e
+    own = f is None
+    if f is None:
+        try:
+            f = open(path, "rb")  # noqa: SIM115 -- closed in the finally below; a generator owns it
+        except OSError as e:
+            raise PcapError(f"{name}: cannot open: {e.strerror or e}") from e
     try:
         head = f.read(GLOBAL_HDR_LEN)
         if len(head) < 4:
@@ -110,8 +140,8 @@ def read_pcap(path: StrPath) -> Iterator[tuple[float, bytes]]:
             ghdr, rhdr, magic = _GLOBAL_BE, _RECORD_BE, magic_be
         elif magic_le == PCAPNG_MAGIC:
             raise PcapError(
-                f"{name}: offset 0: pcapng file; only classic pcap is read "
-                f"(convert with: editcap -F pcap {name} out.pcap)"
+                f"{name}: offset 0: pcapng file, not a classic pcap "
+                "(mrc.wire.capture.read_capture reads both)"
             )
         else:
             raise PcapError(f"{name}: offset 0: not a pcap file (magic {head[:4].hex()})")
@@ -124,8 +154,9 @@ def read_pcap(path: StrPath) -> Iterator[tuple[float, bytes]]:
         if major != VERSION[0]:
             raise PcapError(f"{name}: offset 4: unsupported pcap version {major}.{minor}")
         linktype = network & 0xFFFF  # upper bits may carry FCS information
-        if linktype != LINKTYPE_ETHERNET:
-            raise PcapError(f"{name}: offset 20: link type {linktype}, only Ethernet (1) is supported")
+        if linktypes is not None and linktype not in linktypes:
+            accepted = ", ".join(str(t) for t in sorted(linktypes))
+            raise PcapError(f"{name}: offset 20: link type {linktype}, only {accepted} is supported")
         scale = 1e-9 if magic == MAGIC_NSEC else 1e-6
         limit = min(max(snaplen, SNAPLEN), MAX_RECORD)
         offset = GLOBAL_HDR_LEN
@@ -139,7 +170,7 @@ def read_pcap(path: StrPath) -> Iterator[tuple[float, bytes]]:
                     f"{name}: offset {offset}: record {index}: truncated record header "
                     f"({len(rec)} of {RECORD_HDR_LEN} bytes)"
                 )
-            sec, frac, incl, _orig = rhdr.unpack(rec)
+            sec, frac, incl, orig = rhdr.unpack(rec)
             if incl > limit:
                 raise PcapError(
                     f"{name}: offset {offset}: record {index}: length {incl} exceeds the limit {limit} "
@@ -151,10 +182,20 @@ def read_pcap(path: StrPath) -> Iterator[tuple[float, bytes]]:
                     f"{name}: offset {offset + RECORD_HDR_LEN}: record {index}: truncated data "
                     f"({len(data)} of {incl} bytes)"
                 )
-            yield sec + frac * scale, data
+            # orig_len below incl_len is a writer's bug, not a packet longer than it was: keep incl.
+            yield Record(sec + frac * scale, data, max(orig, incl), linktype)
             offset += RECORD_HDR_LEN + incl
             index += 1
     except OSError as e:
         raise PcapError(f"{name}: read error: {e.strerror or e}") from e
     finally:
-        f.close()
+        if own:
+            f.close()
+
+
+def read_pcap(path: StrPath) -> Iterator[tuple[float, bytes]]:
+    """Yield (timestamp in seconds, frame bytes) for every record of a classic Ethernet pcap (the
+    files `write_pcap` writes). As `read_pcap_records`, and a link type other than Ethernet is a
+    `PcapError` (offset 20). Reading any capture, pcapng included: `mrc.wire.capture.read_capture`."""
+    for rec in read_pcap_records(path, linktypes=(LINKTYPE_ETHERNET,)):
+        yield rec.time or 0.0, rec.data

@@ -60,7 +60,7 @@ def test_decode_json_accounts_for_every_packet(sample_pcap: Path, capsys: Cap) -
     assert doc["file"] == str(sample_pcap)
     assert doc["total"] == doc["parsed"] == len(doc["packets"]) == 24
     assert doc["rejected"] == {} and doc["errors"] == []
-    assert doc["icrc"] == {"ok": 21, "bad": 0, "ignored": 3}
+    assert doc["icrc"] == {"ok": 21, "bad": 0, "ignored": 3, "truncated": 0}
     built = _built(sample_frames(3, seed=5))
     for row, p in zip(doc["packets"], built, strict=True):
         assert row["opcode"] == p.opcode_name and row["opcode_value"] == p.opcode
@@ -147,7 +147,7 @@ def test_decode_counts_garbage_by_reason(tmp_path: Path, capsys: Cap) -> None:
     assert doc["total"] == len(frames)
     assert doc["rejected"] == dict(sorted(expected.items()))
     assert doc["parsed"] + sum(doc["rejected"].values()) == doc["total"]
-    assert doc["icrc"] == {"ok": 7, "bad": 1, "ignored": 1}
+    assert doc["icrc"] == {"ok": 7, "bad": 1, "ignored": 1, "truncated": 0}
     # Rejected frames are listed with their index, so every frame is accounted for exactly once.
     seen = sorted([r["index"] for r in doc["packets"]] + [e["index"] for e in doc["errors"]])
     assert seen == list(range(1, len(frames) + 1))

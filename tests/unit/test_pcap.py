@@ -131,7 +131,7 @@ def test_bad_magic_and_pcapng(tmp_path: Path) -> None:
     p.write_bytes(b"GIF89a" + b"\x00" * 40)
     _expect_error(p, "offset 0", "not a pcap", "474946")
     p.write_bytes(struct.pack("<I", 0x0A0D0D0A) + b"\x00" * 40)
-    _expect_error(p, "pcapng", "editcap")
+    _expect_error(p, "offset 0", "pcapng file, not a classic pcap", "read_capture")
 
 
 def test_wrong_link_type_and_version(tmp_path: Path) -> None:
