@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
+import struct
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -215,3 +218,99 @@ def test_show_is_default_and_lists_the_format(capsys: Cap) -> None:
     assert rc2 == 0 and doc2 == doc
     rc, out, _ = _run(capsys, "wire")
     assert rc == 0 and "PORT_STATUS" in out and "ACK_REQ_NOW" in out and "0xc0" in out
+
+
+EDITCAP = shutil.which("editcap")
+#: Row fields that a snaplen cut must not change: headers and on-the-wire lengths.
+_HEADER_FIELDS = (
+    "opcode", "kind", "qpn", "psn", "ev", "flags_value", "ackreq", "payload_len", "dma_len", "pad", "va",
+    "rkey", "imm", "msn", "msg_len", "msg_offset", "timestamp_ns", "mrc_len", "outer_len", "inner_len",
+    "frame_len", "sport", "src", "dst", "container", "flow_label", "ecn",
+)
+
+
+def _editcap(*args: str) -> None:
+    assert EDITCAP is not None
+    proc = subprocess.run([EDITCAP, *args], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.tshark
+@pytest.mark.skipif(EDITCAP is None, reason="editcap is not installed (apt-get install tshark)")
+def test_decode_pcapng_and_snaplen_cut_copies(sample_pcap: Path, tmp_path: Path, capsys: Cap) -> None:
+    """What editcap makes of our capture (pcapng, the default of the Wireshark tools, and a copy cut
+    to 200 bytes a frame) decodes to the same headers and on-the-wire lengths as the original."""
+    _, orig = _json(capsys, "-j", "wire", "decode", str(sample_pcap))
+    ng = tmp_path / "s.pcapng"
+    _editcap("-F", "pcapng", str(sample_pcap), str(ng))
+    rc, doc = _json(capsys, "-j", "wire", "decode", str(ng))
+    assert rc == 0 and doc["file"] == str(ng)
+    assert doc["packets"] == orig["packets"] and doc["icrc"] == orig["icrc"]
+    for src, name in ((sample_pcap, "cut.pcap"), (ng, "cut.pcapng")):
+        cut = tmp_path / name
+        _editcap("-s", "200", str(src), str(cut))
+        rc, doc = _json(capsys, "-j", "wire", "decode", str(cut))
+        assert rc == 0
+        assert doc["total"] == doc["parsed"] == 24 and doc["rejected"] == {}
+        cut_rows = [r for r in orig["packets"] if r["frame_len"] > 200]
+        assert cut_rows and all(r["opcode"] in ("WRITE", "WRITE_IMM") for r in cut_rows)
+        assert doc["icrc"] == {"ok": 21 - len(cut_rows), "bad": 0, "ignored": 3, "truncated": len(cut_rows)}
+        for row, want in zip(doc["packets"], orig["packets"], strict=True):
+            assert {k: row[k] for k in _HEADER_FIELDS} == {k: want[k] for k in _HEADER_FIELDS}
+            assert row["truncated"] is (want["frame_len"] > 200)
+            assert row["captured_len"] == min(200, want["frame_len"])
+            assert row["icrc"] == ("truncated" if row["truncated"] else want["icrc"])
+        big = next(r for r in doc["packets"] if r["payload_len"] == 4096 and r["truncated"])
+        assert big["frame_len"] == 4254 and big["captured_len"] == 200
+        rc, out, _ = _run(capsys, "wire", "decode", str(cut))
+        assert rc == 0 and "4096/4096" in out
+        assert out.splitlines()[-1].endswith(
+            f"truncated {len(cut_rows)} (cut by the capture's snaplen)")
+
+
+def test_decode_reads_pcapng_without_editcap(tmp_path: Path, capsys: Cap) -> None:
+    """A pcapng written by hand (big-endian, two interfaces, nanosecond clock on the second) decodes
+    with the records' times; a cut one reports the on-the-wire payload length."""
+    frames = sample_frames(1, seed=5)
+    e = ">"
+
+    def block(btype: int, body: bytes) -> bytes:
+        body += bytes(-len(body) & 3)
+        return struct.pack(e + "II", btype, 12 + len(body)) + body + struct.pack(e + "I", 12 + len(body))
+
+    tsresol_ns = struct.pack(e + "HH", 9, 1) + b"\x09\x00\x00\x00" + struct.pack(e + "HH", 0, 0)
+    blob = block(0x0A0D0D0A, struct.pack(e + "IHHq", 0x1A2B3C4D, 1, 0, -1))
+    blob += block(1, struct.pack(e + "HHI", 1, 0, 0)) + block(1, struct.pack(e + "HHI", 1, 0, 0) + tsresol_ns)
+    for i, f in enumerate(frames):
+        data = f[:155]
+        ticks = 1_700_000_000 * 10**9 + i
+        head = struct.pack(e + "IIIII", 1, ticks >> 32, ticks & 0xFFFFFFFF, len(data), len(f))
+        blob += block(6, head + data)
+    path = tmp_path / "hand.pcapng"
+    path.write_bytes(blob)
+    rc, doc = _json(capsys, "-j", "wire", "decode", str(path))
+    assert rc == 0
+    assert doc["total"] == 8
+    write = doc["packets"][0]
+    assert write["opcode"] == "WRITE" and write["payload_len"] == 4096 and write["truncated"]
+    assert write["time"] == pytest.approx(1_700_000_000.0, abs=1e-6)
+    assert doc["packets"][1]["time"] == pytest.approx(1_700_000_000 + 1e-9, abs=1e-7)
+    assert write["icrc"] == "truncated"
+    # Headers cut by a 155-byte snaplen: the 56-byte WRITE_IMM headers end at byte 158.
+    assert [e["reason"] for e in doc["errors"]] == ["truncated"]
+    assert "too few for the MRC headers" in doc["errors"][0]["detail"]
+
+
+@pytest.mark.parametrize("blob", [
+    struct.pack("<I", 0x0A0D0D0A) + b"\x00" * 8,
+    struct.pack("<IIIHHq", 0x0A0D0D0A, 28, 0x1A2B3C4D, 1, 0, -1) + struct.pack("<I", 28)
+    + struct.pack("<II", 6, 0xFFFFFF00),
+])
+def test_decode_broken_pcapng_is_one_clear_error(tmp_path: Path, capsys: Cap, blob: bytes) -> None:
+    path = tmp_path / "bad.pcapng"
+    path.write_bytes(blob)
+    rc, out, err = _run(capsys, "-j", "wire", "decode", str(path))
+    assert rc != 0
+    doc = json.loads(out)
+    assert set(doc) == {"error"} and str(path) in doc["error"] and "block" in doc["error"]
+    assert "Traceback" not in err
