@@ -29,7 +29,15 @@ stream 1 = the signs of rotation i (rht.py), 2 = the Bernoulli group mask of fra
 (eden.py), 3 = the QJL Gaussian (turboquant.py). Indices are the Lloyd–Max cell numbers, 0 = most negative.
 
 Decoding checks every field against the others and raises `CodecError(reason)` on the first
-inconsistency — never returns an array from a malformed buffer. Only seeds and scalars travel.
+inconsistency — never returns an array from a malformed buffer, nor a non-finite value: a frame whose
+scales cannot describe finite output (the lookup table would overflow the compute dtype, or the inverse
+rotation's sums do) is refused naming the scale. Only seeds and scalars travel.
+
+Range: the encoder rescales a rotated vector whose squares would underflow the compute dtype by an exact
+power of two and folds the factor into the float64 scales, so tiny inputs (float32 ~1e-25) keep their
+normal error and ordinary inputs encode to the same bytes. A float16 frame's reconstruction (computed in
+float32) can leave the float16 range through quantization noise: `decode` saturates it to ±65504 and says
+how many values with a `QuantRangeWarning`; `decode(buf, dtype=np.float32)` returns them unclipped.
 
 Two implementations produce and read this format: the numba kernels (kernels.py, the default when numba
 imports) and the numpy reference; MRC_QUANT_KERNELS=numba|numpy picks one per process (accel.py). A
@@ -44,9 +52,10 @@ import math
 import numbers
 import os
 import struct
+import warnings
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -67,6 +76,17 @@ DTYPE_CODES: dict[np.dtype[Any], int] = {v: k for k, v in DTYPES.items()}
 FLAG_AUTO = 0x01
 MAX_NDIM = 32
 MAX_PADDED = 1 << 34
+FLOAT16_MAX = float(np.finfo(np.float16).max)  # 65504
+# sigma^2 = ||y||^2 / D below which the encoder rescales y (exactly, by a power of two): the squared
+# residuals the scales and the adaptive check sum must stay normal numbers of the compute dtype
+_TINY_SIGMA2 = {np.dtype(np.float32): 2.0**-80, np.dtype(np.float64): 2.0**-600}
+# one rotation is exact when the realized relative squared error is within the sums' rounding
+_EXACT_ERROR = {np.dtype(np.float32): 64 * float(np.finfo(np.float32).eps),
+                np.dtype(np.float64): 64 * float(np.finfo(np.float64).eps)}
+_NORMAL64 = 2.0**-1000
+_SPIKE_RHO = 0.99  # rho(x) of an input with one non-zero coordinate is 1 (up to rounding)
+# |G_ij| of the QJL Gaussian is at most sqrt(-2 ln 2^-53) (Box-Muller from 53-bit uniforms)
+_QJL_COEF = math.sqrt(math.pi / 2.0) * math.sqrt(-2.0 * math.log(2.0**-53))
 
 _FIXED = struct.Struct("<4sBBBBBBHdQQQ")
 _U64 = struct.Struct("<Q")
@@ -79,6 +99,48 @@ class CodecError(MrcError):
     def __init__(self, reason: str) -> None:
         super().__init__(f"quant codec: {reason}")
         self.reason = reason
+
+
+class CodecValueError(CodecError, ValueError):
+    """An argument of the right type outside its allowed range (the message names it and the range)."""
+
+
+class CodecTypeError(CodecError, TypeError):
+    """An argument of the wrong type (bools are not integers here: `rotations=True` is refused)."""
+
+
+class QuantRangeWarning(RuntimeWarning):
+    """Decoded values beyond the output dtype's finite range were saturated (float16 frames)."""
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+
+
+def check_seed(seed: object) -> int:
+    """The seed as an int; CodecTypeError / CodecValueError for anything but an integer in [0, 2^64)."""
+    if not _is_int(seed):
+        raise CodecTypeError(f"seed must be an integer in [0, 2^64) or None, got {type(seed).__name__} "
+                             f"{seed!r}")
+    value = int(cast(numbers.Integral, seed))
+    if not 0 <= value < 1 << 64:
+        raise CodecValueError(f"seed must be a 64-bit unsigned integer in [0, 2^64), got {value}")
+    return value
+
+
+def check_rotations(rotations: object) -> int | None:
+    """The rotation count (None for 'auto'); CodecTypeError / CodecValueError otherwise."""
+    if isinstance(rotations, str):
+        if rotations == "auto":
+            return None
+        raise CodecValueError(f"rotations must be 1..{MAX_ROTATIONS} or 'auto', got {rotations!r}")
+    if not _is_int(rotations):
+        raise CodecTypeError(f"rotations must be an integer 1..{MAX_ROTATIONS} or 'auto', got "
+                             f"{type(rotations).__name__} {rotations!r}")
+    value = int(cast(numbers.Integral, rotations))
+    if not 1 <= value <= MAX_ROTATIONS:
+        raise CodecValueError(f"rotations must be 1..{MAX_ROTATIONS} or 'auto', got {value}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -98,16 +160,20 @@ class Header:
 
 
 def check_bits(scheme: str, bits: float) -> None:
-    """Raise CodecError if `bits` is not a valid budget for `scheme`."""
+    """Raise CodecError (a CodecTypeError or CodecValueError) if `bits` is not a valid budget for
+    `scheme`."""
+    if not isinstance(scheme, str):
+        raise CodecTypeError(f"scheme must be a string (known: {', '.join(SCHEMES)}), got {scheme!r}")
     if scheme not in SCHEMES:
-        raise CodecError(f"unknown scheme {scheme!r} (known: {', '.join(SCHEMES)})")
-    if not (isinstance(bits, numbers.Real) and not isinstance(bits, bool) and math.isfinite(bits)
-            and 0 < bits <= 8):
-        raise CodecError(f"bit budget must be in (0, 8], got {bits!r}")
+        raise CodecValueError(f"unknown scheme {scheme!r} (known: {', '.join(SCHEMES)})")
+    if not isinstance(bits, numbers.Real) or isinstance(bits, (bool, np.bool_)):
+        raise CodecTypeError(f"bit budget must be a number in (0, 8], got {type(bits).__name__} {bits!r}")
+    if not (math.isfinite(bits) and 0 < bits <= 8):
+        raise CodecValueError(f"bit budget must be in (0, 8], got {bits!r}")
     if scheme == "drive" and bits != 1:
-        raise CodecError(f"drive is the 1-bit scheme, got bits={bits}")
+        raise CodecValueError(f"drive is the 1-bit scheme, got bits={bits}")
     if scheme.startswith("turboquant") and bits != int(bits):
-        raise CodecError(f"{scheme} takes an integer bit budget, got {bits}")
+        raise CodecValueError(f"{scheme} takes an integer bit budget, got {bits}")
 
 
 def compute_dtype(dtype: np.dtype[Any]) -> np.dtype[np.floating]:
@@ -124,10 +190,23 @@ def encode(
 ) -> bytes:
     """Compress an array of any shape (float16/32/64) into one self-describing buffer. `backend`:
     'numba' or 'numpy' (same wire format, rounding may differ); None: the process default
-    (MRC_QUANT_KERNELS, accel.py)."""
+    (MRC_QUANT_KERNELS, accel.py).
+
+    `rotations="auto"` (adaptive.py, docs/quant.md §3) rotates once, or twice when the input's moment
+    statistic (rule a) or the first quantization's error (rule b) shows that one rotation leaves the
+    coordinates far from Gaussian: EDEN's unbiasedness and its error bound assume near-Gaussian rotated
+    coordinates, which a lattice-like input does not give after one rotation. One exception: when one
+    rotation and the optimised scale already reproduce the rotated vector exactly (to rounding, e.g. a
+    one-hot input, whose rotation is a flat ±1/sqrt(D) vector), that frame is kept: its error is 0 for
+    this draw, so it adds neither error nor bias, where a second rotation would make it lossy.
+
+    Raises CodecTypeError (wrong type: a non-integer seed, `rotations=True`, ...) or CodecValueError
+    (out of range), both CodecError, naming the argument and its allowed range."""
     kern = accel.kernels(backend)
     check_bits(scheme, bits)
     bits = float(bits)
+    seed = int.from_bytes(os.urandom(8), "little") if seed is None else check_seed(seed)
+    fixed_rot = check_rotations(rotations)
     a = np.asarray(x)
     if a.dtype not in DTYPE_CODES:
         raise CodecError(f"unsupported dtype {a.dtype} (float16, float32 or float64)")
@@ -137,20 +216,19 @@ def encode(
     padded = next_pow2(max(d, 1))
     if padded > MAX_PADDED:
         raise CodecError(f"vector too large ({d} elements)")
-    if seed is None:
-        seed = int.from_bytes(os.urandom(8), "little")
-    if not 0 <= seed < 1 << 64:
-        raise CodecError(f"seed must be a 64-bit unsigned integer, got {seed}")
     cdt = compute_dtype(a.dtype)
     flat = a.reshape(-1)
-    auto = rotations == "auto"
-    if auto:  # rule (a), before rotating
+    auto = fixed_rot is None
+    probe = False  # rule (a) said two rotations, one is tried first: the input may be a single spike
+    if fixed_rot is None:  # rule (a), before rotating
         rho = float(kern.participation(flat)) if kern is not None else None
-        rot, _ = choose_rotations(flat, float(bits), scheme, padded, rho=rho)
-    elif isinstance(rotations, int) and 1 <= rotations <= MAX_ROTATIONS:
-        rot = rotations
+        rot, rho_x = choose_rotations(flat, float(bits), scheme, padded, rho=rho)
+        # one non-zero coordinate (rho = 1): its rotation is flat, which one rotation may represent
+        # exactly; the count costs a pass only for inputs this concentrated
+        if rot == 2 and rho_x > _SPIKE_RHO and np.count_nonzero(flat) == 1:
+            rot, probe = 1, True
     else:
-        raise CodecError(f"rotations must be 1..{MAX_ROTATIONS} or 'auto', got {rotations!r}")
+        rot = fixed_rot
     ny2: float | None = None
     if kern is not None:
         y, ny2 = kern.rotate_from(flat, padded, cdt, seed, rot)  # copy, pad, signs, FWHT: one pass
@@ -161,14 +239,18 @@ def encode(
             y = np.zeros(padded, cdt)
             y[:d] = flat
         y = rotate(y, seed, rot)
+    y, ny2, factor = _rescale(y, ny2, kern)
     try:
-        scales, sections, fit, fit_bits = _encode_rotated(y, scheme, float(bits), seed, auto, kern, ny2)
-        if auto and rot == 1 and not fits_theory(fit, fit_bits, padded):  # rule (b), after one rotation
+        scales, sections, fit, fit_bits, err = _encode_rotated(y, scheme, float(bits), seed, auto, kern, ny2)
+        if (auto and rot == 1 and not err <= _EXACT_ERROR[cdt]  # one exact rotation is kept, else
+                and (probe or not fits_theory(fit, fit_bits, padded))):  # rule (a) or (b) adds one
             rot = 2
             y = rotate(y, seed, 1, start=1) if kern is None else kern.rotate(y, seed, 1, start=1)
-            scales, sections, _, _ = _encode_rotated(y, scheme, float(bits), seed, False, kern, None)
+            scales, sections, _, _, _ = _encode_rotated(y, scheme, float(bits), seed, False, kern, None)
     except ValueError as e:
         raise CodecError(str(e)) from e
+    if factor != 1.0:
+        scales = [v * factor for v in scales]
     payload = b"".join(packed.tobytes() for packed in sections)
     head = _FIXED.pack(
         MAGIC, VERSION, SCHEMES[scheme], DTYPE_CODES[a.dtype], rot, FLAG_AUTO if auto else 0, a.ndim,
@@ -184,17 +266,41 @@ def encode(
     return body + _CRC.pack(crc32(body))
 
 
+def _rescale(y: FloatArray, ny2: float | None, kern: ModuleType | None) -> tuple[FloatArray, float, float]:
+    """(y', ||y'||^2, factor) with y = factor * y': y itself (factor 1) unless its mean square is below
+    `_TINY_SIGMA2` (then the squares the quantizer sums underflow or lose their precision: float32 input
+    of magnitude 1e-25 quantized to all zeros); then y' = y * 2^-e with 2^e the order of max |y|, exact
+    since a power of two changes no rounding of normal numbers. `ny2`: ||y||^2 when the caller has it
+    (the numba rotation sums it in float64); for numpy it is computed here as eden.quantize would."""
+    given = ny2
+    if ny2 is None:
+        ny2 = float(np.dot(y, y))
+    if not ny2 < _TINY_SIGMA2[y.dtype] * y.size:  # also NaN/inf: eden.quantize reports those
+        return y, ny2, 1.0
+    peak = float(np.max(np.abs(y))) if y.size else 0.0
+    if peak == 0.0:
+        return y, ny2, 1.0
+    e = math.frexp(peak)[1]  # peak = m 2^e, 0.5 <= m < 1
+    np.ldexp(y, -e, out=y)
+    if given is not None and given >= _NORMAL64:  # the float64 sum is exact to scale: keep its rounding
+        ny2 = math.ldexp(given, -2 * e)
+    else:  # underflowed (float32 dot, or float64 input below 1e-154): sum the rescaled vector
+        ny2 = float(kern.sumsq(y)) if kern is not None else float(np.dot(y, y))
+    return y, ny2, math.ldexp(1.0, e)
+
+
 def _encode_rotated(
     y: FloatArray, scheme: str, bits: float, seed: int, check: bool, kern: ModuleType | None,
     ny2: float | None,
-) -> tuple[list[float], list[npt.NDArray[np.uint8]], float, float]:
-    """(scales, packed sections, check, bits the check refers to) for the rotated vector y (||y||^2 =
-    ny2 when given). The EDEN schemes run on `kern` (numba kernels, or numpy for None)."""
+) -> tuple[list[float], list[npt.NDArray[np.uint8]], float, float, float]:
+    """(scales, packed sections, check, bits the check refers to, realized relative error of the frame
+    in the rotated domain) for the rotated vector y (||y||^2 = ny2 when given). The EDEN schemes run on
+    `kern` (numba kernels, or numpy for None)."""
     mode = {"eden-unbiased": "unbiased", "drive": "unbiased", "eden-biased": "biased",
             "turboquant-mse": "fixed"}.get(scheme)
     if mode is not None:
         enc = eden.quantize(y, bits, seed, mode, kernels=kern, ny2=ny2, pack=True)
-        return [enc.scale], [packed for _, packed in enc.sections], enc.check, bits
+        return [enc.scale], [packed for _, packed in enc.sections], enc.check, bits, enc.error
     # turboquant-prod
     mse_bits = int(bits) - 1
     sections: list[tuple[int, npt.NDArray[np.uint8]]] = []
@@ -215,7 +321,9 @@ def _encode_rotated(
         fit, fit_bits = (eden.quantize(y, 1, seed, "biased").check if check else 0.0), 1.0
     signs, norms = turboquant.qjl_encode(residual, seed)
     sections.append((1, signs))
-    return [scale, *norms.tolist()], [bitpack.pack(idx, b) for b, idx in sections], fit, fit_bits
+    # the QJL sketch of a non-zero residual is never exact
+    err = 0.0 if not np.any(residual) else math.inf
+    return [scale, *norms.tolist()], [bitpack.pack(idx, b) for b, idx in sections], fit, fit_bits, err
 
 
 def parse(buf: bytes | bytearray | memoryview) -> Header:
@@ -265,6 +373,12 @@ def parse(buf: bytes | bytearray | memoryview) -> Header:
         raise CodecError(f"{scheme} at D={padded} carries {want_scales} scales, header says {nscales}")
     if scheme == "turboquant-prod" and any(s < 0 for s in scales[1:]):
         raise CodecError("negative QJL block norm")
+    if scales[0] < 0:  # every scheme's encoder makes S >= 0 (a non-positive <y, c> gives S = 0)
+        raise CodecError(f"negative scale {scales[0]!r}")
+    limit = float(np.finfo(compute_dtype(DTYPES[dtype_code])).max)
+    if _value_bound(scheme, bits, scales) > limit:
+        raise CodecError(f"scale field {max(scales):g} cannot describe finite output: the "
+                         f"{compute_dtype(DTYPES[dtype_code])} lookup table would overflow")
     (plen,) = _U64.unpack_from(mv, off)
     off += _U64.size
     if off + plen + _CRC.size != n:
@@ -273,6 +387,19 @@ def parse(buf: bytes | bytearray | memoryview) -> Header:
         scheme, DTYPES[dtype_code], rot, bool(flags & FLAG_AUTO), bits, seed, tuple(shape), d, padded,
         tuple(scales), off, plen,
     )
+
+
+def _value_bound(scheme: str, bits: float, scales: tuple[float, ...]) -> float:
+    """An upper bound on |coordinate| of the decoded vector in the rotated domain, from the header: S
+    times the largest centroid the budget's widths use (TurboQuant_prod: plus the QJL estimate's
+    sqrt(pi/2) ||r_block|| max |G_ij|)."""
+    if scheme == "turboquant-prod":
+        mse_bits = int(bits) - 1
+        qjl = _QJL_COEF * max(scales[1:], default=0.0)
+        return (scales[0] * eden.max_centroid(mse_bits) if mse_bits else 0.0) + qjl
+    sp = eden.split(bits)
+    widths = [w for w in (sp.lo, sp.hi) if w]
+    return scales[0] * max(eden.max_centroid(w) for w in widths)
 
 
 def _check_payload_bounds(h: Header) -> None:
@@ -299,11 +426,32 @@ def _check_payload_bounds(h: Header) -> None:
         raise CodecError(f"payload of {h.payload_length} bytes cannot hold {n} coordinates at b={h.bits:g}")
 
 
-def decode(buf: bytes | bytearray | memoryview, *, backend: str | None = None) -> npt.NDArray[np.floating]:
+def decode(
+    buf: bytes | bytearray | memoryview, *, backend: str | None = None, dtype: npt.DTypeLike | None = None,
+) -> npt.NDArray[np.floating]:
     """Reconstruct the array (original shape and dtype) from `encode`'s output. `backend`: as for
-    `encode`; a buffer decodes on either path, whichever encoded it."""
+    `encode`; a buffer decodes on either path, whichever encoded it. `dtype` (float16/32/64): return that
+    dtype instead of the frame's (the reconstruction is computed in float32, or float64 for float64
+    frames, whatever is asked).
+
+    Never returns a non-finite value. A frame whose scales make the output overflow the compute dtype is
+    malformed (a legitimate encoder cannot produce it: it refuses inputs whose norm overflows) and raises
+    CodecError. Values beyond the *output* dtype's range — a float16 frame whose reconstruction exceeds
+    ±65504 through quantization noise, the input having been within range — are saturated to the largest
+    finite value, with a QuantRangeWarning counting them: a DDP user's fp16 gradient must not turn into
+    inf (which gradient scalers read as an overflow of the model and skip the step for) because of the
+    codec's own noise, and the saturated coordinate's error is at most its reconstruction error.
+    `dtype=np.float32` gives those values unclipped."""
     kern = accel.kernels(backend)
+    out_dtype = _output_dtype(dtype)
     h = parse(buf)
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below, not warned about
+        return _decode(buf, h, kern, out_dtype)
+
+
+def _decode(
+    buf: bytes | bytearray | memoryview, h: Header, kern: ModuleType | None, out_dtype: np.dtype[Any] | None,
+) -> npt.NDArray[np.floating]:
     mv = memoryview(buf).cast("B")
     payload = np.frombuffer(mv, np.uint8, h.payload_length, h.payload_offset)
     cdt = compute_dtype(h.dtype)
@@ -347,4 +495,38 @@ def decode(buf: bytes | bytearray | memoryview, *, backend: str | None = None) -
             y = eden.reconstruct(layout, sections, h.scales[0], n, cdt)
         y = unrotate(y, h.seed, h.rotations) if kern is None else kern.unrotate(y, h.seed, h.rotations)
     out = y[: h.d] if h.d != n else y
-    return out.astype(h.dtype, copy=False).reshape(h.shape)
+    # the inverse FWHT's partial sums are at most D max|rotated value| (each level preserves the norm up
+    # to sqrt(2), the unnormalised H scales it by sqrt(D), ||y|| <= sqrt(D) max|y|): below the compute
+    # dtype's maximum no overflow is possible and no pass is spent on checking
+    limit = float(np.finfo(cdt).max)
+    if n * _value_bound(h.scheme, h.bits, h.scales) > limit / 2 and not np.all(np.isfinite(out)):
+        raise CodecError(f"scale field {max(h.scales):g} decodes to non-finite values (overflows {cdt})")
+    target = h.dtype if out_dtype is None else out_dtype
+    if target.itemsize < out.dtype.itemsize and out.size:
+        out = _saturate(out, target)
+    return out.astype(target, copy=False).reshape(h.shape)
+
+
+def _output_dtype(dtype: npt.DTypeLike | None) -> np.dtype[Any] | None:
+    if dtype is None:
+        return None
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as e:
+        raise CodecTypeError(f"dtype must be float16, float32 or float64, got {dtype!r}") from e
+    if dt not in DTYPE_CODES:
+        raise CodecTypeError(f"dtype must be float16, float32 or float64, got {dt}")
+    return dt
+
+
+def _saturate(out: FloatArray, target: np.dtype[Any]) -> FloatArray:
+    """out clipped to target's finite range (a copy when anything is clipped), warning with the count."""
+    top = float(np.finfo(target).max)
+    hi, lo = float(np.max(out)), float(np.min(out))
+    if hi <= top and lo >= -top:
+        return out
+    count = int(np.count_nonzero(out > top)) + int(np.count_nonzero(out < -top))
+    warnings.warn(f"quant codec: {count} of {out.size} decoded values exceed the {target} range "
+                  f"(±{top:g}) and were saturated (decode(..., dtype=np.float32) keeps them)",
+                  QuantRangeWarning, stacklevel=3)
+    return np.clip(out, -top, top)

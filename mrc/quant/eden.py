@@ -157,13 +157,16 @@ def nearest(y: FloatArray, bits: int, sigma: float, with_q0: bool = False) -> tu
 
 @dataclass
 class Encoded:
-    """Indices per coordinate group (wire order), the scale S (per unit of centroid), and `check`: the
+    """Indices per coordinate group (wire order), the scale S (per unit of centroid), `check`: the
     realized mean clipped squared error at the unit scale, (1/D) sum min((z_i - c_i)^2, L), which the
-    adaptive rule (b) compares with its expectation under Gaussian coordinates (adaptive.py)."""
+    adaptive rule (b) compares with its expectation under Gaussian coordinates (adaptive.py), and
+    `error`: the realized relative squared error ||y - S c||^2 / ||y||^2 of what is sent (from the same
+    sums, no pass of its own; 0 for a zero vector), which tells `auto` that one rotation was exact."""
 
     sections: list[tuple[int, U8]]
     scale: float
     check: float
+    error: float = math.inf
 
 
 def quantize(
@@ -221,7 +224,14 @@ def quantize(
     else:
         raise ValueError(f"unknown scale mode {mode!r}")
     check = q / ny2 if ny2 > 0.0 else 0.0
-    return Encoded(sections, scale, check)
+    # ||y - S c||^2 = ||y||^2 - 2 S <y, c> + S^2 ||c||^2 (dropped coordinates: in ||y||^2 only)
+    error = max(ny2 - 2.0 * scale * yc + scale * scale * cc, 0.0) / ny2 if ny2 > 0.0 else 0.0
+    return Encoded(sections, scale, check, error)
+
+
+def max_centroid(bits: int) -> float:
+    """The largest |centroid| of the b-bit codebook (the outermost cell's)."""
+    return float(np.max(np.abs(codebook(bits).centroids)))
 
 
 def section_sizes(bits: float, seed: int, n: int) -> list[tuple[int, int, IndexArray | None]]:

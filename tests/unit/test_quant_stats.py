@@ -165,7 +165,9 @@ def test_two_bit_eden_unbiased_beats_three_bit_turboquant_prod() -> None:
 def test_sparse_inputs_need_two_rotations(dist: str, scheme: str, bits: int) -> None:
     """One RHT maps a spike to a flat vector (and two spikes to a two-level one): the coordinates are not
     Gaussian and the vNMSE is far from theory (the deterministic deviation is > 8%, see docs/quant.md).
-    Two rotations match theory within Z SE (30 trials, SE/theory < 2%), and `auto` picks 2."""
+    Two rotations match theory within Z SE (30 trials, SE/theory < 2%). `auto` picks 2 for two spikes;
+    for one spike the flat vector is reproduced exactly by one rotation and EDEN's optimised scale
+    (vNMSE 0 for every seed: no error, so no bias), and `auto` keeps that one rotation (issue 19)."""
     x = bench.sample(dist, 4096, np.random.default_rng(21))
     th = bench.theory(scheme, bits)
     assert th is not None
@@ -175,8 +177,11 @@ def test_sparse_inputs_need_two_rotations(dist: str, scheme: str, bits: int) -> 
     assert se2 < 0.02 * th
     assert abs(m2 - th) <= Z * se2, (m2, th, se2)
     ma, sea, _, rots = _vnmse(x, scheme, bits, 30, rotations="auto")
-    assert set(rots) == {2}
-    assert abs(ma - th) <= Z * sea
+    if dist == "spike":
+        assert m1 < 1e-10 and set(rots) == {1} and ma < 1e-10, (m1, rots, ma)
+    else:
+        assert set(rots) == {2}
+        assert abs(ma - th) <= Z * sea
 
 
 @pytest.mark.parametrize("d", [1024, 1 << 14, 1 << 16])

@@ -1,0 +1,228 @@
+"""Codec defects of issue 19, each pinned by a test that failed before its fix (docs/quant.md §6, §3):
+float16 overflow on decode, underflow of tiny inputs, argument validation, frames whose scale cannot
+describe finite output, and `auto` on inputs that one rotation represents exactly."""
+
+from __future__ import annotations
+
+import math
+import struct
+import warnings
+import zlib
+from typing import Any
+
+import numpy as np
+import pytest
+
+from mrc.quant import codec
+
+BACKENDS = ("numba", "numpy")
+_FIXED = struct.Struct("<4sBBBBBBHdQQQ")
+
+
+def _vnmse(est: Any, x: Any) -> float:
+    e = np.asarray(est, np.float64)
+    v = np.asarray(x, np.float64)
+    return float(np.sum((e - v) ** 2) / np.sum(v * v))
+
+
+def _with_scales(buf: bytes, scales: list[float]) -> bytes:
+    """`buf` with its scales replaced (same count) and a valid CRC: only the field checks can refuse it."""
+    f = list(_FIXED.unpack_from(buf, 0))
+    ndim, nscales = f[6], f[7]
+    assert len(scales) == nscales
+    rest = bytearray(buf[_FIXED.size : -4])
+    struct.pack_into(f"<{nscales}d", rest, 8 * ndim, *scales)
+    body = buf[: _FIXED.size] + bytes(rest)
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+# ----------------------------------------------------------------------- 1. float16 range on decode
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_float16_decode_never_returns_inf(backend: str) -> None:
+    """±60000 (within float16) reconstructs above 65504 in many coordinates (codec noise): the float16
+    result saturates at ±65504 with a warning that counts them, and dtype=float32 keeps the values."""
+    x = (np.random.default_rng(0).choice([-1.0, 1.0], 4096) * 60000).astype(np.float16)
+    buf = codec.encode(x, "eden-unbiased", 2, seed=1, backend=backend)
+    wide = codec.decode(buf, backend=backend, dtype=np.float32)
+    assert wide.dtype == np.float32 and np.all(np.isfinite(wide))
+    over = int(np.count_nonzero(np.abs(wide) > codec.FLOAT16_MAX))
+    assert over > 100  # the case is real: the reconstruction leaves the float16 range
+    with pytest.warns(codec.QuantRangeWarning, match=f"{over} of 4096"):
+        y = codec.decode(buf, backend=backend)
+    assert y.dtype == np.float16 and y.shape == x.shape
+    assert np.all(np.isfinite(y))
+    assert np.array_equal(y, np.clip(wide, -codec.FLOAT16_MAX, codec.FLOAT16_MAX).astype(np.float16))
+
+
+def test_float16_in_range_decodes_without_warning() -> None:
+    x = np.random.default_rng(1).standard_normal(1000).astype(np.float16)
+    buf = codec.encode(x, "eden-unbiased", 4, seed=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        y = codec.decode(buf)
+    assert y.dtype == np.float16
+    assert np.array_equal(codec.decode(buf, dtype=np.float32).astype(np.float16), y)
+
+
+def test_decode_dtype_argument_is_checked() -> None:
+    buf = codec.encode(np.ones(8, np.float32), "eden-biased", 2, seed=1)
+    with pytest.raises(TypeError, match="dtype"):
+        codec.decode(buf, dtype=np.int32)
+
+
+# ------------------------------------------------------------------------ 2. tiny-magnitude inputs
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("scheme", "bits"), [
+    ("eden-unbiased", 2), ("eden-biased", 2), ("turboquant-mse", 2), ("turboquant-prod", 2),
+    ("turboquant-prod", 1), ("eden-unbiased", 0.5), ("eden-biased", 2.5),
+])
+def test_tiny_inputs_round_trip_at_normal_error(backend: str, scheme: str, bits: float) -> None:
+    """x * 1e-25 in float32 (its squares underflow float32) must give the error x itself gets: the
+    encoder rescales by a power of two (exact) and carries the factor in the scales."""
+    x = np.random.default_rng(3).standard_normal(4096).astype(np.float32)
+    ref = _vnmse(codec.decode(codec.encode(x, scheme, bits, seed=5, backend=backend), backend=backend), x)
+    for mag in (1e-25, 1e-35):
+        tiny = (x * np.float32(mag)).astype(np.float32)
+        buf = codec.encode(tiny, scheme, bits, seed=5, backend=backend)
+        est = codec.decode(buf, backend=backend)
+        assert np.all(np.isfinite(est))
+        assert _vnmse(est, tiny) == pytest.approx(ref, rel=0.05), (mag, ref)
+        assert codec.parse(buf).rotations == codec.parse(codec.encode(x, scheme, bits, seed=5)).rotations
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tiny_float64_inputs_round_trip(backend: str) -> None:
+    x = np.random.default_rng(4).standard_normal(2048)
+    ref = _vnmse(codec.decode(codec.encode(x, "eden-unbiased", 2, seed=6, backend=backend)), x)
+    tiny = x * 1e-200  # squares underflow float64
+    est = codec.decode(codec.encode(tiny, "eden-unbiased", 2, seed=6, backend=backend), backend=backend)
+    assert _vnmse(est * 1e200, x) == pytest.approx(ref, rel=0.05)
+
+
+def test_scaling_by_a_power_of_two_is_exact_at_any_magnitude() -> None:
+    """x and x * 2^-k give the same indices and scales that differ by exactly 2^-k, down to magnitudes
+    whose squares underflow float32 (the rescaling is a power of two too, so it changes no rounding):
+    ordinary inputs encode to the same bytes as before the fix."""
+    x = np.random.default_rng(5).standard_normal(1000).astype(np.float32)
+    for backend in BACKENDS:
+        a = codec.encode(x, "eden-unbiased", 2, seed=9, rotations=1, backend=backend)
+        h_a = codec.parse(a)
+        for k in (20, 90, 110):
+            b = codec.encode(x * np.float32(2.0**-k), "eden-unbiased", 2, seed=9, rotations=1,
+                             backend=backend)
+            h_b = codec.parse(b)
+            assert h_b.scales[0] == h_a.scales[0] * 2.0**-k, (backend, k)
+            assert a[h_a.payload_offset : -4] == b[h_b.payload_offset : -4], (backend, k)
+
+
+# ----------------------------------------------------------------------------- 3. argument checks
+
+
+@pytest.mark.parametrize(("kwargs", "exc", "match"), [
+    ({"seed": 1.5}, TypeError, "seed"),
+    ({"seed": "5"}, TypeError, "seed"),
+    ({"seed": True}, TypeError, "seed"),
+    ({"seed": -1}, ValueError, "seed"),
+    ({"seed": 2**64}, ValueError, "seed"),
+    ({"rotations": True}, TypeError, "rotations"),
+    ({"rotations": 2.0}, TypeError, "rotations"),
+    ({"rotations": "two"}, ValueError, "rotations"),
+    ({"rotations": 0}, ValueError, "rotations"),
+    ({"rotations": 4}, ValueError, "rotations"),
+    ({"bits": "2"}, TypeError, "bit budget"),
+    ({"bits": True}, TypeError, "bit budget"),
+    ({"bits": 9}, ValueError, "bit budget"),
+    ({"scheme": 3}, TypeError, "scheme"),
+])
+def test_encode_argument_errors_name_the_argument(kwargs: dict[str, Any], exc: type, match: str) -> None:
+    args: dict[str, Any] = {"scheme": "eden-unbiased", "bits": 2, "seed": 1, **kwargs}
+    with pytest.raises(exc, match=match) as e:
+        codec.encode(np.ones(8, np.float32), args.pop("scheme"), args.pop("bits"), **args)
+    assert isinstance(e.value, codec.CodecError)  # still the codec's error type (an MrcError)
+
+
+def test_numpy_integer_arguments_are_accepted() -> None:
+    x = np.ones(8, np.float32)
+    a = codec.encode(x, "eden-unbiased", np.int64(2), seed=np.uint64(7),  # type: ignore[arg-type]
+                     rotations=np.int8(2))  # type: ignore[arg-type]
+    assert a == codec.encode(x, "eden-unbiased", 2, seed=7, rotations=2)
+
+
+# ----------------------------------------------------- 4. frames whose scale cannot be finite output
+
+
+@pytest.mark.parametrize(("scheme", "bits"), [("eden-unbiased", 2), ("eden-biased", 4), ("drive", 1),
+                                              ("turboquant-mse", 3), ("turboquant-prod", 2)])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_frame_with_huge_scale_is_refused(scheme: str, bits: int, backend: str) -> None:
+    x = np.random.default_rng(6).standard_normal(1024).astype(np.float32)
+    buf = codec.encode(x, scheme, bits, seed=3, backend=backend)
+    h = codec.parse(buf)
+    for s in (1e300, 1e39):
+        scales = [s, *h.scales[1:]] if scheme != "turboquant-prod" else [h.scales[0], s, *h.scales[2:]]
+        bad = _with_scales(buf, scales)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no overflow warning either: refused before computing
+            with pytest.raises(codec.CodecError, match="scale") as e:
+                codec.decode(bad, backend=backend)
+        assert "finite" in e.value.reason
+
+
+def test_frame_whose_output_overflows_is_refused() -> None:
+    """Each table entry finite, the inverse rotation's sums not: refused after decoding, never returned."""
+    x = np.random.default_rng(7).standard_normal(1 << 12).astype(np.float32)
+    for backend in BACKENDS:
+        buf = codec.encode(x, "eden-biased", 2, seed=3, backend=backend)
+        bad = _with_scales(buf, [1e38])  # 2 bits: largest centroid 1.51, table entries 1.5e38 < 3.4e38
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(codec.CodecError, match="non-finite"):
+                codec.decode(bad, backend=backend)
+
+
+def test_negative_scale_is_refused() -> None:
+    buf = codec.encode(np.linspace(-1, 1, 64), "eden-unbiased", 2, seed=3)
+    with pytest.raises(codec.CodecError, match="negative scale"):
+        codec.decode(_with_scales(buf, [-1.0]))
+
+
+# -------------------------------------------------------------- 5. auto on exactly representable input
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("scheme", "bits"), [("eden-unbiased", 1), ("eden-unbiased", 2), ("drive", 1),
+                                              ("eden-biased", 2), ("eden-biased", 4), ("eden-unbiased", 8)])
+def test_auto_keeps_one_rotation_when_it_is_exact(backend: str, scheme: str, bits: float) -> None:
+    """A one-hot input rotates into a flat ±1/sqrt(D) vector, which one rotation plus the optimised scale
+    reproduces exactly (error 0, so no bias either): `auto` must not add a rotation that makes it lossy."""
+    for d, j in ((4096, 5), (1000, 999), (1 << 15, 12345)):
+        x = np.zeros(d, np.float32)
+        x[j] = -3.0
+        buf = codec.encode(x, scheme, bits, seed=11, backend=backend)
+        assert codec.parse(buf).rotations == 1
+        assert _vnmse(codec.decode(buf, backend=backend), x) < 1e-10
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_auto_still_adds_a_rotation_when_one_is_lossy(backend: str) -> None:
+    """Two equal spikes: not representable after one rotation (a two-level lattice), so rule (b) fires."""
+    x = np.zeros(4096, np.float32)
+    x[[5, 700]] = 1.0
+    assert codec.parse(codec.encode(x, "eden-unbiased", 1, seed=11, backend=backend)).rotations == 2
+    # TurboQuant_mse has a fixed scale, and a fractional budget quantizes its two groups with two
+    # codebooks: the flat vector is not exact there, two rotations as before
+    one = np.zeros(4096, np.float32)
+    one[5] = 1.0
+    for scheme, bits in (("turboquant-mse", 2), ("eden-unbiased", 2.5), ("turboquant-prod", 2)):
+        assert codec.parse(codec.encode(one, scheme, bits, seed=11, backend=backend)).rotations == 2
+
+
+def test_decoded_values_are_finite_for_legitimate_large_inputs() -> None:
+    x = (np.random.default_rng(8).standard_normal(4096) * 1e15).astype(np.float32)
+    for backend in BACKENDS:
+        est = codec.decode(codec.encode(x, "eden-unbiased", 4, seed=1, backend=backend), backend=backend)
+        assert np.all(np.isfinite(est)) and not math.isnan(_vnmse(est, x))
