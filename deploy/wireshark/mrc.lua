@@ -31,7 +31,12 @@
 --   mrc.mxh.msg_len                  uint32  bytes in the whole message
 --   mrc.mxh.msg_offset               uint32  offset of this packet's payload in the message
 --   mrc.mxh.timestamp                uint64  sender clock at send time, ns
---   mrc.payload_len                  uint32  payload bytes after MXH, pad excluded (data; 0 if trimmed)
+--   mrc.payload_len                  uint32  payload bytes after MXH, pad excluded (data; 0 if trimmed),
+--                                            from the packet's length on the wire (a 4096-byte WRITE
+--                                            cut by the capture's snaplen still shows 4096)
+--   mrc.truncated                    bool    (generated) the capture kept fewer bytes than the packet
+--                                            had (snaplen, `editcap -s`): headers are decoded, lengths
+--                                            are the on-the-wire ones, the ICRC cannot be checked
 --   mrc.sack.cum_psn                 uint32  (24 bits) lowest PSN not yet received
 --   mrc.sack.echo_ev_index           uint16  EV index of the packet that triggered the SACK
 --   mrc.sack.echo_flags              uint8   bits: mrc.sack.echo_flags.ecn_ce (0x01), .retx (0x02),
@@ -58,8 +63,22 @@
 --   mrc.port_status.state            uint8   DOWN 0, UP 1
 --   mrc.port_status.epoch            uint32  increases with every change
 --   mrc.icrc                         uint32  the trailing ICRC of a control packet, as displayed by
---                                            the InfiniBand dissector for data packets (not verified)
--- Expert infos: mrc.expert.trimmed (note), mrc.expert.malformed (error: truncated, bad version, ...).
+--                                            the InfiniBand dissector for data packets
+--   mrc.icrc.status                  uint8   ICRC verified by this script, every packet: 0 good, 1 bad,
+--                                            2 not checked (trimmed: no ICRC), 3 not checked (the
+--                                            capture did not keep the whole packet), 4 not checked
+--                                            (no inner IPv6 header found, or the check is switched off)
+-- Expert infos: mrc.expert.trimmed (note), mrc.expert.malformed (error: a packet shorter on the wire
+-- than its headers or lengths say, bad version, ...), mrc.expert.bad_icrc (error). A packet the
+-- capture's snaplen cut is not malformed: it gets mrc.truncated and a "[cut by snaplen]" in Info.
+--
+-- UDP checksum 0: RoCEv2 senders put 0 in the UDP checksum over IPv6 (as RFC 6935/6936 allow for
+-- tunnels; the ICRC, checked above, covers the packet end to end), which Wireshark's UDP dissector
+-- flags as an Error "Illegal checksum value (0)" on every packet. Loading this script therefore sets
+-- the UDP preference udp.ignore_ipv6_zero_checksum to TRUE (it cannot be set for port 4791 alone);
+-- `-o udp.ignore_ipv6_zero_checksum:FALSE` on the command line, or the preference in the GUI, puts it
+-- back. MRC packets say so in their tree ("UDP checksum 0: ...") either way. Set the MRC preference
+-- mrc.check_icrc to FALSE to skip the ICRC check (a CRC-32 in Lua, about 4 KiB per data packet).
 
 local MXH_LEN = 24
 local ICRC_LEN = 4
@@ -82,6 +101,12 @@ local NACK_CODES = {
     [6] = "NO_RECV_BUFFER", [7] = "BAD_QPN",
 }
 local PORT_STATES = { [0] = "DOWN", [1] = "UP" }
+local ICRC_GOOD, ICRC_BAD, ICRC_TRIMMED, ICRC_TRUNCATED, ICRC_UNCHECKED = 0, 1, 2, 3, 4
+local ICRC_STATUS = {
+    [ICRC_GOOD] = "Good", [ICRC_BAD] = "Bad", [ICRC_TRIMMED] = "Not checked (trimmed: no ICRC)",
+    [ICRC_TRUNCATED] = "Not checked (not all of the packet was captured)",
+    [ICRC_UNCHECKED] = "Not checked",
+}
 local MXH_FLAG_NAMES = {
     { 0x01, "TRIMMED" }, { 0x02, "RETX" }, { 0x04, "FIRST" }, { 0x08, "LAST" },
     { 0x10, "ACK_REQ_NOW" }, { 0x20, "PRIO" },
@@ -140,6 +165,8 @@ local pf = {
     ps_epoch = ProtoField.uint32("mrc.port_status.epoch", "Epoch", base.DEC),
 
     icrc = ProtoField.uint32("mrc.icrc", "Invariant CRC", base.HEX),
+    icrc_status = ProtoField.uint8("mrc.icrc.status", "ICRC status", base.DEC, ICRC_STATUS),
+    truncated = ProtoField.bool("mrc.truncated", "Cut by the capture's snaplen"),
 }
 local field_list = {}
 for _, f in pairs(pf) do field_list[#field_list + 1] = f end
@@ -149,7 +176,78 @@ local ex_trimmed = ProtoExpert.new("mrc.expert.trimmed", "Payload trimmed in the
     expert.group.SEQUENCE, expert.severity.NOTE)
 local ex_malformed = ProtoExpert.new("mrc.expert.malformed", "Malformed MRC packet",
     expert.group.MALFORMED, expert.severity.ERROR)
-mrc.experts = { ex_trimmed, ex_malformed }
+local ex_bad_icrc = ProtoExpert.new("mrc.expert.bad_icrc", "ICRC mismatch",
+    expert.group.CHECKSUM, expert.severity.ERROR)
+mrc.experts = { ex_trimmed, ex_malformed, ex_bad_icrc }
+
+mrc.prefs.check_icrc = Pref.bool("Check the ICRC", true,
+    "Verify the RoCEv2 invariant CRC of every packet (a CRC-32 computed in Lua)")
+
+-- See the header: RoCEv2's zero UDP checksum over IPv6 is not an error. The user's own choice
+-- (-o or the preferences file, applied after scripts load) still wins.
+if set_preference ~= nil and get_preference ~= nil then
+    pcall(function()
+        if get_preference("udp.ignore_ipv6_zero_checksum") == false then
+            set_preference("udp.ignore_ipv6_zero_checksum", true)
+        end
+    end)
+end
+
+-- ---------------------------------------------------------------------------------------- ICRC
+-- IEEE CRC-32 (zlib's), table-driven; the ICRC as mrc/wire/icrc.py computes it: 8 bytes 0xFF, the
+-- inner IPv6 header with Traffic Class, Flow Label, Hop Limit all ones, the UDP header with checksum
+-- 0xFFFF, BTH with byte 4 0xFF, the rest up to the ICRC; stored least significant byte first.
+local CRC_TABLE = {}
+for i = 0, 255 do
+    local c = i
+    for _ = 1, 8 do
+        if bit32.band(c, 1) ~= 0 then
+            c = bit32.bxor(0xEDB88320, bit32.rshift(c, 1))
+        else
+            c = bit32.rshift(c, 1)
+        end
+    end
+    CRC_TABLE[i] = c
+end
+
+local function crc_update(crc, s)
+    local band, bxor, rshift, byte = bit32.band, bit32.bxor, bit32.rshift, string.byte
+    for i = 1, #s do
+        crc = bxor(CRC_TABLE[band(bxor(crc, byte(s, i)), 0xFF)], rshift(crc, 8))
+    end
+    return crc
+end
+
+local f_ip6_src = Field.new("ipv6.src")
+local f_ip6_dst = Field.new("ipv6.dst")
+local f_udp_checksum = Field.new("udp.checksum")
+-- The UDP ports from UDP itself: the InfiniBand dissector overwrites pinfo's ports with QP numbers.
+local f_udp_srcport = Field.new("udp.srcport")
+local f_udp_dstport = Field.new("udp.dstport")
+
+local function last(field)
+    local all = { field() }
+    return all[#all]
+end
+
+local function u16(v) return string.char(bit32.rshift(v, 8) % 256, v % 256) end
+
+-- The ICRC status of the MRC packet in `tvb` (BTH at 0), wholly captured, not trimmed.
+local function check_icrc(tvb)
+    local src, dst = last(f_ip6_src), last(f_ip6_dst)
+    local sport, dport = last(f_udp_srcport), last(f_udp_dstport)
+    if src == nil or dst == nil or sport == nil or dport == nil then return ICRC_UNCHECKED end
+    local n = tvb:len()
+    local udp_len = n + 8
+    local pseudo = string.rep("\255", 8) .. "\111\255\255\255" .. u16(udp_len) .. "\017\255"
+        .. src.range:raw() .. dst.range:raw()
+        .. u16(sport.value) .. u16(dport.value) .. u16(udp_len) .. "\255\255"
+    local crc = crc_update(0xFFFFFFFF, pseudo)
+    crc = crc_update(crc, tvb:raw(0, 4) .. "\255" .. tvb:raw(5, n - 4 - 5))
+    crc = bit32.bxor(crc, 0xFFFFFFFF)
+    if crc == tvb(n - ICRC_LEN, ICRC_LEN):le_uint() then return ICRC_GOOD end
+    return ICRC_BAD
+end
 
 local function flag_names(value, names)
     local out = {}
@@ -159,11 +257,18 @@ local function flag_names(value, names)
     return table.concat(out, "|")
 end
 
--- Returns false (after an expert info) when fewer than `need` bytes are left from `off`.
+-- Returns false when fewer than `need` bytes are left from `off`: after an expert info when the
+-- packet was that short on the wire (malformed), after a plain note when only the capture's snaplen
+-- cut it (the packet was whole; nothing is wrong with it).
 local function have(tvb, tree, off, need, what)
-    if tvb:len() - off < need then
+    if tvb:reported_len() - off < need then
         tree:add_proto_expert_info(ex_malformed,
-            string.format("%s truncated: %d bytes, %d needed", what, tvb:len() - off, need))
+            string.format("%s truncated: %d bytes, %d needed", what, tvb:reported_len() - off, need))
+        return false
+    end
+    if tvb:len() - off < need then
+        tree:add(string.format("[%s not captured: the capture kept %d of %d bytes]", what, tvb:len(),
+            tvb:reported_len()))
         return false
     end
     return true
@@ -252,6 +357,18 @@ local function dissect_mrc(tvb, pinfo, tree)
     if moff == nil then return end -- not an MRC opcode: leave it to InfiniBand alone
     local t = tree:add(mrc, tvb(0, tvb:len()))
     t:add(pf.opcode, tvb(0, 1))
+    local captured, reported = tvb:len(), tvb:reported_len()
+    local cut = captured < reported
+    t:add(pf.truncated, cut):set_generated()
+    local cut_note = ""
+    if cut then
+        cut_note = string.format(" [cut by snaplen: %d of %d bytes captured]", captured, reported)
+        pinfo.cols.protocol:set("MRC")
+        -- The InfiniBand dissector fences "Invalid Packet Length from LRH! [Malformed Packet]" into
+        -- Info for a payload the capture did not keep; the packet is not malformed: say what it is.
+        pinfo.cols.info:clear_fence()
+        pinfo.cols.info:set(string.format("MRC %s", OPCODES[opcode]) .. cut_note)
+    end
     if not have(tvb, t, moff, MXH_LEN, "MXH") then return end
     local version = tvb(moff, 1):uint()
     local flags = tvb(moff + 1, 1):uint()
@@ -283,6 +400,7 @@ local function dissect_mrc(tvb, pinfo, tree)
     if fnames ~= "" then info = info .. " [" .. fnames .. "]" end
     local body = moff + MXH_LEN
     local trimmed = bit32.band(flags, 0x01) ~= 0
+    -- Lengths come from the packet's length on the wire (`reported`), never from what was captured.
     if opcode == 0x0A or opcode == 0x0B then
         local plen = 0
         if trimmed then
@@ -290,11 +408,11 @@ local function dissect_mrc(tvb, pinfo, tree)
                 string.format("Payload trimmed: %d bytes lost", tvb(12 + 12, 4):uint()))
         else
             local pad = bit32.band(bit32.rshift(tvb(1, 1):uint(), 4), 3)
-            plen = math.max(tvb:len() - body - pad - ICRC_LEN, 0)
+            plen = math.max(reported - body - pad - ICRC_LEN, 0)
         end
         t:add(pf.payload_len, plen):set_generated()
     else
-        local body_len = tvb:len() - body - ICRC_LEN
+        local body_len = reported - body - ICRC_LEN
         if trimmed then
             t:add_proto_expert_info(ex_malformed, "TRIMMED set on a control packet")
         end
@@ -302,7 +420,7 @@ local function dissect_mrc(tvb, pinfo, tree)
         if body_len < need then
             t:add_proto_expert_info(ex_malformed,
                 string.format("%s body truncated: %d bytes, %d needed", name, math.max(body_len, 0), need))
-        else
+        elseif have(tvb, t, body, body_len, name .. " body") then
             if opcode == 0xC0 then
                 info = info .. dissect_sack(tvb, t, body, body_len)
             elseif opcode == 0xC1 then
@@ -318,12 +436,32 @@ local function dissect_mrc(tvb, pinfo, tree)
                 t:add_proto_expert_info(ex_malformed,
                     string.format("%s body is %d bytes, %d expected", name, body_len, need))
             end
-            t:add(pf.icrc, tvb(tvb:len() - ICRC_LEN, ICRC_LEN))
+            if not cut then t:add(pf.icrc, tvb(reported - ICRC_LEN, ICRC_LEN)) end
         end
     end
-    t:append_text(", " .. info:sub(5))
+
+    local status
+    if trimmed and (opcode == 0x0A or opcode == 0x0B) then
+        status = ICRC_TRIMMED
+    elseif cut then
+        status = ICRC_TRUNCATED
+    elseif not mrc.prefs.check_icrc or reported < 12 + ICRC_LEN then
+        status = ICRC_UNCHECKED
+    else
+        status = check_icrc(tvb)
+    end
+    local st = t:add(pf.icrc_status, status)
+    st:set_generated()
+    if status == ICRC_BAD then st:add_proto_expert_info(ex_bad_icrc) end
+    local ck = last(f_udp_checksum)
+    if ck ~= nil and ck.value == 0 then
+        t:add("[UDP checksum 0: RoCEv2 practice over IPv6 (RFC 6935/6936); the ICRC covers the packet]")
+    end
+
+    t:append_text(", " .. info:sub(5) .. cut_note)
     pinfo.cols.protocol:set("MRC")
-    pinfo.cols.info:set(info)
+    pinfo.cols.info:clear_fence()
+    pinfo.cols.info:set(info .. cut_note)
 end
 
 -- Chain onto UDP 4791: keep whatever dissector was there (InfiniBand's RRoCE) and add our tree after.
