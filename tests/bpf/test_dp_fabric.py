@@ -8,6 +8,7 @@ counters and captures show."""
 from __future__ import annotations
 
 import contextlib
+import ctypes as ct
 import socket
 import subprocess
 import time
@@ -275,43 +276,177 @@ def test_malformed_packets_are_dropped_at_xdp(small_fabric: FabricDataplane, pai
 # -------------------------------------------------------------------------------------------- switch
 
 
-def test_congested_port_marks_then_trims_then_drops(small_fabric: FabricDataplane, pair: Pair) -> None:
-    """A burst into a switch port whose virtual queue drains slower than it fills: ECN-CE first, then
-    trimmed packets (TRIMMED, lengths consistent), then drops, in that order of load."""
-    fd = small_fabric
-    leaf = fd.topo.leaf_name(0, fd.topo.host_leaf("h1"))
-    fd.set_port(leaf, "h1", rate_bps=1_000_000, ecn_k=2000, trim_t=12000, buffer=24000)
-    try:
-        evs = _plane_evs(fd, 0)
-        s0 = fd.stats(leaf)["ports"][leaf]["h1"]["actions"]
-        h0 = fd.stats("h1")["hosts"]["h1"]["planes"][0]
-        sent = pair.paced([evs[i % len(evs)] for i in range(400)], 2000, b"c" * 4096)
-        got = pair.receive(0.5)
-        s1 = fd.stats(leaf)["ports"][leaf]["h1"]["actions"]
-        h1 = fd.stats("h1")["hosts"]["h1"]["planes"][0]
-    finally:
-        d = fab.switch_defaults(fd.topo)
-        fd.set_port(leaf, "h1", **d)
-    outcome = {psn: "lost" for psn in sent}
+# The virtual queue of switch_port, step by step exactly as bpf/switch_port.c computes it: drain since
+# the last packet (at most one second's worth), trim above T, drop what does not fit in the buffer, mark
+# above K. The tests below compare every packet with it, using the program's own per-packet state
+# (mrc_sw_vq: last_ns, backlog) read back after each packet, so that no assertion depends on how fast
+# this process, the kernel or a loaded machine happened to send or forward.
+def vq_step(backlog: int, dt_ns: int, cfg: dict[str, int], full_len: int, trim_len: int) -> tuple[str, int]:
+    drained = min(dt_ns, 1_000_000_000) * (cfg["rate_bps"] // 8) // 1_000_000_000
+    backlog = max(backlog - drained, 0)
+    length, trimmed = (trim_len, True) if backlog > cfg["trim_t"] else (full_len, False)
+    if backlog + length > cfg["buffer"]:
+        return "lost", backlog
+    if trimmed:
+        return "trimmed", backlog + length
+    return ("ce" if backlog > cfg["ecn_k"] else "clean"), backlog + length
+
+
+class CongestedPort:
+    """The leaf port towards h1 on plane 0 with a given virtual queue; sends one packet at a time and
+    waits until switch_port has run on it (its vq timestamp moves), recording the vq state after each."""
+
+    def __init__(self, fd: FabricDataplane, pair: Pair, **cfg: int) -> None:
+        self.fd, self.pair, self.cfg = fd, pair, cfg
+        self.leaf = fd.topo.leaf_name(0, fd.topo.host_leaf("h1"))
+        self.evs = _plane_evs(fd, 0)
+        fd.set_port(self.leaf, "h1", **cfg)  # also empties the virtual queue
+        assert fd.switch is not None
+        self.vq = fd.switch.maps["mrc_sw_vq"]
+        self.key = ct.c_uint32(fd._sw_port(self.leaf, "h1")[1].port_id)
+        self.trace: list[tuple[int, int, int]] = [(self.state()[0], 0, 0)]  # (last_ns, backlog, psn)
+
+    def state(self) -> tuple[int, int]:
+        v = self.vq.get(self.key)
+        return int(v.last_ns), int(v.backlog)
+
+    def send(self, payload: bytes) -> int:
+        before = self.trace[-1][0]
+        psn = self.pair.send(self.evs[len(self.trace) % len(self.evs)], payload)
+        deadline = time.monotonic() + 30  # a guard against a hang, not a timing assumption
+        while (st := self.state())[0] == before:
+            assert time.monotonic() < deadline, "switch_port never saw the packet"
+            time.sleep(0.0002)
+        self.trace.append((*st, psn))
+        return psn
+
+    def actions(self) -> dict[str, dict[str, int]]:
+        acts: dict[str, dict[str, int]] = self.fd.stats(self.leaf)["ports"][self.leaf]["h1"]["actions"]
+        return acts
+
+    def expected(self, full_len: int, trim_len: int) -> list[tuple[int, str]]:
+        """(psn, outcome) per packet from the recorded program state; checks the recorded backlog too."""
+        out = []
+        for (t0, b0, _), (t1, b1, psn) in zip(self.trace, self.trace[1:], strict=False):
+            what, backlog = vq_step(b0, t1 - t0, self.cfg, full_len, trim_len)
+            assert backlog == b1, (psn, what, backlog, b1, self.trace)
+            out.append((psn, what))
+        return out
+
+    def restore(self) -> None:
+        self.fd.set_port(self.leaf, "h1", **fab.switch_defaults(self.fd.topo, self.leaf, "h1"))
+
+
+def frame_lens(payload_len: int) -> tuple[int, int]:
+    """skb->len at a switch port: Ethernet, outer and inner IPv6, UDP, then the MRC packet (ICRC
+    included) in full or cut to the end of MXH."""
+    envelope = 14 + 40 + 40 + 8
+    headers = wire.header_len(wire.Opcode.RDMA_WRITE_ONLY)
+    return envelope + headers + payload_len + 4, envelope + headers
+
+
+def outcomes(got: list[tuple[wire.MrcPacket, int, int, bytes]], payload: bytes) -> dict[int, str]:
+    out = {}
     for p, tclass, _sport, raw in got:
         if p.trimmed:
-            assert len(raw) == wire.header_len(p.opcode) and p.dma_len == 4096  # cut to the end of MXH
+            assert len(raw) == wire.header_len(p.opcode)  # cut to the end of MXH
+            assert p.dma_len == len(payload)
             assert p.flags & wire.MxhFlag.PRIO
-            outcome[p.psn] = "trimmed"
+            out[p.psn] = "trimmed"
         else:
-            assert p.icrc == "ok" and bytes(p.payload) == b"c" * 4096
-            outcome[p.psn] = "ce" if tclass & 3 == 3 else "clean"
+            assert p.icrc == "ok" and bytes(p.payload) == payload
+            out[p.psn] = "ce" if tclass & 3 == 3 else "clean"
+    return out
+
+
+@contextlib.contextmanager
+def quiet_upstream(fd: FabricDataplane, target: tuple[str, str]) -> Iterator[None]:
+    """No virtual queue on the other switch ports of plane 0 (they forward everything), so that only the
+    port under test marks, trims or drops; their defaults again afterwards."""
+    changed = []
+    try:
+        for port in fab.ports(fd.topo):
+            if port.plane == 0 and not port.is_host and (port.node, port.ifname) != target:
+                fd.set_port(port.node, port.ifname, rate_bps=0)
+                changed.append(port)
+        yield
+    finally:
+        for port in changed:
+            fd.set_port(port.node, port.ifname, **fab.switch_defaults(fd.topo, port.node, port.peer))
+
+
+def test_congested_port_marks_then_trims_then_drops(small_fabric: FabricDataplane, pair: Pair) -> None:
+    """A burst into a switch port whose virtual queue fills: ECN-CE first, then trimmed packets (TRIMMED,
+    PRIO, lengths consistent), then drops, in that order of load. The port drains 1 byte/s (nothing in
+    the test's time: the order is the queue's, not the scheduler's); each packet's outcome is also the
+    one the program's own recorded state predicts, and the counters agree."""
+    fd = small_fabric
+    payload = b"c" * 4096
+    full, trim = frame_lens(len(payload))
+    trims = 40
+    # clean (empty queue), CE (one packet queued, above K), then trimmed (two queued, above T) until
+    # exactly `trims` headers are queued: the next one no longer fits (one byte short), nor any after it
+    cfg = {"rate_bps": 8, "ecn_k": 2000, "trim_t": 6000, "buffer": 2 * full + trims * trim + 1}
+    assert cfg["ecn_k"] < full <= cfg["trim_t"] < 2 * full
+    n = 2 + trims + 20
+    leaf = fd.topo.leaf_name(0, fd.topo.host_leaf("h1"))
+    h0 = fd.stats("h1")["hosts"]["h1"]["planes"][0]
+    with quiet_upstream(fd, (leaf, "h1")):
+        port = CongestedPort(fd, pair, **cfg)
+        try:
+            s0 = port.actions()
+            sent = [port.send(payload) for _ in range(n)]
+            got = pair.receive(0.5)
+            s1 = port.actions()
+            h1 = fd.stats("h1")["hosts"]["h1"]["planes"][0]
+        finally:
+            port.restore()
+    expected = port.expected(full, trim)
+    outcome = {psn: "lost" for psn in sent}
+    outcome.update(outcomes(got, payload))
     order = [outcome[psn] for psn in sent]
-    first = {k: order.index(k) for k in ("ce", "trimmed", "lost") if k in order}
-    assert set(first) == {"ce", "trimmed", "lost"}, (order[:8], s0, s1, fd.ingress_drops("h1"))
-    assert first["ce"] < first["trimmed"] < first["lost"]
-    assert "clean" not in order[first["trimmed"]:]  # once trimming starts, no full packet goes unmarked
-    delta = {k: s1[k]["packets"] - s0[k]["packets"] for k in s1}
-    assert delta["ecn_mark"] == order.count("ce")
-    assert delta["trim"] == order.count("trimmed")
-    assert delta["drop_buffer"] == order.count("lost")
-    assert h1["rx_trimmed"] - h0["rx_trimmed"] == order.count("trimmed")
-    assert h1["rx_ce"] - h0["rx_ce"] == order.count("ce")
+    assert order == [what for _psn, what in expected], (order, port.trace)
+    assert order == ["clean", "ce"] + ["trimmed"] * trims + ["lost"] * (n - 2 - trims)
+    delta = {k: {f: s1[k][f] - s0[k][f] for f in ("packets", "bytes")} for k in s1}
+    assert delta["forward"] == {"packets": 1, "bytes": full}
+    assert delta["ecn_mark"] == {"packets": 1, "bytes": full}
+    assert delta["trim"] == {"packets": trims, "bytes": trims * trim}
+    assert delta["drop_buffer"] == {"packets": n - 2 - trims, "bytes": (n - 2 - trims) * trim}
+    assert sum(d["packets"] for d in delta.values()) == n  # nothing else crossed the port
+    assert h1["rx_trimmed"] - h0["rx_trimmed"] == trims
+    assert h1["rx_ce"] - h0["rx_ce"] == 1
+
+
+def test_virtual_queue_drains_at_the_port_rate(small_fabric: FabricDataplane, pair: Pair) -> None:
+    """At 1 Mbit/s the queue loses rate/8 bytes per second between packets, computed from the program's
+    own timestamps: a packet right behind others finds them partly drained (and is marked above K), one
+    sent after a pause longer than the buffer's drain time finds the queue empty."""
+    fd = small_fabric
+    payload = b"q" * 4096
+    full, trim = frame_lens(len(payload))
+    cfg = {"rate_bps": 1_000_000, "ecn_k": 2000, "trim_t": 12000, "buffer": 24000}
+    empty_after_s = cfg["buffer"] / (cfg["rate_bps"] / 8)  # 0.192 s
+    port = CongestedPort(fd, pair, **cfg)
+    partial = 0
+    try:
+        for _round in range(5):
+            for _ in range(4):
+                port.send(payload)
+            time.sleep(empty_after_s + 0.05)
+            port.send(payload)  # the queue is empty by now, whatever the scheduler did
+            pair.receive(0.05)
+            steps = list(zip(port.trace, port.trace[1:], strict=False))
+            partial = sum(1 for (t0, b0, _), (t1, _b1, _) in steps
+                          if 0 < (t1 - t0) * (cfg["rate_bps"] // 8) // 1_000_000_000 < b0)
+            if partial:
+                break
+    finally:
+        port.restore()
+    expected = port.expected(full, trim)  # every recorded backlog is the drain formula's
+    assert partial, ("no packet found a partly drained queue", port.trace)
+    after_pause = [what for i, (_psn, what) in enumerate(expected) if i % 5 == 4]
+    assert after_pause and set(after_pause) == {"clean"}
+    assert {what for _psn, what in expected} <= {"clean", "ce", "trimmed"}
 
 
 def _plane_evs(fd: FabricDataplane, plane: int) -> list[int]:
