@@ -10,6 +10,11 @@ layers into ``scapy.contrib.roce`` once (Python caches the module, so a later ``
     BTH opcode 0x0B -> RETH -> ImmDt -> MXH -> Raw
     BTH opcode 0xC0..0xC4 -> MXH -> SACK | NACK | PROBE | PROBE_REPLY | PORT_STATUS
 
+MXH is dissected only where the bytes are one (``looks_like_mxh``: version 1, reserved bits clear, and
+on data packets a length that adds up to MXH + DMA length + pad, which no plain RoCE WRITE has); an
+ordinary RoCE RDMA WRITE Only (with or without Immediate) still dissects as RETH [/ ImmDt] / Raw with
+these layers imported, and another vendor's packet on opcodes 0xC0-0xC4 as BTH / Raw.
+
 ``scapy.contrib.roce`` (2.5 to 2.8 at least) has no RETH or ImmDt layer, so this module defines them.
 Should a later scapy bind its own after BTH, dissection finds those first (scapy tries bindings in the
 order they were made); MXH is then bound after them as well, and ours remain usable for building.
@@ -57,6 +62,7 @@ from scapy.packet import Packet, Raw, bind_bottom_up, bind_layers
 
 from .consts import (
     BTH_LEN,
+    EV_INDEX_MAX,
     ICRC_LEN,
     IMMDT_LEN,
     MXH_LEN,
@@ -83,6 +89,7 @@ __all__ = [
     "RETH",
     "SACK",
     "ImmDt",
+    "looks_like_mxh",
     "mrc_udp",
     "write_packet",
 ]
@@ -197,6 +204,20 @@ class MXH(_SetsBthOpcode):
                 return op
         return None
 
+    @classmethod
+    def dispatch_hook(cls, _pkt: bytes | None = None, *args: Any, **kargs: Any) -> type[Packet]:
+        """Dissect as MXH only what is one; anything else stays the plain payload (Raw).
+
+        The bindings above put MXH after every RETH / ImmDt of a WRITE Only and after BTH on opcodes
+        0xC0-0xC4 (manufacturer-specific in InfiniBand, so other vendors' packets may carry them):
+        without this check, any RoCE RDMA WRITE seen after ``import mrc.wire.scapy`` dissected as
+        RETH/MXH, its payload read as an MXH of version 104. `looks_like_mxh` decides."""
+        if _pkt is None:
+            return cls  # building, not dissecting
+        if looks_like_mxh(bytes(_pkt), kargs.get("_underlayer")):
+            return cls
+        return conf.raw_layer
+
     def pre_dissect(self, s: bytes) -> bytes:
         # A trimmed packet ends after MXH, without ICRC, but BTH's FCSField took its last 4 bytes.
         if len(s) == MXH_LEN - ICRC_LEN and s[1] & MxhFlag.TRIMMED:
@@ -228,6 +249,33 @@ class MXH(_SetsBthOpcode):
                 mlen = (int(self.msg_offset) + n) & 0xFFFFFFFF
             pkt = pkt[:8] + struct.pack("!I", mlen) + pkt[12:]
         return pkt + pay
+
+
+def looks_like_mxh(s: bytes, underlayer: Packet | None) -> bool:
+    """Whether `s`, the bytes after RETH/ImmDt (data) or BTH (control), less the 4 bytes BTH's FCSField
+    took as ICRC, are an MXH as MRC sends it (not a plain RoCE payload):
+
+    * version 1, reserved flag bits (0xC0) clear, EV index below 2^14;
+    * on a data packet, the length adds up, which a plain RDMA WRITE cannot satisfy: MXH + RETH's DMA
+      length + BTH's PadCnt bytes exactly (a plain WRITE Only carries DMA length + pad bytes), or, with
+      TRIMMED set, the 20 bytes of an MXH whose last 4 BTH took (a trimmed packet ends after MXH);
+    * on a control packet, at least a whole MXH.
+
+    A RETH without a ``dma_len`` field (another scapy's own layer) leaves only the first checks."""
+    if len(s) < MXH_LEN - ICRC_LEN or s[0] != MXH_VERSION or s[1] & 0xC0:
+        return False
+    if int.from_bytes(s[2:4], "big") > EV_INDEX_MAX:
+        return False
+    u = underlayer
+    while u is not None and not isinstance(u, BTH) and "dma_len" not in u.fields:
+        u = u.underlayer
+    if u is None or isinstance(u, BTH):
+        return len(s) >= MXH_LEN  # control packet (or an unknown stack: the plain header check)
+    bth = _bth_below(u)
+    pad = int(bth.padcount) if bth is not None else 0
+    if s[1] & MxhFlag.TRIMMED:
+        return len(s) == MXH_LEN - ICRC_LEN
+    return len(s) == MXH_LEN + int(u.dma_len or 0) + pad
 
 
 # -------------------------------------------------------------------------------- control bodies

@@ -7,6 +7,7 @@ first (as the kernel's rxe does), so ICRCs are compared as bytes."""
 
 from __future__ import annotations
 
+import struct
 import subprocess
 import sys
 from collections.abc import Callable
@@ -361,3 +362,68 @@ def test_scapy_module_imports_standalone() -> None:
             "p = IPv6(bytes(IPv6(src='::1', dst='::2') / UDP(dport=4791) / BTH(dqpn=1) / MXH() / SACK())); "
             "assert SACK in p")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ------------------------------------------------------------------------- plain RoCE stays plain
+
+
+def _plain_roce(opcode: int, payload: bytes, imm: int | None = None) -> bytes:
+    """An ordinary RoCEv2 RDMA WRITE Only [with Immediate] (no MXH), bytes as any RoCE NIC sends it."""
+    pad = -len(payload) & 3
+    reth = struct.pack("!QII", 0x7F00_0000_1000, 0x1234, len(payload))
+    imm_b = b"" if imm is None else struct.pack("!I", imm)
+    pkt = (IPv6(src=SRC_S, dst=DST_S) / UDP(sport=49152, dport=4791, chksum=0)
+           / BTH(opcode=opcode, dqpn=0x11, psn=3, padcount=pad) / Raw(reth + imm_b + payload + bytes(pad)))
+    return bytes(pkt)
+
+
+# Payloads that an unguarded binding misreads as MXH: text ("hello" -> version 104), a first byte of 1
+# (the MXH version) with clear reserved flag bits, exactly 24 bytes shaped like a real MXH.
+PLAIN_PAYLOADS = [
+    b"hello, plain RoCE" * 100,
+    b"\x01\x04\x00\x05" + bytes(500),
+    bytes(MXH(ev_index=5, msn=1, msg_len=24, msg_offset=0)),
+    b"",
+    b"x",
+]
+
+
+@pytest.mark.parametrize("payload", PLAIN_PAYLOADS, ids=["text", "version-1", "mxh-shaped", "empty", "one"])
+def test_plain_roce_write_dissects_as_reth_only(payload: bytes) -> None:
+    pkt = IPv6(_plain_roce(Opcode.RDMA_WRITE_ONLY, payload))
+    assert pkt.layers()[:4] == [IPv6, UDP, BTH, RETH]
+    assert MXH not in pkt
+    assert pkt[RETH].dma_len == len(payload)
+    tail = pkt[RETH].payload
+    assert bytes(tail) == payload + bytes(-len(payload) & 3)
+    if payload:
+        assert isinstance(tail, Raw)
+
+
+@pytest.mark.parametrize("payload", PLAIN_PAYLOADS[:3], ids=["text", "version-1", "mxh-shaped"])
+def test_plain_roce_write_imm_dissects_as_reth_immdt_only(payload: bytes) -> None:
+    pkt = IPv6(_plain_roce(Opcode.RDMA_WRITE_ONLY_IMM, payload, imm=0xABCD))
+    assert RETH in pkt and ImmDt in pkt and MXH not in pkt
+    assert pkt[ImmDt].imm == 0xABCD
+    tail = pkt[ImmDt].payload
+    assert isinstance(tail, Raw) and bytes(tail) == payload + bytes(-len(payload) & 3)
+
+
+def test_foreign_vendor_opcode_is_not_mxh() -> None:
+    """0xC0-0xC4 are manufacturer-specific InfiniBand opcodes: another vendor's packet whose bytes are
+    not an MXH (version 0x68 here) stays Raw after BTH."""
+    pkt = IPv6(bytes(IPv6(src=SRC_S, dst=DST_S) / UDP(sport=1, dport=4791, chksum=0)
+                     / BTH(opcode=0xC2) / Raw(b"hello vendor, 28 bytes long!")))
+    assert MXH not in pkt and PROBE not in pkt
+    assert isinstance(pkt[BTH].payload, Raw)
+
+
+def test_mrc_packets_still_dissect_with_the_guard() -> None:
+    """The guard's length rule holds for every MRC packet (trimmed ones included)."""
+    trimmed = bytearray(_mrc(_data(4096)))
+    trimmed = trimmed[: trim_in_place(trimmed, len(trimmed))]
+    for name, mrc in [*PACKETS, ("trimmed", bytes(trimmed))]:
+        pkt = IPv6(_inner(mrc))
+        assert MXH in pkt, name
+        assert pkt[MXH].version == 1 and pkt[MXH].ev_index == int.from_bytes(
+            mrc[_mxh_offset(mrc) + 2 : _mxh_offset(mrc) + 4], "big")
