@@ -37,6 +37,7 @@ import time
 import traceback
 from collections import deque
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final
 
@@ -116,7 +117,7 @@ def link_name(lk: Link) -> str:
 @dataclass
 class Action:
     time_ns: int
-    kind: str  # deny | replace | restore | port_down | port_up | suspect | cleared
+    kind: str  # an ActionKind value (Controller.act checks)
     link: str
     evs: int
     detail: str = ""
@@ -124,6 +125,21 @@ class Action:
     def to_dict(self) -> dict[str, Any]:
         return {"time_ns": self.time_ns, "kind": self.kind, "link": self.link, "evs": self.evs,
                 "detail": self.detail}
+
+
+class ActionKind(StrEnum):
+    """What the controller does: the closed set behind `Action.kind`, `Controller.counts` and the exporter's
+    `action` label (every value is exported from the first scrape, at 0 until it happens). `Controller.act`
+    refuses any other kind, so a new action cannot go unexported."""
+
+    DENY = "deny"  # EVs through a failed link DENIED (or an operator's `mrcctl ev deny`)
+    REPLACE = "replace"  # REPLACE_EV: EVs of a denied link moved to paths that avoid it
+    RESTORE = "restore"  # a denied link's EVs allowed again (probe answered, peer report, operator)
+    PORT_DOWN = "port_down"  # own plane port disabled (PORT_STATUS to peers)
+    PORT_UP = "port_up"  # own plane port enabled again
+    SUSPECT = "suspect"  # own access link looks failed: held until its port is quiet
+    CLEARED = "cleared"  # a suspicion dropped: its EVs are no longer failed
+    PROBE = "probe"  # one EV of a denied link set ASSUMED_BAD so that the engine probes it
 
 
 @dataclass
@@ -191,6 +207,7 @@ class Controller:
         self._dirty = False
 
     def act(self, a: Action) -> None:
+        ActionKind(a.kind)  # ValueError for a kind outside the closed set (it would never be exported)
         self.log.append(a)
         self.counts[a.kind] = self.counts.get(a.kind, 0) + 1
 
@@ -544,6 +561,9 @@ class Daemon:
         self.metrics = metrics
         self.started = time.time()
         self.lock = threading.Lock()
+        #: time.monotonic() at the end of the loop's last turn (0.0 before the first): mrc_up and
+        #: mrc_engine_loop_age_seconds say how long ago the engine last ran (ctl/metrics.py)
+        self.turned = 0.0
         self.stop = False
         self.fd = FabricDataplane.open(testbed)
         if self.fd.egress is None or self.fd.ingress is None:
@@ -758,6 +778,7 @@ class Daemon:
                 for c in list(self.clients.values()):
                     if c.wbuf:
                         self._flush_client(c)
+                self.turned = time.monotonic()
 
     def _deliver_wcs(self) -> None:
         for wc in self.cq.poll(1 << 16):

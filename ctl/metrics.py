@@ -1,196 +1,335 @@
-"""Prometheus metrics of one mrcd (DESIGN.md §7): a custom collector that reads the host's BPF counter maps
-and the engine's state at scrape time (nothing is copied into Counter objects on the data path).
+"""Prometheus metrics of one mrcd (DESIGN.md §7, docs/daemon.md "Metrics"): a custom collector that reads
+the host's BPF counter maps and a snapshot of the engine's state at scrape time (nothing is copied into
+Counter objects on the data path).
+
+Why a snapshot: the engine loop holds `Daemon.lock` for each turn, and a scrape that formatted every family
+under that lock stalled the loop for the whole scrape. `MrcCollector.collect` holds the lock only while
+`snapshot` copies the numbers out (plain lists and dicts: C-speed copies, no counting), then counts and
+formats outside it. When the lock cannot be had within `LOCK_TIMEOUT_S` (the loop is stuck in a turn), the
+scrape still answers, with `mrc_up` 0 and without the engine's families, instead of hanging.
 
 Names: ``mrc_`` prefix, base units, ``_total`` on counters; labels only from small closed sets (``host``,
-``plane``, ``port``, ``direction``, ``reason``, ``state``). Per-QP detail is in ``mrcctl qp show``.
+``plane``, ``port``, ``reason``, ``state``, ``action``, ``program``), except the per-QP gauges
+(``qpn``, ``peer``), whose series are bounded by `QP_SERIES_MAX` and go away with their QP. The process and
+platform collectors of prometheus_client add ``process_*`` and ``python_*``.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import platform
 import socket
 import threading
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Final
 
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    InfoMetricFamily,
-    SummaryMetricFamily,
-)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from mrc import __version__ as mrc_version
-from mrc.transport import EvState
+from mrc.dataplane.abi import DropReason
+from mrc.transport import EvState, QpState
 
 if TYPE_CHECKING:
     from .daemon import Daemon
 
 RETX_CAUSES: Final = ("sack", "trim", "timeout", "nack", "rnr", "spurious")
 
+#: The drop reasons each host program really emits (the `drop(..., MRC_DROP_*)` calls of bpf/host_ingress.c
+#: and bpf/host_egress.c; tests/unit/test_metrics_exporter.py checks these tuples against the sources).
+#: Every one is exported from the first scrape, at 0 until it happens. `DropReason` also holds BUFFER,
+#: FAULT and BLACKHOLE, which no host program emits: those are switch-port actions (bpf/switch_port.c,
+#: `SwitchAction.DROP_*`, read by `mrcctl fault`/`mrcctl stats`, not by a host's mrcd), so they are not
+#: exported here.
+INGRESS_DROP_REASONS: Final = (DropReason.TRUNCATED, DropReason.BAD_IP, DropReason.BAD_LENGTH,
+                               DropReason.BAD_VERSION, DropReason.BAD_OPCODE, DropReason.FOREIGN_QPN)
+EGRESS_DROP_REASONS: Final = (DropReason.TRUNCATED, DropReason.BAD_VERSION, DropReason.BAD_OPCODE,
+                              DropReason.NO_PATH, DropReason.ENCAP_FAILED)
+
+#: mrc_up is 1 only if the engine loop finished a turn within this many seconds (a healthy loop turns at
+#: least every 50 ms: its select times out at 0.05 s).
+UP_STALE_S: Final = 5.0
+#: How long a scrape waits for the engine lock before it answers without the engine's families.
+LOCK_TIMEOUT_S: Final = 1.0
+#: At most this many QPs (the lowest QPNs) get per-QP series; `mrc_qps` counts them all. A host's QPs are
+#: bounded by the ingress allowed-QP map (`abi.QPS_MAX`, 65,536 for a whole fabric), far too many series:
+#: this cap is what bounds the scrape.
+QP_SERIES_MAX: Final = 1024
+
 #: Every metric the exporter emits (tests check the dashboard and alert rules against this list).
 METRICS: Final = (
-    "mrc_build_info", "mrc_up", "mrc_plane_up", "mrc_plane_tx_packets_total", "mrc_plane_tx_bytes_total",
+    "mrc_build_info", "mrc_up", "mrc_engine_loop_age_seconds", "mrc_dataplane_attached", "mrc_plane_up",
+    "mrc_plane_tx_packets_total", "mrc_plane_tx_bytes_total",
     "mrc_plane_rx_packets_total", "mrc_plane_rx_bytes_total", "mrc_plane_rx_ecn_ce_total",
-    "mrc_plane_rx_trimmed_total", "mrc_plane_engine_tx_bytes_total", "mrc_drops_total",
-    "mrc_engine_drops_total", "mrc_retransmits_total", "mrc_trim_nacks_total", "mrc_ecn_echoes_total",
-    "mrc_rto_total", "mrc_evs", "mrc_ev_events_total", "mrc_probes_total", "mrc_probe_replies_total",
-    "mrc_controller_actions_total", "mrc_denied_links", "mrc_qps", "mrc_qp_cwnd_bytes", "mrc_qp_srtt_seconds",
-    "mrc_data_tx_packets_total", "mrc_data_rx_packets_total", "mrc_data_tx_bytes_total",
-    "mrc_data_rx_bytes_total", "mrc_start_time_seconds", "mrc_control_rejected_total",
+    "mrc_plane_rx_trimmed_total", "mrc_plane_engine_tx_bytes_total", "mrc_ingress_drops_total",
+    "mrc_egress_drops_total", "mrc_engine_drops_total", "mrc_retransmits_total", "mrc_trim_nacks_total",
+    "mrc_ecn_echoes_total", "mrc_rto_total", "mrc_evs", "mrc_ev_events_total", "mrc_probes_total",
+    "mrc_probe_replies_total", "mrc_controller_actions_total", "mrc_denied_links", "mrc_qps",
+    "mrc_qp_cwnd_bytes", "mrc_qp_srtt_seconds", "mrc_data_tx_packets_total", "mrc_data_rx_packets_total",
+    "mrc_data_tx_bytes_total", "mrc_data_rx_bytes_total", "mrc_start_time_seconds",
+    "mrc_control_rejected_total",
 )
+
+_DATA_ATTRS: Final = ("serial", "rx_packets", "tx_bytes", "rx_bytes")
+
+
+@dataclass(frozen=True)
+class QpSnapshot:
+    """One QP's numbers, copied out under the engine lock."""
+
+    qpn: int
+    peer: str
+    state: str  # QpState name, lower case
+    cwnd_bytes: int
+    srtt_ns: int  # 0: no RTT sample yet
+    counters: dict[str, int]  # QueuePair.c
+    data: dict[str, int]  # _DATA_ATTRS
+    port_bytes: list[int]
+    ev_state: list[int]
+    ev_port: list[int]
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """What the engine-side families are formatted from (plain copies: the loop may run on meanwhile)."""
+
+    engine_drops: dict[str, int]
+    rejected: dict[str, int]
+    gone_counters: dict[str, int]  # counters of destroyed QPs (the totals never go down)
+    gone_data: dict[str, int]
+    gone_port_bytes: list[int]
+    port_enabled: list[bool]
+    ports_down: frozenset[int]
+    ev_events: dict[str, int]
+    actions: dict[str, int]
+    denied_links: int
+    qps: list[QpSnapshot]
+
+
+def snapshot(d: Daemon) -> EngineSnapshot:
+    """Copy the engine's and the controller's numbers out of `d`. The caller holds `d.lock`; nothing here
+    counts or formats (that is done outside the lock), it only copies lists and dicts."""
+    qp_peer = d.qp_peer
+    qps = [QpSnapshot(qpn, qp_peer.get(qpn) or "none", qp.state.name.lower(), int(qp.cc.cwnd), int(qp.srtt),
+                      dict(qp.c), {a: int(getattr(qp, a)) for a in _DATA_ATTRS}, list(qp.paths.port_bytes),
+                      list(qp.paths.state), list(qp.paths.ev_port))
+           for qpn, qp in d.ctx.qps.items()]
+    ctl = d.controller
+    return EngineSnapshot(dict(d.ctx.drops), dict(d.rejected), dict(d.gone_c), dict(d.gone),
+                          list(d.gone_port), list(d.ctx.port_enabled), frozenset(ctl.ports_down),
+                          dict(ctl.event_counts), dict(ctl.counts), len(ctl.denied), qps)
+
+
+def dataplane_attached(d: Daemon) -> dict[str, bool]:
+    """host_egress / host_ingress -> whether its record (written by whoever attached it, atomically) still
+    lists an attachment on this host of this testbed. `mrcctl prog detach` removes or rewrites the record,
+    while mrcd's own copy of it, and its map fds, live on: only the file tells."""
+    out: dict[str, bool] = {}
+    for kind, prog in (("host_egress", d.fd.egress), ("host_ingress", d.fd.ingress)):
+        ok = False
+        if prog is not None:
+            try:
+                rec = json.loads(prog.record_path.read_text())
+            except (OSError, ValueError):
+                rec = {}
+            ok = any(a.get("testbed") == d.tb.name and a.get("node") == d.host
+                     for a in rec.get("attachments", []))
+        out[kind] = ok
+    return out
 
 
 class MrcCollector(Collector):
-    def __init__(self, d: Daemon | None = None) -> None:
+    def __init__(self, d: Daemon | None = None, *, lock_timeout_s: float = LOCK_TIMEOUT_S) -> None:
         self.d = d
+        self.lock_timeout_s = lock_timeout_s
 
-    def describe(self) -> list[Any]:  # no collect() at registration
+    def describe(self) -> list[Metric]:  # no collect() at registration
         return []
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         d = self.d
         if d is None:
             return
         h = d.host
+        # -- the engine: a snapshot under the lock, taken first and held for the copy only
+        snap: EngineSnapshot | None = None
+        if d.lock.acquire(timeout=self.lock_timeout_s):
+            try:
+                snap = snapshot(d)
+            finally:
+                d.lock.release()
+        # -- BPF maps and program records (no engine lock: separate syscalls, the loop keeps running)
+        hs = d.fd._host_stats(h, False)
+        attached = dataplane_attached(d)
+        age = time.monotonic() - d.turned if d.turned else math.inf
         info = InfoMetricFamily("mrc_build", "mrc version and platform")
         info.add_metric([], {"version": mrc_version, "kernel": platform.release(),
                              "python": platform.python_version()})
         yield info
-        up = GaugeMetricFamily("mrc_up", "1 while mrcd serves this host", labels=["host"])
-        up.add_metric([h], 1.0)
+        up = GaugeMetricFamily("mrc_up", f"1 when the engine loop turned within {UP_STALE_S:g} s, its state "
+                               "could be read, and host_egress and host_ingress are attached; else 0",
+                               labels=["host"])
+        up.add_metric([h], float(snap is not None and age <= UP_STALE_S and all(attached.values())))
         yield up
+        la = GaugeMetricFamily("mrc_engine_loop_age_seconds",
+                               "seconds since the engine loop last finished a turn (+Inf before the first)",
+                               labels=["host"])
+        la.add_metric([h], age)
+        yield la
+        att = GaugeMetricFamily("mrc_dataplane_attached", "1 while the host program is attached on this host",
+                                labels=["host", "program"])
+        for kind, ok in attached.items():
+            att.add_metric([h, kind], float(ok))
+        yield att
         start = GaugeMetricFamily("mrc_start_time_seconds", "mrcd start time (Unix seconds)", labels=["host"])
         start.add_metric([h], d.started)
         yield start
-        # -- BPF maps (read outside the engine lock: separate syscalls, the loop keeps running)
-        hs = d.fd._host_stats(h, False)
-        lp = ["host", "plane", "port"]
-        fams = {k: CounterMetricFamily(f"mrc_plane_{k}", doc, labels=lp) for k, doc in (
-            ("tx_packets", "MRC packets the host egress program sent on the plane port"),
-            ("tx_bytes", "bytes (with outer header) the host egress program sent on the plane port"),
-            ("rx_packets", "well-formed MRC packets that arrived on the plane port (XDP)"),
-            ("rx_bytes", "bytes of well-formed MRC packets that arrived on the plane port (XDP)"),
-            ("rx_ecn_ce", "MRC packets that arrived with ECN-CE"),
-            ("rx_trimmed", "trimmed MRC packets that arrived"))}
-        drops = CounterMetricFamily("mrc_drops_total", "packets the eBPF programs dropped, by reason",
-                                    labels=["host", "plane", "direction", "reason"])
-        for plane, row in hs["planes"].items():
-            lab = [h, str(plane), row["port"]]
-            fams["tx_packets"].add_metric(lab, row.get("tx_packets", 0))
-            fams["tx_bytes"].add_metric(lab, row.get("tx_bytes", 0))
-            fams["rx_packets"].add_metric(lab, row.get("rx_packets", 0))
-            fams["rx_bytes"].add_metric(lab, row.get("rx_bytes", 0))
-            fams["rx_ecn_ce"].add_metric(lab, row.get("rx_ce", 0))
-            fams["rx_trimmed"].add_metric(lab, row.get("rx_trimmed", 0))
-            for reason, n in row.get("rx_drops", {}).items():
-                drops.add_metric([h, str(plane), "rx", reason], n)
-        for reason, n in hs.get("tx_drops", {}).items():
-            drops.add_metric([h, "", "tx", reason], n)
-        yield from fams.values()
-        yield drops
-        # -- engine and controller (under the loop's lock: a consistent snapshot)
-        with d.lock:
-            yield from self._engine()
+        yield from _dataplane(h, hs)
+        if snap is not None:
+            yield from _engine(h, d.topo.planes, snap)
 
-    def _engine(self) -> Iterator[Any]:
-        d = self.d
-        assert d is not None
-        h = d.host
-        ctx = d.ctx
-        planes = d.topo.planes
-        qps = list(ctx.qps.values())
-        edrops = CounterMetricFamily("mrc_engine_drops_total", "datagrams the engine rejected, by reason",
-                                     labels=["host", "reason"])
-        for reason, n in sorted(ctx.drops.items()):
-            edrops.add_metric([h, reason], n)
-        yield edrops
-        rej = CounterMetricFamily("mrc_control_rejected_total",
-                                  "control-socket requests answered with an error, by reason",
-                                  labels=["host", "reason"])
-        for reason, n in sorted(d.rejected.items()):
-            rej.add_metric([h, reason], n)
-        yield rej
-        c: dict[str, int] = dict(d.gone_c)
-        for qp in qps:
-            for k, v in qp.c.items():
-                c[k] = c.get(k, 0) + int(v)
-        retx = CounterMetricFamily("mrc_retransmits_total", "data retransmissions, by cause",
-                                   labels=["host", "reason"])
-        for cause in RETX_CAUSES:
-            retx.add_metric([h, cause], c.get(f"retx_{cause}", 0))
-        yield retx
-        for name, key, doc in (("mrc_trim_nacks_total", "nack_trim_rx", "TRIMMED NACKs received"),
-                               ("mrc_ecn_echoes_total", "ecn_echo_rx", "SACKs echoing ECN-CE"),
-                               ("mrc_rto_total", "rto", "ACK timeouts (retransmission timer expiries)"),
-                               ("mrc_probes_total", "probe_tx", "EV probes sent"),
-                               ("mrc_probe_replies_total", "probe_reply_rx", "EV probe replies received")):
-            f = CounterMetricFamily(name, doc, labels=["host"])
-            f.add_metric([h], c.get(key, 0))
-            yield f
-        for name, attr, doc in (("mrc_data_tx_packets_total", "serial", "data packets sent (and resent)"),
-                                ("mrc_data_rx_packets_total", "rx_packets", "data packets received"),
-                                ("mrc_data_tx_bytes_total", "tx_bytes", "payload bytes sent"),
-                                ("mrc_data_rx_bytes_total", "rx_bytes", "payload bytes received")):
-            f = CounterMetricFamily(name, doc, labels=["host"])
-            f.add_metric([h], sum(int(getattr(q, attr)) for q in qps) + d.gone.get(attr, 0))
-            yield f
-        ptx = CounterMetricFamily("mrc_plane_engine_tx_bytes_total", "payload bytes the engine sprayed",
-                                  labels=["host", "plane"])
-        for p in range(planes):
-            ptx.add_metric([h, str(p)], sum(int(q.paths.port_bytes[p]) for q in qps) + d.gone_port[p])
-        yield ptx
-        evs = GaugeMetricFamily("mrc_evs", "EVs of this host's QPs by state",
-                                labels=["host", "plane", "state"])
-        counts = {(p, s): 0 for p in range(planes) for s in EvState}
-        for qp in qps:
-            ps = qp.paths
-            for i, evst in enumerate(ps.state):
-                counts[(ps.ev_port[i], EvState(evst))] += 1
-        for (p, s), n in counts.items():
-            evs.add_metric([h, str(p), s.name.lower()], n)
-        yield evs
-        pup = GaugeMetricFamily("mrc_plane_up", "1 when the port is enabled and not failed",
-                                labels=["host", "plane"])
-        for p in range(planes):
-            pup.add_metric([h, str(p)], float(ctx.port_enabled[p] and p not in d.controller.ports_down))
-        yield pup
-        eve = CounterMetricFamily("mrc_ev_events_total", "EV events consumed by the controller",
-                                  labels=["host", "state"])
-        for name in ("GOOD", "ASSUMED_BAD"):
-            eve.add_metric([h, name.lower()], d.controller.event_counts.get(name, 0))
-        yield eve
-        act = CounterMetricFamily("mrc_controller_actions_total", "controller actions",
-                                  labels=["host", "reason"])
-        for k in ("deny", "restore", "port_down", "port_up", "probe"):
-            act.add_metric([h, k], d.controller.counts.get(k, 0))
-        yield act
-        dl = GaugeMetricFamily("mrc_denied_links", "links the controller holds failed", labels=["host"])
-        dl.add_metric([h], len(d.controller.denied))
-        yield dl
-        nq = GaugeMetricFamily("mrc_qps", "queue pairs on this host", labels=["host", "state"])
-        nstate: dict[str, int] = {}
-        for qp in qps:
-            nstate[qp.state.name.lower()] = nstate.get(qp.state.name.lower(), 0) + 1
-        for name in ("rts", "error"):
-            nq.add_metric([h, name], nstate.get(name, 0))
-        yield nq
-        cw = SummaryMetricFamily("mrc_qp_cwnd_bytes", "congestion windows of the QPs (sum and count)",
-                                 labels=["host"])
-        cw.add_metric([h], len(qps), float(sum(q.cc.cwnd for q in qps)))
-        yield cw
-        rtts = [q.srtt for q in qps if q.srtt > 0]
-        rt = SummaryMetricFamily("mrc_qp_srtt_seconds", "smoothed RTTs of the QPs (sum and count)",
-                                 labels=["host"])
-        rt.add_metric([h], len(rtts), sum(rtts) / 1e9)
-        yield rt
+
+def _dataplane(h: str, hs: dict[str, Any]) -> Iterator[Metric]:
+    lp = ["host", "plane", "port"]
+    fams = {k: CounterMetricFamily(f"mrc_plane_{k}", doc, labels=lp) for k, doc in (
+        ("tx_packets", "MRC packets the host egress program sent on the plane port"),
+        ("tx_bytes", "bytes (with outer header) the host egress program sent on the plane port"),
+        ("rx_packets", "well-formed MRC packets that arrived on the plane port (XDP)"),
+        ("rx_bytes", "bytes of well-formed MRC packets that arrived on the plane port (XDP)"),
+        ("rx_ecn_ce", "MRC packets that arrived with ECN-CE"),
+        ("rx_trimmed", "trimmed MRC packets that arrived"))}
+    idrops = CounterMetricFamily("mrc_ingress_drops_total",
+                                 "packets host_ingress (XDP) dropped on the plane port, by reason",
+                                 labels=["host", "plane", "reason"])
+    for plane, row in hs["planes"].items():
+        lab = [h, str(plane), row["port"]]
+        fams["tx_packets"].add_metric(lab, row.get("tx_packets", 0))
+        fams["tx_bytes"].add_metric(lab, row.get("tx_bytes", 0))
+        fams["rx_packets"].add_metric(lab, row.get("rx_packets", 0))
+        fams["rx_bytes"].add_metric(lab, row.get("rx_bytes", 0))
+        fams["rx_ecn_ce"].add_metric(lab, row.get("rx_ce", 0))
+        fams["rx_trimmed"].add_metric(lab, row.get("rx_trimmed", 0))
+        got = row.get("rx_drops", {})
+        for r in INGRESS_DROP_REASONS:
+            idrops.add_metric([h, str(plane), r.label], got.get(r.label, 0))
+    yield from fams.values()
+    yield idrops
+    # host_egress counts per host: it drops before it has a path (no_path, malformed) or without telling
+    # which plane (encap_failed): no plane label
+    edrops = CounterMetricFamily("mrc_egress_drops_total", "packets host_egress (tc) dropped, by reason",
+                                 labels=["host", "reason"])
+    got = hs.get("tx_drops", {})
+    for r in EGRESS_DROP_REASONS:
+        edrops.add_metric([h, r.label], got.get(r.label, 0))
+    yield edrops
+
+
+def _engine(h: str, planes: int, s: EngineSnapshot) -> Iterator[Metric]:
+    # imported here: daemon.py imports this module at its top (MetricsServer)
+    from .daemon import ActionKind
+
+    qps = s.qps
+    edrops = CounterMetricFamily("mrc_engine_drops_total", "datagrams the engine rejected, by reason",
+                                 labels=["host", "reason"])
+    for reason, n in sorted(s.engine_drops.items()):
+        edrops.add_metric([h, reason], n)
+    yield edrops
+    rej = CounterMetricFamily("mrc_control_rejected_total",
+                              "control-socket requests answered with an error, by reason",
+                              labels=["host", "reason"])
+    for reason, n in sorted(s.rejected.items()):
+        rej.add_metric([h, reason], n)
+    yield rej
+    c: dict[str, int] = dict(s.gone_counters)
+    for q in qps:
+        for k, v in q.counters.items():
+            c[k] = c.get(k, 0) + int(v)
+    retx = CounterMetricFamily("mrc_retransmits_total", "data retransmissions, by cause",
+                               labels=["host", "reason"])
+    for cause in RETX_CAUSES:
+        retx.add_metric([h, cause], c.get(f"retx_{cause}", 0))
+    yield retx
+    for name, key, doc in (("mrc_trim_nacks_total", "nack_trim_rx", "TRIMMED NACKs received"),
+                           ("mrc_ecn_echoes_total", "ecn_echo_rx", "SACKs echoing ECN-CE"),
+                           ("mrc_rto_total", "rto", "ACK timeouts (retransmission timer expiries)"),
+                           ("mrc_probes_total", "probe_tx", "EV probes sent"),
+                           ("mrc_probe_replies_total", "probe_reply_rx", "EV probe replies received")):
+        f = CounterMetricFamily(name, doc, labels=["host"])
+        f.add_metric([h], c.get(key, 0))
+        yield f
+    for name, attr, doc in (("mrc_data_tx_packets_total", "serial", "data packets sent (and resent)"),
+                            ("mrc_data_rx_packets_total", "rx_packets", "data packets received"),
+                            ("mrc_data_tx_bytes_total", "tx_bytes", "payload bytes sent"),
+                            ("mrc_data_rx_bytes_total", "rx_bytes", "payload bytes received")):
+        f = CounterMetricFamily(name, doc, labels=["host"])
+        f.add_metric([h], sum(q.data[attr] for q in qps) + s.gone_data.get(attr, 0))
+        yield f
+    ptx = CounterMetricFamily("mrc_plane_engine_tx_bytes_total", "payload bytes the engine sprayed",
+                              labels=["host", "plane"])
+    for p in range(planes):
+        ptx.add_metric([h, str(p)], sum(q.port_bytes[p] for q in qps) + s.gone_port_bytes[p])
+    yield ptx
+    evs = GaugeMetricFamily("mrc_evs", "EVs of this host's QPs by state", labels=["host", "plane", "state"])
+    counts = {(p, st): 0 for p in range(planes) for st in EvState}
+    for q in qps:
+        for port, st in zip(q.ev_port, q.ev_state, strict=False):
+            counts[(port, EvState(st))] += 1
+    for (p, st), n in counts.items():
+        evs.add_metric([h, str(p), st.name.lower()], n)
+    yield evs
+    pup = GaugeMetricFamily("mrc_plane_up", "1 when the port is enabled and not failed",
+                            labels=["host", "plane"])
+    for p in range(planes):
+        pup.add_metric([h, str(p)], float(s.port_enabled[p] and p not in s.ports_down))
+    yield pup
+    eve = CounterMetricFamily("mrc_ev_events_total", "EV events consumed by the controller",
+                              labels=["host", "state"])
+    for name in ("GOOD", "ASSUMED_BAD"):
+        eve.add_metric([h, name.lower()], s.ev_events.get(name, 0))
+    yield eve
+    act = CounterMetricFamily("mrc_controller_actions_total", "controller actions, by action",
+                              labels=["host", "action"])
+    for k in ActionKind:
+        act.add_metric([h, k.value], s.actions.get(k.value, 0))
+    yield act
+    dl = GaugeMetricFamily("mrc_denied_links", "links the controller holds failed", labels=["host"])
+    dl.add_metric([h], s.denied_links)
+    yield dl
+    nq = GaugeMetricFamily("mrc_qps", "queue pairs on this host, by state", labels=["host", "state"])
+    nstate = dict.fromkeys((st.name.lower() for st in QpState), 0)
+    for q in qps:
+        nstate[q.state] = nstate.get(q.state, 0) + 1
+    for name, n in nstate.items():
+        nq.add_metric([h, name], n)
+    yield nq
+    shown = sorted(qps, key=lambda q: q.qpn)[:QP_SERIES_MAX]
+    cw = GaugeMetricFamily("mrc_qp_cwnd_bytes", "congestion window of the QP (current value)",
+                           labels=["host", "qpn", "peer"])
+    rt = GaugeMetricFamily("mrc_qp_srtt_seconds", "smoothed RTT of the QP (current value; QPs with an RTT "
+                           "sample only)", labels=["host", "qpn", "peer"])
+    for q in shown:
+        cw.add_metric([h, str(q.qpn), q.peer], q.cwnd_bytes)
+        if q.srtt_ns > 0:
+            rt.add_metric([h, str(q.qpn), q.peer], q.srtt_ns / 1e9)
+    yield cw
+    yield rt
 
 
 def registry(collector: MrcCollector) -> CollectorRegistry:
+    """mrcd's registry: its own collector plus the process (``process_*``: CPU, memory, fds, start time),
+    platform (``python_info``) and GC collectors that the default registry would have had."""
     reg = CollectorRegistry(auto_describe=False)
     reg.register(collector)
+    ProcessCollector(registry=reg)
+    PlatformCollector(registry=reg)
+    GCCollector(registry=reg)
     return reg
 
 
