@@ -7,7 +7,7 @@
 -- decoding BTH, RETH, ImmDt and the ICRC exactly as before) and then adds an "MRC" tree with MXH and
 -- the control body. Works on IPv6-in-IPv6 fabric frames (the outer header is decoded by IPv6 itself).
 --
--- Use:     tshark -X lua_script:deploy/wireshark/mrc.lua -r capture.pcap -O mrc
+-- Use:     tshark -X lua_script:deploy/wireshark/mrc.lua -r capture.pcapng -O mrc  (pcap or pcapng)
 --          or copy to ~/.local/lib/wireshark/plugins/ (or ~/.config/wireshark/plugins/ on older builds)
 -- As root, Debian's init.lua has run_user_scripts_when_superuser = true, so -X lua_script works.
 --
