@@ -6,6 +6,8 @@ makes pcapng and snaplen-cut copies in the field) are read as well as hand-made 
 
 from __future__ import annotations
 
+import contextlib
+import random
 import shutil
 import struct
 import subprocess
@@ -369,3 +371,40 @@ def test_cut_after_the_udp_payload_is_a_whole_packet() -> None:
 def test_envelope_matches_split_ether_for_whole_frames() -> None:
     for frame in [*sample_frames(1, seed=2), envelope(b"\x00" * 60, HOST_A, HOST_B, 5)]:
         assert split_captured(_rec(frame)).frame == split_ether(frame)
+
+
+def test_mutated_cut_frames_give_a_packet_or_a_wire_error() -> None:
+    """Seeded mutations of sample frames, cut anywhere, with any claimed wire length and link type:
+    `split_captured` + `parse_captured` return a packet or raise WireError, nothing else."""
+    rng = random.Random(20)
+    frames = sample_frames(2, seed=1)
+    for _ in range(3000):
+        f = bytearray(rng.choice(frames))
+        for _ in range(rng.randrange(4)):
+            f[rng.randrange(len(f))] = rng.randrange(256)
+        cap = rng.randrange(len(f) + 1)
+        orig = rng.choice([len(f), max(0, len(f) + rng.randrange(-50, 5000)), rng.randrange(1 << 32)])
+        lt = rng.choice([LINKTYPE_ETHERNET, LINKTYPE_ETHERNET, LINKTYPE_RAW, LINKTYPE_LINUX_SLL2, 0])
+        with contextlib.suppress(WireError):
+            parse_captured(split_captured(Record(0.0, bytes(f[:cap]), orig, lt)))
+
+
+def test_mutated_pcapng_files_give_records_or_a_pcap_error(tmp_path: Path) -> None:
+    rng = random.Random(21)
+    frames = sample_frames(1, seed=1)
+    e = "<"
+    src = _shb(e) + _idb(e, 1, 0, _opt(e, 9, b"\x09")) + b"".join(
+        _epb(e, 0, i, f[:200], len(f)) for i, f in enumerate(frames)) + _spb(e, 10, b"0123456789")
+    p = tmp_path / "m.pcapng"
+    for _ in range(1500):
+        b = bytearray(src)
+        for _ in range(rng.randrange(1, 5)):
+            b[rng.randrange(len(b))] = rng.randrange(256)
+        if rng.random() < 0.3:
+            b = b[: rng.randrange(len(b))]
+        p.write_bytes(b)
+        try:
+            for rec in read_capture(p):
+                assert len(rec.data) <= rec.orig_len
+        except PcapError:
+            pass
