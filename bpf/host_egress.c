@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * host_egress - TC egress (clsact) on the host's MRC device `mrc0` (DESIGN.md §5, docs/dataplane.md).
+ * host_egress - TC egress (clsact) on the host's MRC device `mrc0` (docs/design.md §5, docs/dataplane.md).
  *
  * The userspace engine sends plain IPv6/UDP 4791 to the peer's MRC address; a policy rule routes it
  * to mrc0, a dummy device. Here each packet's EV index (MXH bytes 2-3) and destination select a path:

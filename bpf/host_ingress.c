@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * host_ingress - XDP on each plane port of a host (DESIGN.md §5, docs/dataplane.md).
+ * host_ingress - XDP on each plane port of a host (docs/design.md §5, docs/dataplane.md).
  *
  * For IPv6-in-IPv6 / UDP 4791 (MRC on the fabric): checks every header and length against the frame,
  * the BTH TVer and MXH version, the opcode, and (when the port says so) that DestQP is in the allowed-QP

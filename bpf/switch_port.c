@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * switch_port - TC egress (clsact) on fabric ports, before the TBF qdisc (DESIGN.md §5).
+ * switch_port - TC egress (clsact) on fabric ports, before the TBF qdisc (docs/design.md §5).
  *
  * The kernel here has no netem, RED or fq_codel: this program is the switch's AQM and fault injector.
  * Per port, keyed by the port's own MAC address, which is the source of every frame it sends (the

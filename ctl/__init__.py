@@ -1,3 +1,3 @@
 """mrc.ctl: the operator side (mrcctl CLI, and later the mrcd daemon, control socket, metrics).
 
-Lives in the `ctl/` folder and imports as `mrc.ctl` (DESIGN.md §2)."""
+Lives in the `ctl/` folder and imports as `mrc.ctl` (docs/design.md §2)."""

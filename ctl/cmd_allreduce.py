@@ -1,4 +1,4 @@
-"""`mrcctl allreduce`: compressed all-reduce between ranks (DESIGN.md §9, docs/collective.md).
+"""`mrcctl allreduce`: compressed all-reduce between ranks (docs/design.md §9, docs/collective.md).
 
     mrcctl allreduce --ranks N --size S [--bits B] [--scheme SCHEME] [--partial-sums naive|aware]
                      [--algorithm ring|oneshot] [--iters K] [--dist iid|correlated]

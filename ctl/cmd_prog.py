@@ -1,4 +1,4 @@
-"""`mrcctl prog`: the eBPF programs of the dataplane (DESIGN.md §5, docs/dataplane.md).
+"""`mrcctl prog`: the eBPF programs of the dataplane (docs/design.md §5, docs/dataplane.md).
 
     mrcctl prog [show]                              what is loaded, attached where, in which namespace
     mrcctl prog attach [--name TB] [--decap M]      load the three programs onto testbed TB and leave them

@@ -1,4 +1,4 @@
-"""`mrcctl quant`: gradient compression for operators (DESIGN.md §8, docs/quant.md).
+"""`mrcctl quant`: gradient compression for operators (docs/design.md §8, docs/quant.md).
 
     mrcctl quant [show] [-j]                    schemes, budgets, asymptotic vNMSE at b = 1..4
     mrcctl quant bench [--schemes S,...] [--bits 1,2,3,4] [--dim N] [--trials T]

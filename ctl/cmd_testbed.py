@@ -1,4 +1,4 @@
-"""`mrcctl testbed`: the multi-plane SRv6 testbed in network namespaces (DESIGN.md §6, docs/testbed.md).
+"""`mrcctl testbed`: the multi-plane SRv6 testbed in network namespaces (docs/design.md §6, docs/testbed.md).
 
     mrcctl testbed up [FILE] [--name N]         build FILE (default deploy/topologies/default.toml)
     mrcctl testbed down [--name N | --all]      remove it: processes, namespaces, links, state

@@ -1,4 +1,4 @@
-"""`mrcd`: the MRC controller of one host (DESIGN.md §7, docs/daemon.md).
+"""`mrcd`: the MRC controller of one host (docs/design.md §7, docs/daemon.md).
 
 One per host (on a testbed: one per host namespace, started by ``mrcctl testbed up --with-daemons``).
 It runs the host's engine (`mrc.transport.Context`) on the host's MRC socket (`SocketDriver`), and:

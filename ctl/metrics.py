@@ -1,4 +1,4 @@
-"""Prometheus metrics of one mrcd (DESIGN.md §7, docs/daemon.md "Metrics"): a custom collector that reads
+"""Prometheus metrics of one mrcd (docs/design.md §7, docs/daemon.md "Metrics"): a custom collector that reads
 the host's BPF counter maps and a snapshot of the engine's state at scrape time (nothing is copied into
 Counter objects on the data path).
 

@@ -1,4 +1,4 @@
-"""Loading, pinning, attaching and detaching mrc's eBPF programs (DESIGN.md §5).
+"""Loading, pinning, attaching and detaching mrc's eBPF programs (docs/design.md §5).
 
 * **Compile once per process**: `program(kind)` compiles `bpf/<kind>.c` with BCC (`src_file`, `-I` the
   include folder, `-D` flags) the first time and hands out the same `Program` afterwards. One loaded

@@ -1,4 +1,4 @@
-"""SRv6 route messages for pyroute2 0.9.7, which lacks two things this project needs (DESIGN.md §6):
+"""SRv6 route messages for pyroute2 0.9.7, which lacks two things this project needs (docs/design.md §6):
 
 * the seg6local ``SEG6_LOCAL_FLAVORS`` attribute (11; nested OPERATION bitmask, LCBLOCK_BITS,
   LCNODE_FN_BITS) that carries NEXT-C-SID (micro-SID), PSP, USP and USD, and ``SEG6_LOCAL_COUNTERS`` (10);

@@ -1,4 +1,4 @@
-"""The multi-plane SRv6 testbed in network namespaces (DESIGN.md §6), built with pyroute2 only.
+"""The multi-plane SRv6 testbed in network namespaces (docs/design.md §6), built with pyroute2 only.
 
 One namespace per node, named ``<testbed>-<node>`` (``mrc-h0``, ``mrc-p2s1``); one veth pair per link.
 Inside a namespace an interface is named after the node it faces (``p0l0`` in host h0, ``h0`` in leaf
@@ -6,7 +6,7 @@ p0l0), so names stay short (≤ 15 characters) and identical across testbeds, wh
 keeps two testbeds apart. Switches forward by kernel SRv6 only: ``seg6local End`` with the NEXT-C-SID
 flavor on their /48 plus static routes to their neighbours' /48s. Hosts decapsulate with ``End.DT6``
 (table 255) on their per-plane /48 and encapsulate with ``seg6 encap.red`` routes (one uSID container,
-so the wire format is plain IPv6-in-IPv6 as in DESIGN.md §3):
+so the wire format is plain IPv6-in-IPv6 as in docs/design.md §3):
 
 * ``MRC(dst)/128`` -> the default path (plane 0, first spine);
 * ``MRC(dst)/128 from PATH-ADDRESS/128`` -> that path, for every path the host sources;

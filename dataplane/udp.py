@@ -1,4 +1,4 @@
-"""UDP sockets as MRC uses them (DESIGN.md §3): port 4791, UDP checksum 0 both ways (UDP_NO_CHECK6_TX /
+"""UDP sockets as MRC uses them (docs/design.md §3): port 4791, UDP checksum 0 both ways (UDP_NO_CHECK6_TX /
 UDP_NO_CHECK6_RX; integrity comes from the ICRC), ECT(0) in the inner traffic class so that a CE mark
 from the fabric survives decapsulation (RFC 6040, done by host_ingress), and the traffic class of each
 datagram readable (IPV6_RECVTCLASS)."""

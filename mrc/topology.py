@@ -1,5 +1,5 @@
-"""The testbed topology model (DESIGN.md §6): planes, leaves and spines per plane, hosts, links, addressing
-and the full set of micro-SID paths. Pure Python: the netns builder (`mrc.dataplane.testbed`), the
+"""The testbed topology model (docs/design.md §6): planes, leaves and spines per plane, hosts, links,
+addressing and the full set of micro-SID paths. Pure Python: the netns builder (`mrc.dataplane.testbed`), the
 simulator and the daemon all read the same model.
 
 Shape: ``planes`` independent two-tier Clos networks. In plane p there are ``leaves`` leaf switches

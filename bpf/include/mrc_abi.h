@@ -2,7 +2,7 @@
 /*
  * mrc_abi.h - the one header whose numbers and structs Python also sees.
  *
- * Everything here mirrors mrc/wire/consts.py (wire format, DESIGN.md §3); tests/unit/test_abi.py parses
+ * Everything here mirrors mrc/wire/consts.py (wire format, docs/design.md §3); tests/unit/test_abi.py parses
  * this file and fails when the two disagree. BPF programs include it; userspace never hard-codes these.
  */
 #ifndef MRC_ABI_H
@@ -46,7 +46,7 @@
 #define MRC_MXH_OFF_CONTROL MRC_BTH_LEN
 
 /* ---------------------------------------------------------------------------------------------------
- * Dataplane ABI (DESIGN.md §5): map keys/values and enums the programs and mrc.dataplane.abi share.
+ * Dataplane ABI (docs/design.md §5): map keys/values and enums the programs and mrc.dataplane.abi share.
  * Only fixed-width types, explicit padding, natural alignment: the ctypes mirror in dataplane/abi.py
  * has the same fields in the same order (tests/unit/test_abi_structs.py checks names, types, offsets).
  */

@@ -1,6 +1,6 @@
 -- mrc.lua: Wireshark/tshark dissector for the MRC transport (Multipath Reliable Connection).
 --
--- Wire format: DESIGN.md §3 and mrc/wire/{bth,mxh,control}.py (the source of truth). MRC packets are
+-- Wire format: docs/design.md §3 and mrc/wire/{bth,mxh,control}.py (the source of truth). MRC packets are
 -- RoCEv2 (UDP 4791) with standard InfiniBand BTH/RETH/ImmDt, followed by our extension header (MXH)
 -- and, on control opcodes 0xC0-0xC4, a control body. This script chains onto UDP port 4791: it first
 -- calls the dissector that was registered there (Wireshark's InfiniBand/RRoCE dissector, which keeps

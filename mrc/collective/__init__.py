@@ -1,4 +1,4 @@
-"""Collectives over an abstract transport (DESIGN.md §9, docs/collective.md): ring all-reduce
+"""Collectives over an abstract transport (docs/design.md §9, docs/collective.md): ring all-reduce
 (reduce-scatter + all-gather) of float32 buffers with compressed chunks — naive or partial-sum-aware
 re-quantization — and the one-shot all-gather baseline; an in-process transport for tests and many
 ranks. The PyTorch DDP hook is `mrc.collective.ddp` (imports torch lazily; this package never does).

@@ -1,4 +1,4 @@
-"""PyTorch DDP communication hook running mrc's compressed ring all-reduce (DESIGN.md §9).
+"""PyTorch DDP communication hook running mrc's compressed ring all-reduce (docs/design.md §9).
 
     import torch.distributed as dist
     from mrc.collective.ddp import MrcHookState, mrc_hook

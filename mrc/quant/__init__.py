@@ -1,4 +1,4 @@
-"""Gradient compression (DESIGN.md §8, docs/quant.md): randomized Hadamard rotations, EDEN (biased and
+"""Gradient compression (docs/design.md §8, docs/quant.md): randomized Hadamard rotations, EDEN (biased and
 unbiased, any bit budget), DRIVE, TurboQuant baselines, and the versioned wire codec.
 
     buf = encode(x, "eden-unbiased", 2)   # bytes; any shape, float16/32/64

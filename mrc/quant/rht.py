@@ -1,4 +1,4 @@
-"""Randomized Hadamard transform (DESIGN.md §8): zero-pad to D = 2**n, flip signs with a seeded ±1
+"""Randomized Hadamard transform (docs/design.md §8): zero-pad to D = 2**n, flip signs with a seeded ±1
 vector, apply the orthonormal Walsh–Hadamard transform H_D / sqrt(D); 1, 2 or 3 such rotations composed,
 each with its own signs. Only the seed crosses the wire.
 

@@ -1,4 +1,4 @@
-"""The sans-I/O MRC transport engine (DESIGN.md §4; driver interface in docs/transport.md).
+"""The sans-I/O MRC transport engine (docs/design.md §4; driver interface in docs/transport.md).
 
 Objects mirror the MRC APIs: `Context` (mrc_context: the engine one host runs), `MemoryRegion` (with an
 R_Key, over any writable buffer), `CompletionQueue`, `QueuePair` (WRITE / WRITE-with-immediate, pre-posted

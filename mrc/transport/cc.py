@@ -1,4 +1,4 @@
-"""Congestion control: sender-based, window-based, per QP, pluggable (DESIGN.md §4).
+"""Congestion control: sender-based, window-based, per QP, pluggable (docs/design.md §4).
 
 `Nscc` follows UET 1.0 NSCC with the 13 fields of `mrc_ctl_cc_nscc_cfg`; `NullCC` never limits the
 window (the MPR window still does). Every algorithm exposes `cwnd` (bytes) and three callbacks the QP

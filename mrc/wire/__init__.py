@@ -1,4 +1,4 @@
-"""MRC wire format (DESIGN.md §3): BTH/RETH/ImmDt, the MRC extension header, control packets, ICRC.
+"""MRC wire format (docs/design.md §3): BTH/RETH/ImmDt, the MRC extension header, control packets, ICRC.
 
 Build functions write into preallocated buffers and return lengths; `parse` returns one `MrcPacket`
 or raises `WireError` with a reason from `REASONS`. Field-by-field documentation lives in the

@@ -1,4 +1,4 @@
-"""Numbers of the MRC wire format (DESIGN.md §3). Field-by-field layouts are in the header modules
+"""Numbers of the MRC wire format (docs/design.md §3). Field-by-field layouts are in the header modules
 and in docs/wire.md; this module only names the constants they share."""
 
 from __future__ import annotations

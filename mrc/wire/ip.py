@@ -1,4 +1,4 @@
-"""The IPv6 envelopes around an MRC packet (DESIGN.md §3) and Ethernet framing, for captures, tools
+"""The IPv6 envelopes around an MRC packet (docs/design.md §3) and Ethernet framing, for captures, tools
 and tests. The data path itself never builds these in Python: the socket adds the inner IPv6/UDP
 and the host egress program the outer IPv6.
 

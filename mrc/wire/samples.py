@@ -1,7 +1,7 @@
 """Representative MRC frames exactly as they cross the fabric, for captures, dissector tests and
 operators who want to see the format in Wireshark (`mrcctl wire sample`).
 
-Every frame is Ethernet / outer IPv6 / inner IPv6 / UDP / MRC (DESIGN.md §3):
+Every frame is Ethernet / outer IPv6 / inner IPv6 / UDP / MRC (docs/design.md §3):
 
 * outer IPv6: src = the sender's plane-port address, dst = a micro-SID container in the F3216 format
   (32-bit block fcbb:bbbb, then 16-bit node IDs: source leaf, spine, destination leaf, destination

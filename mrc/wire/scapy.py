@@ -1,4 +1,4 @@
-"""Scapy layers for MRC (DESIGN.md §3), so that users can dissect and build MRC packets in scapy.
+"""Scapy layers for MRC (docs/design.md §3), so that users can dissect and build MRC packets in scapy.
 
 Import this module explicitly (``from mrc.wire.scapy import MXH, SACK``): it imports scapy, which is
 slow, so nothing on the data path and nothing in ``mrc.wire.__init__`` imports it. Importing it binds the

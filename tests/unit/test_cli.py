@@ -1,4 +1,4 @@
-"""mrcctl's contract (DESIGN.md §7): one JSON document per call with -j, errors as {"error": ...} or one
+"""mrcctl's contract (docs/design.md §7): one JSON document per call with -j, errors as {"error": ...} or one
 line, non-zero exit either way, never a traceback."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""DESIGN.md §2: imports flow mrc.ctl -> mrc.dataplane -> mrc.*; only dataplane/ touches bcc/pyroute2."""
+"""docs/design.md §2: imports flow mrc.ctl -> mrc.dataplane -> mrc.*; only dataplane/ touches bcc/pyroute2."""
 
 from __future__ import annotations
 

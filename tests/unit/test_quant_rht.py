@@ -1,4 +1,4 @@
-"""RHT (DESIGN.md §8): the fast FWHT is the orthonormal Hadamard transform, exact to float precision, its
+"""RHT (docs/design.md §8): the fast FWHT is the orthonormal Hadamard transform, exact to float precision, its
 own inverse; rotations are seeded, version-stable and inverted exactly; the moment statistic."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""mrc.wire.samples: every frame is enveloped exactly as DESIGN.md §3 says (outer uSID container, flow
+"""mrc.wire.samples: every frame is enveloped exactly as docs/design.md §3 says (outer uSID container, flow
 label = EV, ECT(0), UDP sport from the EV, lengths that match the bytes, trimmed ones included) and
 carries a correct ICRC, checked both with the parser's context and from the captured header bytes."""
 

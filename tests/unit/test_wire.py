@@ -1,4 +1,4 @@
-"""Known-answer tests of the MRC wire format (DESIGN.md §3, docs/wire.md): exact header bytes, the ICRC
+"""Known-answer tests of the MRC wire format (docs/design.md §3, docs/wire.md): exact header bytes, the ICRC
 recomputed independently from the RoCEv2 rules, PSN wrap, SACK bitmaps, and the rejection reason of
 each kind of malformed packet."""
 

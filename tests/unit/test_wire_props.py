@@ -1,4 +1,4 @@
-"""Property and fuzz tests of the MRC wire format (DESIGN.md §3: "a parser never trusts a length").
+"""Property and fuzz tests of the MRC wire format (docs/design.md §3: "a parser never trusts a length").
 
 * build -> parse round trips for every packet type over the full field ranges (PSN and QPN 24 bits with
   the wrap neighbourhoods, EV index 14 bits, 32-bit message fields consistent with each other, 64-bit

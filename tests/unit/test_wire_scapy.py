@@ -1,4 +1,4 @@
-"""Interop with scapy (DESIGN.md §3): our ICRC equals scapy.contrib.roce's for every packet type, scapy
+"""Interop with scapy (docs/design.md §3): our ICRC equals scapy.contrib.roce's for every packet type, scapy
 dissects our packets into the mrc.wire.scapy layers with our field values, and packets built in scapy
 with those layers parse with mrc.wire.parse.
 
