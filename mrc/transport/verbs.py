@@ -1,6 +1,6 @@
 """Verbs-like objects of the MRC application API (`mrc.h`): memory regions, completion queues, work
 completions and QP attributes. Only RDMA WRITE and WRITE-with-immediate exist; receives are pre-posted
-buffers-less slots consumed by immediates (DESIGN.md §4).
+buffers-less slots consumed by immediates (docs/design.md §4).
 """
 
 from __future__ import annotations
