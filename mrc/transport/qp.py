@@ -106,10 +106,10 @@ class QueuePair:
         "snd_nxt", "snd_una", "mtu", "cc", "serial", "tx_bytes", "max_outstanding", "ack_floor", "sacked",
         "latest_acked_serial", "tx_state", "tx_len", "tx_ev", "tx_time", "tx_serial", "tx_wr", "tx_off",
         "tx_retx", "rack_next", "rtxq", "port_thr", "ack_timeout", "retries", "wrs_out", "send_cq", "srtt",
-        "rttvar", "min_rtt", "port_srtt", "port_rttvar", "reo_extra", "ctx", "qpn", "recv_cq",
+        "rttvar", "min_rtt", "port_srtt", "port_rttvar", "port_min_rtt", "reo_extra", "ctx", "qpn", "recv_cq",
         "error_status", "msn", "trim_pending", "next_rid", "recv_q", "imm_reserved",
         "max_trim_recovery_ns", "trim_recoveries", "aux_deadline", "tx_old", "first_psn", "wimm_out",
-        "rnr", "gc_at", "max_rx_msgs", "ts_off", "ackreq_since", "ackreq_div",
+        "rnr", "gc_at", "max_rx_msgs", "ts_off", "steer_delay", "ackreq_since", "ackreq_div",
     )
 
     def __init__(
@@ -143,6 +143,7 @@ class QueuePair:
         self.ack_timeout = attr.ack_timeout_ns
         # a SACK may be held by the peer's delayed-ACK timer (same QpAttr defaults at both ends)
         self.reo_extra = attr.reorder_ns + attr.ack_delay_ns
+        self.steer_delay = attr.steer_delay_ns if attr.steer_delay_ns >= 0 else NEVER
         self.mrs = ctx.mrs
         self.W = W = attr.window
         self.peer_gid = b""
@@ -187,6 +188,7 @@ class QueuePair:
         self.min_rtt = NEVER
         nports = self.paths.nports
         self.port_srtt = [0] * nports
+        self.port_min_rtt = [NEVER] * nports  # the plane's base RTT (planes may differ in length)
         self.port_rttvar = [0] * nports
         self.port_thr = [attr.ack_timeout_ns] * nports  # reordering threshold; before any sample: RTO
         self.retries = 0
@@ -214,7 +216,8 @@ class QueuePair:
             (
                 "retx_sack", "retx_trim", "retx_timeout", "retx_nack", "retx_rnr",
                 "retx_spurious", "lost_then_acked", "sack_rx", "nack_rx", "nack_trim_rx", "rnr_rx",
-                "ecn_echo_rx", "ecn_steered", "probe_tx", "probe_reply_rx", "rto", "no_path_rto",
+                "ecn_echo_rx", "ecn_steered", "delay_steered", "probe_tx", "probe_reply_rx", "rto",
+                "no_path_rto",
                 "window_limited", "cwnd_limited", "wimm_limited", "unmatched_rx",
                 "dup_rx", "stale_rx", "oow_rx", "trim_rx", "ecn_rx",
                 "sack_tx", "nack_tx", "probe_rx", "bad_rkey_rx", "bad_va_rx", "bad_length_rx",
@@ -683,11 +686,37 @@ class QueuePair:
             rtt = now - ts - s.service_time_ns  # type: ignore[union-attr]
             if rtt < 0:
                 rtt = 0
-            self._rtt_sample(rtt, paths.ev_port[e] if e < paths.n else -1)
+            if e < paths.n:
+                port = paths.ev_port[e]
+                base = self.port_min_rtt[port]
+                if rtt < base:
+                    self.port_min_rtt[port] = base = rtt
+                if not ecn and rtt > self.steer_delay:
+                    # the QP's healthiest plane's smoothed RTT (a slow path inflates the QP-wide one)
+                    ref = NEVER
+                    for x in self.port_srtt:
+                        if 0 < x < ref:
+                            ref = x
+                    if base > ref:
+                        ref = base
+                    if ref < NEVER and rtt > 2 * ref + self.steer_delay:
+                        # this path waits far longer than the QP's best plane typically does and than
+                        # its own plane's base RTT: a slow or hot link, steered away from before its
+                        # queue reaches the switch's ECN threshold (at a tenth of the line rate that
+                        # threshold is a ten times longer wait); a plane that is merely longer is not
+                        # penalised. Like a hot spot's ECN it is steering's business, not the window's
+                        # (one such sample would otherwise trigger quick adapt)
+                        c["delay_steered"] += 1
+                        paths.penalise(e)
+                        hot = 4 * paths.npen <= paths.good_count
+                self._rtt_sample(rtt, port)
+            else:
+                self._rtt_sample(rtt, -1)
         if hot:
-            # the mark of a path the spraying already avoids, among clean ones (a slow or hot link):
-            # steering answers it, not the window of every path; the bytes still count
-            c["ecn_steered"] += 1
+            # the mark (or the delay) of a path the spraying already avoids, among clean ones (a slow
+            # or hot link): steering answers it, not the window of every path; the bytes still count
+            if ecn:
+                c["ecn_steered"] += 1
             self.cc.on_ack(now, acked, -1, False)
         else:
             self.cc.on_ack(now, acked, rtt, ecn)

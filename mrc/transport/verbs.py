@@ -154,6 +154,9 @@ class QpAttr:
     ack_delay_ns: int = 4_000  # ... or this long after an unacknowledged arrival
     ack_req_per_window: int = 4  # requester: AckReq at least every cwnd / this many bytes (0: off)
     reorder_ns: int = 2_000  # minimum reordering tolerance before a SACK hole is a loss
+    # an EV whose RTT sample exceeds 2 x the QP's smoothed RTT + this is steered away from, as on ECN
+    # (-1: off): a slow link's queue long before the switch's byte threshold marks it
+    steer_delay_ns: int = 10_000
     probe_interval_ns: int = 20_000  # first probe of an ASSUMED_BAD EV after this long
     probe_max_interval_ns: int = 2_000_000  # probe backoff cap (also the cadence of peer-port probes)
     probe_timeout_ns: int = 200_000  # a probe without reply after this long failed
@@ -188,6 +191,8 @@ class QpAttr:
             raise ValueError("ack_coalesce must be >= 1")
         if not 0 <= self.ack_req_per_window <= 64:
             raise ValueError("ack_req_per_window must be 0..64")
+        if not -1 <= self.steer_delay_ns <= 1_000_000_000:
+            raise ValueError("steer_delay_ns must be -1 (off) .. 1 s")
 
     @property
     def ack_timeout_ns(self) -> int:

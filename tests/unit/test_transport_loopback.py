@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import heapq
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -216,3 +218,54 @@ def test_one_slow_marking_plane_is_steered_around_without_collapsing_the_window(
     cc = doc["cc"]
     assert cc["md_count"] <= 2 and cc["min_cwnd_seen"] >= cc["cwnd"] // 2
     assert r.qa.c["ecn_steered"] > 100 and doc["plane_share"][2] < 0.1
+
+
+def _slow_path_run(seed: int, steer_delay_ns: int) -> tuple[dict[str, Any], LoopbackRun, float]:
+    """16 MiB with 8 of the 128 EVs (all of plane 0) through one path at a tenth of the port rate, its
+    queue unbounded and never marking (a slowed link before its queue reaches the ECN threshold): the
+    run, and the fraction of data packets that took the slow path."""
+    r = build(LoopbackConfig(size=16 << 20, seed=seed, attr=QpAttr(steer_delay_ns=steer_delay_ns)))
+    paths, fab = r.qa.paths, r.fabric
+    slow = {i for i in range(paths.n) if paths.ev_port[i] == 0}
+    slow = set(sorted(slow)[:8])
+    free = [0]
+    sent = [0, 0]
+    plain = fab.transmit
+
+    def transmit(src: int, dg: Any, now: int) -> None:
+        data, port, ev, _ = dg
+        if src == 0 and data[0] < 0x10:
+            sent[ev in slow] += 1
+            if ev in slow:  # serialised at a tenth of the rate behind the slow path's own queue
+                free[0] = max(free[0], now) + int(len(data) * 10 * fab.ns_per_byte)
+                fab.seq += 1
+                heapq.heappush(fab.heap, (free[0] + fab.plane_delay[port], fab.seq, 1, data, port, False))
+                return
+        plain(src, dg, now)
+
+    fab.transmit = transmit  # type: ignore[method-assign]
+    doc = run_transfer(r)
+    return doc, r, sent[1] / (sent[0] + sent[1])
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_slow_path_is_steered_away_from_by_its_delay_before_any_mark(seed: int) -> None:
+    """Without ECN or loss the only early sign of a slow link is the delay of its EVs' acknowledgements:
+    steered by it, the slow EVs carry clearly less than their share and the transfer ends much sooner
+    than when only the loss detector (which waits for the queue to exceed its reordering threshold)
+    retires them."""
+    on, r_on, frac_on = _slow_path_run(seed, QpAttr().steer_delay_ns)
+    off, r_off, frac_off = _slow_path_run(seed, -1)
+    assert on["completed"] and on["bit_exact"] and off["completed"] and off["bit_exact"]
+    assert r_on.qa.c["delay_steered"] > 0 and r_off.qa.c["delay_steered"] == 0
+    assert frac_on < 0.85 * frac_off and frac_on < 0.7 * 8 / 128
+    assert on["sim_time_s"] < 0.85 * off["sim_time_s"]
+
+
+def test_a_longer_plane_is_not_steered_away_from_by_its_delay() -> None:
+    """A plane that is merely longer (its base RTT above the others', no queue) keeps its share: the
+    delay rule compares an EV with its own plane's base RTT, not only with the QP's best plane."""
+    doc, r = run(16 << 20, plane_delay_ns=[0, 0, 15_000, 0], seed=1)
+    assert doc["completed"] and doc["bit_exact"]
+    assert r.qa.c["delay_steered"] == 0
+    assert doc["plane_share"][2] > 0.2
