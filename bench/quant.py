@@ -20,6 +20,12 @@ mrc.quant.codec.encode(x, "eden-unbiased", B) with one rotation, `edenB encode a
 (4 d bytes), the convention of the issue's targets; `x copy` = time / copy time; `vs numpy` = the numpy
 row's time / the numba row's time.
 
+`hop eden{B} three-pass` / `hop eden{B} fused` (numba only): one reduce-scatter hop of the ring
+(mrc/quant/hop.py): the incoming B-bit frame of a partial sum decoded, the local chunk added, the sum
+encoded with a fresh seed — as three passes (decode, add, encode) and fused (kernels.hop_rotate); the
+fused row's `vs 3-pass` is the three-pass time / fused time, and `identical` says the two frames were the
+same bytes. MB/s are of the chunk's float32 elements.
+
 Prints a table, then the same results as one JSON document (only the JSON with -j).
 """
 
@@ -41,11 +47,12 @@ from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from mrc.quant import accel, codec, rht  # noqa: E402
+from mrc.quant import accel, codec, hop, rht  # noqa: E402
 
 TARGET_EDEN_MBPS = 250.0
 TARGET_RHT_SPEEDUP = 3.0
 TARGET_NUMBA_SPEEDUP = 3.0
+TARGET_HOP_SPEEDUP = 1.5
 BACKENDS = ("numpy", "numba")
 
 
@@ -123,6 +130,53 @@ def measure(log2d: int, rounds: int, backends: tuple[str, ...] = BACKENDS) -> li
     return rows
 
 
+def measure_hop(log2d: int, rounds: int) -> list[dict[str, Any]]:
+    """Three-pass vs fused ring hop at d = 2^log2d, 2 and 4 bits, interleaved round by round."""
+    d = 1 << log2d
+    rng = np.random.default_rng(1)
+    partial = rng.standard_normal(d).astype(np.float32)
+    own = rng.standard_normal(d).astype(np.float32)
+    cases: dict[tuple[str, str], Callable[[], object]] = {}
+    identical: dict[int, bool] = {}
+    for bits in (2, 4):
+        frame = codec.encode(partial, "eden-unbiased", bits, seed=3, rotations=1)
+        identical[bits] = (hop.hop(frame, own, "eden-unbiased", bits, 9, path="fused")
+                           == hop.hop(frame, own, "eden-unbiased", bits, 9, path="three-pass"))
+        for path in hop.PATHS:
+            cases[(f"hop eden{bits} {path}", "numba")] = partial_fn(frame, own, bits, path)
+    for f in cases.values():
+        f()
+    times: dict[tuple[str, str], list[float]] = {k: [] for k in cases}
+    for _ in range(rounds):
+        for key, f in cases.items():
+            t0 = time.perf_counter()
+            f()
+            times[key].append(time.perf_counter() - t0)
+    best = {k: min(v) for k, v in times.items()}
+    rows = []
+    for (name, be), t in best.items():
+        bits = int(name.split()[1][4:])
+        row: dict[str, Any] = {"case": name, "backend": be, "log2_d": log2d, "d": d, "ms": t * 1e3,
+                               "mbps": 4.0 * d / t / 1e6, "identical": identical[bits]}
+        if name.endswith("fused"):
+            row["speedup_vs_three_pass"] = best[(f"hop eden{bits} three-pass", be)] / t
+        rows.append(row)
+    return rows
+
+
+def partial_fn(frame: bytes, own: np.ndarray, bits: int, path: str) -> Callable[[], object]:
+    return partial(hop.hop, frame, own, "eden-unbiased", bits, 9, path=path)
+
+
+def render_hop(rows: list[dict[str, Any]]) -> str:
+    out = [f"{'case':<26} {'d':>5} {'ms':>8} {'MB/s':>7} {'vs 3-pass':>9} {'identical':>9}"]
+    for r in rows:
+        sp = f"{r['speedup_vs_three_pass']:.2f}x" if "speedup_vs_three_pass" in r else ""
+        out.append(f"{r['case']:<26} {'2^' + str(r['log2_d']):>5} {r['ms']:>8.2f} {r['mbps']:>7.0f} {sp:>9} "
+                   f"{'yes' if r['identical'] else 'NO':>9}")
+    return "\n".join(out)
+
+
 def render(rows: list[dict[str, Any]]) -> str:
     head = (f"{'case':<20} {'backend':<7} {'d':>5} {'ms':>8} {'MB/s':>7} {'x copy':>7} {'vs textbook':>11} "
             f"{'vs numpy':>8}")
@@ -151,6 +205,11 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             v = r["speedup_vs_textbook"]
             name = f"rht [{r['backend']}] >= {TARGET_RHT_SPEEDUP:.0f}x textbook at d=2^{r['log2_d']}"
             res.append({"target": name, "value": v, "pass": v >= TARGET_RHT_SPEEDUP})
+        if "speedup_vs_three_pass" in r:
+            v = r["speedup_vs_three_pass"]
+            res.append({"target": f"{r['case']} >= {TARGET_HOP_SPEEDUP}x three-pass, bit-identical at "
+                                  f"d=2^{r['log2_d']}", "value": v,
+                        "pass": v >= TARGET_HOP_SPEEDUP and bool(r["identical"])})
         if ("speedup_vs_numpy" in r and r["case"].startswith("eden") and "rot=1" not in r["case"]
                 and r["log2_d"] >= 20):
             v = r["speedup_vs_numpy"]
@@ -173,6 +232,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--backends", default=",".join(BACKENDS), help="comma list of numpy, numba")
     ap.add_argument("-j", "--json", action="store_true", help="print only the JSON document")
+    ap.add_argument("--no-hop", action="store_true", help="skip the three-pass vs fused hop rows")
     args = ap.parse_args()
     pinned = _pin()
     backends = tuple(b for b in args.backends.split(",") if b)
@@ -183,16 +243,25 @@ def main() -> int:
         if not args.json:
             print(f"measuring d=2^{s} ...", file=sys.stderr)
         rows.extend(measure(s, args.rounds if s < 24 else max(3, args.rounds // 2), backends))
+    hop_rows: list[dict[str, Any]] = []
+    if "numba" in backends and not args.no_hop:
+        for s in (int(v) for v in args.sizes.split(",")):
+            if not args.json:
+                print(f"measuring hop d=2^{s} ...", file=sys.stderr)
+            hop_rows.extend(measure_hop(s, args.rounds if s < 24 else max(3, args.rounds // 2)))
     doc: dict[str, Any] = {
         "bench": "quant",
         "machine": {"python": platform.python_version(), "numpy": np.__version__,
                     "processor": platform.processor() or platform.machine(), "pinned": pinned,
                     "numba": _numba_version(), "blas_threads": os.environ["OPENBLAS_NUM_THREADS"]},
         "rows": rows,
-        "targets": targets(rows),
+        "hop_rows": hop_rows,
+        "targets": targets(rows + hop_rows),
     }
     if not args.json:
         print(render(rows))
+        if hop_rows:
+            print(render_hop(hop_rows))
         for t in doc["targets"]:
             print(f"target: {t['target']}: {'PASS' if t['pass'] else 'FAIL'} ({t['value']:.1f})")
     print(json.dumps(doc))

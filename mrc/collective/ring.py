@@ -24,7 +24,8 @@ import numpy as np
 import numpy.typing as npt
 
 from mrc.errors import UsageError
-from mrc.quant.codec import SCHEMES, check_bits, decode, encode
+from mrc.quant import hop as qhop
+from mrc.quant.codec import SCHEMES, check_bits, decode, encode, parse
 
 from . import frame
 from .schedule import aware_bits
@@ -189,6 +190,16 @@ class _CodecChunks(_Chunks):
     def bits(self, n: int) -> tuple[float, ...]:
         return tuple([float(self.cfg.bits)] * n)
 
+    def hop(self, c: int, i: int, msg: bytes, own: F32, k: int) -> bytes:
+        """pack(c, i, unpack(c, i, msg) + own, k), the same bytes, through mrc.quant.hop: the fused
+        one-sweep kernel by default, the three passes with MRC_HOP_KERNEL=three-pass (docs/collective.md)."""
+        (f,) = frame.split(msg, 1)
+        if parse(f).d != self.sizes[c][i]:
+            raise UsageError(f"chunk segment of {parse(f).d} elements received where "
+                             f"{self.sizes[c][i]} were expected")
+        return frame.join([qhop.hop(f, own, self.cfg.scheme, self._bits(k),
+                                    derive_seed(self.cfg.seed, self.step, 1, c, i, k))])
+
 
 class _ScheduledChunks(_CodecChunks):
     """Aware: like naive (codec frames, a fresh rotation per hop, so hop errors are independent and the
@@ -265,14 +276,20 @@ def _ring(t: Transport, a: F32, cfg: Config, step: int, rep: _Chunks, want_resid
             c = (r - s - 1) % n
             if i >= len(sizes[c]):
                 return
-            work = rep.unpack(c, i, t.recv(left, _TAG_RS + _tag(s, i)))
-            work += own(c, i)
-            msg = rep.pack(c, i, work, s + 2)
+            incoming = t.recv(left, _TAG_RS + _tag(s, i))
+            if isinstance(rep, _CodecChunks) and not want_residual:  # decode + add + encode in one call
+                msg = rep.hop(c, i, incoming, own(c, i), s + 2)
+                work = None
+            else:
+                work = rep.unpack(c, i, incoming)
+                work += own(c, i)
+                msg = rep.pack(c, i, work, s + 2)
             out_msgs[g + m] = msg
             dec = None
             if s == n - 2:  # c == (r + 1) % n, owned here: this frame is the chunk's result everywhere
                 dec = place(c, i, rep.unpack(c, i, msg))
             if want_residual:
+                assert work is not None
                 resid[c][i] = work - (dec if dec is not None else rep.unpack(c, i, msg))
         else:  # all-gather: the frame of chunk (r - t) (t = s - (n - 1)), forwarded unchanged
             c = (r - (s - (n - 1))) % n

@@ -222,11 +222,7 @@ def encode(
     probe = False  # rule (a) said two rotations, one is tried first: the input may be a single spike
     if fixed_rot is None:  # rule (a), before rotating
         rho = float(kern.participation(flat)) if kern is not None else None
-        rot, rho_x = choose_rotations(flat, float(bits), scheme, padded, rho=rho)
-        # one non-zero coordinate (rho = 1): its rotation is flat, which one rotation may represent
-        # exactly; the count costs a pass only for inputs this concentrated
-        if rot == 2 and rho_x > _SPIKE_RHO and np.count_nonzero(flat) == 1:
-            rot, probe = 1, True
+        rot, probe = rotation_count(flat, bits, scheme, padded, rho)
     else:
         rot = fixed_rot
     ny2: float | None = None
@@ -239,6 +235,31 @@ def encode(
             y = np.zeros(padded, cdt)
             y[:d] = flat
         y = rotate(y, seed, rot)
+    return finish(y, ny2, rot, probe, auto, scheme, bits, seed, kern, a.dtype, a.shape)
+
+
+def rotation_count(
+    flat: FloatArray, bits: float, scheme: str, padded: int, rho: float | None,
+) -> tuple[int, bool]:
+    """Rule (a) for `auto`: (rotations to apply first, probe). probe: rule (a) said two, but the input
+    has a single non-zero coordinate (rho = 1; the count costs a pass only for inputs this
+    concentrated), whose rotation is flat and may be represented exactly with one: try one first."""
+    rot, rho_x = choose_rotations(flat, float(bits), scheme, padded, rho=rho)
+    if rot == 2 and rho_x > _SPIKE_RHO and np.count_nonzero(flat) == 1:
+        return 1, True
+    return rot, False
+
+
+def finish(
+    y: FloatArray, ny2: float | None, rot: int, probe: bool, auto: bool, scheme: str, bits: float,
+    seed: int, kern: ModuleType | None, dtype: np.dtype[Any], shape: tuple[int, ...],
+) -> bytes:
+    """The rest of `encode` once the padded input is rotated `rot` times into y (||y||^2 = ny2 when
+    known): rescaling, quantization, rule (b), the frame. Shared with the fused ring hop (hop.py), which
+    produces y its own way, so that both frames are built by the same code."""
+    cdt = y.dtype
+    padded = y.size
+    d = math.prod(shape)
     y, ny2, factor = _rescale(y, ny2, kern)
     try:
         scales, sections, fit, fit_bits, err = _encode_rotated(y, scheme, float(bits), seed, auto, kern, ny2)
@@ -253,12 +274,12 @@ def encode(
         scales = [v * factor for v in scales]
     payload = b"".join(packed.tobytes() for packed in sections)
     head = _FIXED.pack(
-        MAGIC, VERSION, SCHEMES[scheme], DTYPE_CODES[a.dtype], rot, FLAG_AUTO if auto else 0, a.ndim,
+        MAGIC, VERSION, SCHEMES[scheme], DTYPE_CODES[dtype], rot, FLAG_AUTO if auto else 0, len(shape),
         len(scales), float(bits), seed, d, padded,
     )
     body = b"".join((
         head,
-        struct.pack(f"<{a.ndim}Q", *a.shape),
+        struct.pack(f"<{len(shape)}Q", *shape),
         struct.pack(f"<{len(scales)}d", *scales),
         _U64.pack(len(payload)),
         payload,

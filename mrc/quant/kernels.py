@@ -596,9 +596,23 @@ def _moments_scaled(v):  # type: ignore[no-untyped-def]
     return s2, s4
 
 
+@_jit
+def _moments_blocked(v, bsz):  # type: ignore[no-untyped-def]
+    """_moments summed block by block (blocks of bsz, in order): the fused hop kernel (hop.py) gets the
+    moments of each block while it is in cache, and must reach the same sums bit for bit."""
+    s2 = 0.0
+    s4 = 0.0
+    for base in range(0, v.size, bsz):
+        a2, a4 = _moments(v[base : base + bsz])
+        s2 += a2
+        s4 += a4
+    return s2, s4
+
+
 def participation(x: FloatArray) -> float:
     """rho(x) = sum x^4 / (sum x^2)^2 (rht.participation) in one pass. float16/32 inputs: x^4 of a
-    float32 cannot overflow float64, so no rescaling; float64: scaled by max|x| first (two passes)."""
+    float32 cannot overflow float64, so no rescaling (summed per FWHT block, as the hop kernel does);
+    float64: scaled by max|x| first (two passes)."""
     v = np.asarray(x).ravel()
     if v.size == 0:
         return 0.0
@@ -607,7 +621,7 @@ def participation(x: FloatArray) -> float:
     else:
         if v.dtype != np.float32:
             v = v.astype(np.float32)
-        s2, s4 = _moments(np.ascontiguousarray(v))
+        s2, s4 = _moments_blocked(np.ascontiguousarray(v), 1 << _block_bits(np.dtype(np.float32)))
     if not (s2 > 0.0 and math.isfinite(s2) and math.isfinite(s4)):
         return 0.0
     return float(s4 / (s2 * s2))
@@ -895,3 +909,158 @@ def lookup(packed: U8, bits: int, n: int, table: FloatArray) -> FloatArray:
     if n:
         _lookup(np.ascontiguousarray(packed), bits, np.ascontiguousarray(table), out)
     return out
+
+
+# ------------------------------------------------------------------------------------ fused ring hop
+
+
+@_jit
+def _hop_inverse_head(packed, bits, table, a, block_bits):  # type: ignore[no-untyped-def]
+    """_fwht_signed up to (not including) its last butterfly stage, for a.size > one block: the lookup
+    fused into the block levels, then the outer levels but the last radix-4 (or radix-2) one. The same
+    calls in the same order as _fwht_signed and _stages_signed, so the values are theirs bit for bit."""
+    n = a.size
+    bsz = 1 << block_bits
+    for base in range(0, n, bsz):
+        blk = a[base : base + bsz]
+        if bits == 2:
+            _lookup2_radix8(blk, packed[base // 4 : base // 4 + bsz // 4], table)
+            _stages(blk, 8)
+            continue
+        lo = (base * bits) // 8
+        _lookup(packed[lo : lo + (bsz * bits) // 8], bits, table, blk)
+        _block_levels(blk)
+    if 2 * bsz != n:
+        _stages_to(a, bsz, n // 4)
+
+
+@_jit
+def _add_into(dst, src):  # type: ignore[no-untyped-def]
+    """dst += src (float32, as numpy's in-place add: one IEEE addition per element)."""
+    for i in range(dst.size):
+        dst[i] = dst[i] + src[i]
+
+
+@_jit
+def _hop_block(a, base, bsz, own, d, fwd_words, fwd_scale, tot, m2, m4, bi):  # type: ignore[no-untyped-def]
+    """Block `bi` (at `base`) of the decoded incoming vector is complete in `a`: add the local chunk
+    (coordinates >= d become the encoder's zero padding), take the block's moments (rule a) and apply the
+    forward rotation's signs, scale and block levels, as _fwht_core does for a full or partial block."""
+    blk = a[base : base + bsz]
+    hi = min(max(d - base, 0), bsz)
+    _add_into(blk[:hi], own[base : base + hi])
+    for i in range(hi, bsz):
+        blk[i] = 0.0
+    if hi > 0:
+        a2, a4 = _moments(blk[:hi])
+        m2[bi] = a2
+        m4[bi] = a4
+    if hi == bsz:
+        tot[bi] = _sumsq(blk)
+        _signed_radix8_inplace(blk, fwd_words.view(np.uint8)[base // 8 :], fwd_scale)
+        _stages(blk, 8)
+    else:
+        if hi > 0:
+            tot[bi] = _signed_copy(blk[:hi], blk[:hi], base, fwd_words, fwd_scale)
+        _block_levels(blk)
+
+
+@_jit
+def _hop_fused(a, own, d, inv_words, inv_scale, fwd_words, fwd_scale, block_bits, tot, m2, m4):  # type: ignore[no-untyped-def]
+    """The incoming vector's last inverse butterfly stage (with its signs and scale, as _stages_signed),
+    chunk by chunk: each chunk of bsz butterflies completes 4 (radix-4) or 2 (radix-2) blocks of the
+    decoded vector, which _hop_block turns into blocks of the forward rotation while they are in cache;
+    then the forward rotation's outer levels. tot/m2/m4 get per-block sums (added in block order by the
+    caller, as _fwht_core and _moments_blocked add them)."""
+    n = a.size
+    bsz = 1 << block_bits
+    one = np.uint64(1)
+    neg = -inv_scale
+    scale = inv_scale
+    if 2 * bsz == n:
+        hh = n // 2
+        p0 = a[0:hh]
+        p1 = a[hh:n]
+        for c in range(0, hh, bsz):
+            for w in range(c >> 6, (c + bsz) >> 6):
+                w0 = inv_words[w]
+                w1 = inv_words[(hh >> 6) + w]
+                q0 = p0[64 * w : 64 * w + 64]
+                q1 = p1[64 * w : 64 * w + 64]
+                for b in range(64):
+                    x0 = q0[b]
+                    x1 = q1[b]
+                    sb = np.uint64(b)
+                    q0[b] = (x0 + x1) * (neg if (w0 >> sb) & one else scale)
+                    q1[b] = (x0 - x1) * (neg if (w1 >> sb) & one else scale)
+            for q in range(2):
+                base = q * hh + c
+                _hop_block(a, base, bsz, own, d, fwd_words, fwd_scale, tot, m2, m4, base // bsz)
+    else:
+        hh = n // 4
+        p0 = a[0:hh]
+        p1 = a[hh : 2 * hh]
+        p2 = a[2 * hh : 3 * hh]
+        p3 = a[3 * hh : n]
+        ws = hh >> 6
+        for c in range(0, hh, bsz):
+            for w in range(c >> 6, (c + bsz) >> 6):
+                w0 = inv_words[w]
+                w1 = inv_words[ws + w]
+                w2 = inv_words[2 * ws + w]
+                w3 = inv_words[3 * ws + w]
+                q0 = p0[64 * w : 64 * w + 64]
+                q1 = p1[64 * w : 64 * w + 64]
+                q2 = p2[64 * w : 64 * w + 64]
+                q3 = p3[64 * w : 64 * w + 64]
+                for b in range(64):
+                    x0 = q0[b]
+                    x1 = q1[b]
+                    x2 = q2[b]
+                    x3 = q3[b]
+                    s0 = x0 + x1
+                    d0 = x0 - x1
+                    s1 = x2 + x3
+                    d1 = x2 - x3
+                    sb = np.uint64(b)
+                    q0[b] = (s0 + s1) * (neg if (w0 >> sb) & one else scale)
+                    q1[b] = (d0 + d1) * (neg if (w1 >> sb) & one else scale)
+                    q2[b] = (s0 - s1) * (neg if (w2 >> sb) & one else scale)
+                    q3[b] = (d0 - d1) * (neg if (w3 >> sb) & one else scale)
+            for q in range(4):
+                base = q * hh + c
+                _hop_block(a, base, bsz, own, d, fwd_words, fwd_scale, tot, m2, m4, base // bsz)
+    _stages(a, bsz)
+
+
+def hop_rotate(
+    packed: U8, bits: int, table: FloatArray, n: int, seed_in: int, own: FloatArray, seed_out: int,
+) -> tuple[FloatArray, float, float, float]:
+    """One pass for the data-heavy part of a ring hop: y = rotation 0 of seed_out applied to
+    (unrotate(table[packed], seed_in, 1)[:d] + own, zero-padded to n), with d = own.size. Returns
+    (y, ||y||^2, s2, s4): ||y||^2 as rotate_from gives it, s2/s4 the moments participation() takes of
+    the sum. Bit-identical to decode + add + rotate_from (tests/unit/test_quant_hop.py). Needs float32,
+    one packed section of n indices (checked), n larger than one block."""
+    bb = _block_bits(table.dtype)
+    bsz = 1 << bb
+    if n <= bsz or table.dtype != np.float32 or own.dtype != np.float32 or own.size > n:
+        raise ValueError("hop_rotate: float32, more than one block, len(own) <= n")
+    a = np.empty(n, np.float32)
+    scale = np.float32(1.0 / math.sqrt(n))
+    _hop_inverse_head(np.ascontiguousarray(packed), bits, np.ascontiguousarray(table), a, bb)
+    nb = n // bsz
+    tot = np.zeros(nb, np.float64)
+    m2 = np.zeros(nb, np.float64)
+    m4 = np.zeros(nb, np.float64)
+    inv_words = sign_words(seed_in, 0, n, STREAM_ROTATION)
+    fwd_words = sign_words(seed_out, 0, n, STREAM_ROTATION)
+    _hop_fused(a, np.ascontiguousarray(own), own.size, inv_words, scale, fwd_words, scale, bb, tot, m2, m4)
+    total = 0.0
+    s2 = 0.0
+    s4 = 0.0
+    for k in range(nb):  # in block order, as _fwht_core and _moments_blocked accumulate
+        total += float(tot[k])
+        s2 += float(m2[k])
+        s4 += float(m4[k])
+    ps = float(np.float64(scale))
+    return a, n * ps * ps * total, s2, s4
