@@ -691,24 +691,20 @@ class QueuePair:
                 base = self.port_min_rtt[port]
                 if rtt < base:
                     self.port_min_rtt[port] = base = rtt
-                if not ecn and rtt > self.steer_delay:
-                    # the QP's healthiest plane's smoothed RTT (a slow path inflates the QP-wide one)
-                    ref = NEVER
-                    for x in self.port_srtt:
-                        if 0 < x < ref:
-                            ref = x
-                    if base > ref:
-                        ref = base
-                    if ref < NEVER and rtt > 2 * ref + self.steer_delay:
-                        # this path waits far longer than the QP's best plane typically does and than
-                        # its own plane's base RTT: a slow or hot link, steered away from before its
-                        # queue reaches the switch's ECN threshold (at a tenth of the line rate that
-                        # threshold is a ten times longer wait); a plane that is merely longer is not
-                        # penalised. Like a hot spot's ECN it is steering's business, not the window's
-                        # (one such sample would otherwise trigger quick adapt)
-                        c["delay_steered"] += 1
-                        paths.penalise(e)
-                        hot = 4 * paths.npen <= paths.good_count
+                srtt = self.srtt
+                ref = srtt if srtt > base else base
+                if not ecn and srtt and rtt > 2 * ref + self.steer_delay:
+                    # this path waits far longer than the QP's paths do on average and than its own
+                    # plane's base RTT: a slow or hot link, steered away from before its queue reaches
+                    # the switch's ECN threshold (at a tenth of the line rate that threshold is a ten
+                    # times longer wait); a plane that is merely longer is not penalised. The QP-wide
+                    # smoothed RTT, not the best plane's: on a host whose RTTs jitter by milliseconds
+                    # (the Python testbed) the best plane's would penalise healthy EVs of every plane.
+                    # Like a hot spot's ECN it is steering's business, not the window's (one such
+                    # sample would otherwise trigger quick adapt)
+                    c["delay_steered"] += 1
+                    paths.penalise(e)
+                    hot = 4 * paths.npen <= paths.good_count
                 self._rtt_sample(rtt, port)
             else:
                 self._rtt_sample(rtt, -1)
