@@ -102,7 +102,8 @@ class QueuePair:
     __slots__ = (  # noqa: RUF023 (in order of use, not sorted)
         "parked", "state", "cur", "retx_q", "send_q", "rto_deadline", "loss_deadline", "ack_deadline",
         "paths", "c", "rx_icrc", "rcv_cum", "W", "rbits", "mrs", "msgs", "rx_packets", "rx_bytes",
-        "unacked", "ack_coalesce", "last_rx", "attr", "tx_icrc", "peer_qpn", "peer_gid", "inflight",
+        "unacked", "ack_coalesce", "ack_coalesce_sum", "last_rx", "attr", "tx_icrc", "peer_qpn", "peer_gid",
+        "inflight",
         "snd_nxt", "snd_una", "mtu", "cc", "serial", "tx_bytes", "max_outstanding", "ack_floor", "sacked",
         "latest_acked_serial", "tx_state", "tx_len", "tx_ev", "tx_time", "tx_serial", "tx_wr", "tx_off",
         "tx_retx", "rack_next", "rtxq", "port_thr", "ack_timeout", "retries", "wrs_out", "send_cq", "srtt",
@@ -139,7 +140,13 @@ class QueuePair:
         self.ack_floor = attr.ack_coalesce * attr.mtu
         self.ackreq_div = attr.ack_req_per_window  # AckReq at least this often per congestion window
         self.ackreq_since = 0  # bytes sent since the last packet with AckReq
+        # The responder's coalescing run alternates between ack_coalesce and one less. A SACK echoes the
+        # EV of the packet that triggered it, and a requester sprays its EVs in a fixed cycle: with a
+        # fixed run of 16 and 128 EVs only every 16th EV ever triggered one (23 of 128 were ever
+        # echoed), so the others got no delay samples and a penalised one was never relieved. Runs of
+        # 16, 15, 16, ... step through the cycle by 31, prime to any EV count that is not a multiple.
         self.ack_coalesce = attr.ack_coalesce
+        self.ack_coalesce_sum = attr.ack_coalesce + max(1, attr.ack_coalesce - 1)
         self.ack_timeout = attr.ack_timeout_ns
         # a SACK may be held by the peer's delayed-ACK timer (same QpAttr defaults at both ends)
         self.reo_extra = attr.reorder_ns + attr.ack_delay_ns
@@ -1155,6 +1162,7 @@ class QueuePair:
             service_time_ns=svc, timestamp_ns=now,
         )
         self.unacked = 0
+        self.ack_coalesce = self.ack_coalesce_sum - self.ack_coalesce  # the next run: the other length
         self.ack_deadline = NEVER
         self.c["sack_tx"] += 1
         out.append(Datagram(buf, paths.ev_port[cev], cev, self.peer_gid))
