@@ -1147,6 +1147,7 @@ def _positive_us(value: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="mrcd",
                                  description="MRC controller daemon for one host (docs/daemon.md).")
+    ap.add_argument("-V", "--version", action="version", version=f"mrcd {mrc_version}")
     ap.add_argument("--testbed", default=None, help="testbed name (default: the only one up)")
     ap.add_argument("--host", required=True, help="the host this mrcd serves (e.g. h0)")
     ap.add_argument("--evs", type=int, default=DEFAULT_EVS, help="EVs per peer (split over the planes)")
