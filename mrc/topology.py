@@ -33,7 +33,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path as FsPath
@@ -50,6 +50,17 @@ MAX_INDEX: Final = 256  # leaves and spines per plane, and hosts with the role-3
 MAX_HOSTS: Final = 2048  # hosts: 256 with role 3, the rest as 0x800 | index
 MAX_USIDS: Final = 6  # 96 bits after a 32-bit block, 16 bits each
 IFNAMSIZ: Final = 15
+#: Bounds of the link keys (docs/testbed.md, "Topology files"): tc's TBF and the simulator both take any
+#: rate in 1 kbit/s .. 1.6 Tbit/s (two 800G ports' worth: nothing faster exists to model), a delay up
+#: to one second (a netem delay beyond it models nothing real), and a port buffer of one packet up to
+#: 1 GiB (the TBF queue limit and the simulator's drop threshold: both are byte counts, but a larger
+#: queue is no switch's).
+MIN_RATE_BPS: Final = 1_000
+MAX_RATE_BPS: Final = 1_600_000_000_000
+MAX_DELAY_US: Final = 1_000_000
+MAX_BUFFER_BYTES: Final = 1 << 30
+MIN_MTU: Final = 1280  # IPv6's minimum
+MAX_MTU: Final = 65535
 DEFAULT_USID_BLOCK: Final = ipaddress.IPv6Network("fcbb:bbbb::/32")
 DEFAULT_LINK_PREFIX: Final = ipaddress.IPv6Network("fc00::/32")
 DEFAULT_MRC_PREFIX: Final = ipaddress.IPv6Network("fd00::/48")
@@ -68,6 +79,35 @@ def format_rate(bits: int) -> str:
         if bits >= scale:
             return f"{bits / scale:g}{unit}"
     return f"{bits}bit"
+
+
+def rate_problem(bits: int) -> str | None:
+    """Why a link rate in bit/s is out of range (None: it is fine): one rule for the files, the testbed
+    and the simulator."""
+    if not MIN_RATE_BPS <= bits <= MAX_RATE_BPS:
+        return f"must be 1kbit..1600gbit ({MIN_RATE_BPS}..{MAX_RATE_BPS} bit/s), got {bits}"
+    return None
+
+
+def delay_problem(us: int) -> str | None:
+    """Why a link delay in µs is out of range (None: it is fine)."""
+    if not 0 <= us <= MAX_DELAY_US:
+        return f"must be 0..1s (0..{MAX_DELAY_US} us), got {us} us"
+    return None
+
+
+# ------------------------------------------------------------------------------------------- errors
+
+
+class TopologyError(ConfigError):
+    """A bad topology: ``FILE:LINE: key: problem`` (``FILE: key: problem`` when the key has no line, as
+    for a missing table or a model built in code). The parts stay readable (`source`, `line`, `key`,
+    `problem`) so `load` can add the line that the model, built from parsed TOML, cannot know."""
+
+    def __init__(self, source: str, key: str | None, problem: str, line: int | None = None) -> None:
+        self.source, self.key, self.problem, self.line = source, key, problem, line
+        where = source if line is None else f"{source}:{line}"
+        super().__init__(f"{where}: {problem}" if key is None else f"{where}: {key}: {problem}")
 
 
 # ------------------------------------------------------------------------------------------- model
@@ -185,10 +225,8 @@ class Topology:
     source: str = "<model>"
 
     def __post_init__(self) -> None:
-        problems = list(self._problems())
-        if problems:
-            key, problem = problems[0]
-            raise ConfigError(f"{self.source}: {key}: {problem}")
+        for key, problem in self._problems():
+            raise TopologyError(self.source, key, problem)
 
     # -- validation
     def _problems(self) -> Iterator[tuple[str, str]]:
@@ -216,14 +254,16 @@ class Topology:
             if not 0 <= leaf < self.leaves:
                 yield f"{key}.leaf", f"leaf {leaf} does not exist (leaves are 0..{self.leaves - 1})"
         lp = self.link
-        if not 1280 <= lp.mtu <= 65535:
-            yield "link.mtu", f"must be 1280..65535 (IPv6 minimum 1280), got {lp.mtu}"
-        if lp.rate_bps <= 0:
-            yield "link.rate", "must be positive"
+        if not MIN_MTU <= lp.mtu <= MAX_MTU:
+            yield "link.mtu", f"must be {MIN_MTU}..{MAX_MTU} (IPv6 minimum {MIN_MTU}), got {lp.mtu}"
+        if problem := rate_problem(lp.rate_bps):
+            yield "link.rate", problem
         if lp.buffer_bytes < lp.mtu + 64:
             yield "link.buffer", f"{lp.buffer_bytes} bytes cannot hold one {lp.mtu}-byte packet"
-        if lp.delay_us < 0:
-            yield "link.delay", "must not be negative"
+        elif lp.buffer_bytes > MAX_BUFFER_BYTES:
+            yield "link.buffer", f"must be at most 1 GiB ({MAX_BUFFER_BYTES} bytes), got {lp.buffer_bytes}"
+        if problem := delay_problem(lp.delay_us):
+            yield "link.delay", problem
         for key, net, plen in (
             ("addressing.usid_block", self.usid_block, 32),
             ("addressing.link_prefix", self.link_prefix, 32),
@@ -260,10 +300,10 @@ class Topology:
             seen.add(pair)
             if o.rate_bps is None and o.delay_us is None:
                 yield f"{key}", "gives neither rate nor delay"
-            if o.rate_bps is not None and o.rate_bps <= 0:
-                yield f"{key}.rate", "must be positive"
-            if o.delay_us is not None and o.delay_us < 0:
-                yield f"{key}.delay", "must not be negative"
+            if o.rate_bps is not None and (problem := rate_problem(o.rate_bps)):
+                yield f"{key}.rate", problem
+            if o.delay_us is not None and (problem := delay_problem(o.delay_us)):
+                yield f"{key}.delay", problem
 
     # -- nodes
     def host_names(self) -> list[str]:
@@ -489,24 +529,51 @@ class Topology:
 
 # ------------------------------------------------------------------------------------------- loading
 
-_SCHEMA: Final[dict[str, set[str]]] = {
-    "topology": {"planes", "leaves", "spines"},
-    "link": {"rate", "delay", "mtu", "buffer"},
-    "addressing": {"usid_block", "link_prefix", "mrc_prefix"},
+_SCHEMA: Final[dict[str, tuple[str, ...]]] = {
+    "topology": ("planes", "leaves", "spines"),
+    "link": ("rate", "delay", "mtu", "buffer"),
+    "addressing": ("usid_block", "link_prefix", "mrc_prefix"),
 }
-_REQUIRED: Final = {"topology": {"planes", "leaves", "spines"}}
+#: The keys a file must give, in the order they are reported (a fixed order: the first missing one is
+#: always the same one).
+_REQUIRED: Final[dict[str, tuple[str, ...]]] = {"topology": ("planes", "leaves", "spines")}
+_ARRAYS: Final = ("hosts", "link_override")
+EMPTY_PROBLEM: Final = ("empty topology: needs [topology] with planes, leaves and spines, and two or more "
+                        "[[hosts]] tables with name and leaf (docs/testbed.md, \"Topology files\")")
+
+Fail = Callable[[str, str], TopologyError]
+
+
+def _quantity(fail: Fail, key: str, parse: Callable[[Any], int], value: Any) -> int:
+    """One of units' parsers on a file's value; every way it can refuse is the key's problem (a huge
+    integer or a thousand-digit string overflows a float before it fails a range)."""
+    try:
+        return parse(value)
+    except (ValueError, OverflowError) as e:
+        raise fail(key, str(e)) from None
+
+
+def _int(fail: Fail, key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise fail(key, f"must be an integer, got {value!r}")
+    return value
 
 
 def from_dict(doc: Mapping[str, Any], source: str = "<dict>") -> Topology:
-    """Build a topology from the TOML document's structure; every problem names ``source`` and the key."""
+    """Build a topology from the TOML document's structure; every problem is a `TopologyError` naming
+    ``source`` and the key (`load` adds the key's line)."""
 
-    def fail(key: str, problem: str) -> ConfigError:
-        return ConfigError(f"{source}: {key}: {problem}")
+    def fail(key: str, problem: str) -> TopologyError:
+        return TopologyError(source, key, problem)
 
+    if not doc:
+        raise TopologyError(source, None, EMPTY_PROBLEM)
     for key in doc:
-        if key not in _SCHEMA and key not in ("hosts", "link_override"):
-            known = ", ".join([*_SCHEMA, "hosts", "link_override"])
+        if key not in _SCHEMA and key not in _ARRAYS:
+            known = ", ".join([*_SCHEMA, *_ARRAYS])
             raise fail(key, f"unknown key (expected one of: {known})")
+    if "topology" not in doc:
+        raise fail("topology", "missing table: [topology] with planes, leaves and spines")
     for table, keys in _SCHEMA.items():
         section = doc.get(table, {})
         if not isinstance(section, Mapping):
@@ -514,46 +581,30 @@ def from_dict(doc: Mapping[str, Any], source: str = "<dict>") -> Topology:
         for key in section:
             if key not in keys:
                 raise fail(f"{table}.{key}", f"unknown key (expected one of: {', '.join(sorted(keys))})")
-        for key in _REQUIRED.get(table, set()):
+        for key in _REQUIRED.get(table, ()):
             if key not in section:
                 raise fail(f"{table}.{key}", "missing field")
 
-    topo = doc["topology"] if isinstance(doc.get("topology"), Mapping) else {}
-    if "topology" not in doc:
-        raise fail("topology", "missing table")
-    ints: dict[str, int] = {}
-    for key in ("planes", "leaves", "spines"):
-        v = topo[key]
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise fail(f"topology.{key}", f"must be an integer, got {v!r}")
-        ints[key] = v
+    topo = doc["topology"]
+    ints = {key: _int(fail, f"topology.{key}", topo[key]) for key in ("planes", "leaves", "spines")}
 
     link_doc = doc.get("link", {})
     defaults = LinkParams()
-    try:
-        rate = parse_rate(link_doc.get("rate", defaults.rate_bps))
-    except ValueError as e:
-        raise fail("link.rate", str(e)) from None
-    try:
-        delay = parse_delay_us(link_doc.get("delay", defaults.delay_us))
-    except ValueError as e:
-        raise fail("link.delay", str(e)) from None
-    try:
-        buffer = parse_size(link_doc.get("buffer", defaults.buffer_bytes))
-    except ValueError as e:
-        raise fail("link.buffer", str(e)) from None
-    mtu = link_doc.get("mtu", defaults.mtu)
-    if isinstance(mtu, bool) or not isinstance(mtu, int):
-        raise fail("link.mtu", f"must be an integer, got {mtu!r}")
+    rate = _quantity(fail, "link.rate", parse_rate, link_doc.get("rate", defaults.rate_bps))
+    delay = _quantity(fail, "link.delay", parse_delay_us, link_doc.get("delay", defaults.delay_us))
+    buffer = _quantity(fail, "link.buffer", parse_size, link_doc.get("buffer", defaults.buffer_bytes))
+    mtu = _int(fail, "link.mtu", link_doc.get("mtu", defaults.mtu))
 
     addr_doc = doc.get("addressing", {})
     nets: dict[str, ipaddress.IPv6Network] = {}
     for key, default in (("usid_block", "fcbb:bbbb::/32"), ("link_prefix", "fc00::/32"),
                          ("mrc_prefix", "fd00::/48")):
         raw = addr_doc.get(key, default)
+        if not isinstance(raw, str):
+            raise fail(f"addressing.{key}", f"must be a string such as {default!r}, got {raw!r}")
         try:
             nets[key] = ipaddress.IPv6Network(raw)
-        except (ValueError, TypeError) as e:
+        except ValueError as e:
             raise fail(f"addressing.{key}", f"not an IPv6 prefix: {e}") from None
 
     hosts_doc = doc.get("hosts")
@@ -561,6 +612,8 @@ def from_dict(doc: Mapping[str, Any], source: str = "<dict>") -> Topology:
         raise fail("hosts", "missing: list the hosts as [[hosts]] tables with name and leaf")
     if not isinstance(hosts_doc, list):
         raise fail("hosts", "must be an array of tables ([[hosts]])")
+    if len(hosts_doc) > MAX_HOSTS:
+        raise fail("hosts", f"need 2..{MAX_HOSTS} hosts, got {len(hosts_doc)}")
     hosts: list[tuple[str, int]] = []
     for i, h in enumerate(hosts_doc):
         if not isinstance(h, Mapping):
@@ -573,9 +626,7 @@ def from_dict(doc: Mapping[str, Any], source: str = "<dict>") -> Topology:
                 raise fail(f"hosts[{i}].{key}", "missing field")
         if not isinstance(h["name"], str):
             raise fail(f"hosts[{i}].name", f"must be a string, got {h['name']!r}")
-        if isinstance(h["leaf"], bool) or not isinstance(h["leaf"], int):
-            raise fail(f"hosts[{i}].leaf", f"must be an integer, got {h['leaf']!r}")
-        hosts.append((h["name"], h["leaf"]))
+        hosts.append((h["name"], _int(fail, f"hosts[{i}].leaf", h["leaf"])))
 
     return Topology(
         planes=ints["planes"], leaves=ints["leaves"], spines=ints["spines"], hosts=tuple(hosts),
@@ -585,7 +636,7 @@ def from_dict(doc: Mapping[str, Any], source: str = "<dict>") -> Topology:
     )
 
 
-def _overrides(raw: Any, fail: Any) -> tuple[LinkOverride, ...]:
+def _overrides(raw: Any, fail: Fail) -> tuple[LinkOverride, ...]:
     """``[[link_override]]`` tables: a, b (the link's two nodes), rate and/or delay."""
     if not isinstance(raw, list):
         raise fail("link_override", "must be an array of tables ([[link_override]])")
@@ -602,53 +653,132 @@ def _overrides(raw: Any, fail: Any) -> tuple[LinkOverride, ...]:
                 raise fail(f"{key}.{k}", "missing field")
             if not isinstance(o[k], str):
                 raise fail(f"{key}.{k}", f"must be a node name, got {o[k]!r}")
-        rate = delay = None
-        if "rate" in o:
-            try:
-                rate = parse_rate(o["rate"])
-            except ValueError as e:
-                raise fail(f"{key}.rate", str(e)) from None
-        if "delay" in o:
-            try:
-                delay = parse_delay_us(o["delay"])
-            except ValueError as e:
-                raise fail(f"{key}.delay", str(e)) from None
+        rate = _quantity(fail, f"{key}.rate", parse_rate, o["rate"]) if "rate" in o else None
+        delay = _quantity(fail, f"{key}.delay", parse_delay_us, o["delay"]) if "delay" in o else None
         out.append(LinkOverride(o["a"], o["b"], rate, delay))
     return tuple(out)
 
 
 def load(path: str | FsPath) -> Topology:
-    """Load a topology TOML file. Errors are ConfigError naming the file, the key and the problem."""
+    """Load a topology TOML file. Every error is a `TopologyError` (a ConfigError) that reads
+    ``FILE:LINE: key: problem``: the file, the line of the key (or of its table when the key is
+    missing), the key and the problem; syntax errors and bytes that are not UTF-8 give their line too."""
     p = FsPath(path)
     try:
-        text = p.read_text()
+        data = p.read_bytes()
     except OSError as e:
-        raise ConfigError(f"{p}: cannot read: {e.strerror or e}") from None
+        raise TopologyError(str(p), None, f"cannot read: {e.strerror or e}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise TopologyError(str(p), None, f"not UTF-8 text: byte {data[e.start]:#04x} at offset {e.start}"
+                            " (TOML files are UTF-8)", line) from None
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{p}: not valid TOML: {e}") from None
+        msg = str(e)
+        m = re.search(r" \(at line (\d+), column (\d+)\)$", msg)
+        if m is None:
+            raise TopologyError(str(p), None, f"not valid TOML: {msg}") from None
+        raise TopologyError(str(p), None, f"not valid TOML: {msg[:m.start()]} (column {m.group(2)})",
+                            int(m.group(1))) from None
     try:
         return from_dict(doc, source=str(p))
-    except ConfigError as e:
-        line = _table_line(text, str(e).removeprefix(f"{p}: "))
-        if line is None:
+    except TopologyError as e:
+        if e.key is None:
             raise
-        raise ConfigError(f"{p}:{line}: {str(e).removeprefix(f'{p}: ')}") from None
+        raise TopologyError(str(p), e.key, e.problem, key_line(key_lines(text), e.key)) from None
 
 
-def _table_line(text: str, message: str) -> int | None:
-    """The line of the array-of-tables entry a message's key names (``hosts[3].leaf`` -> the line of the
-    fourth ``[[hosts]]``): tomllib gives no positions for valid documents."""
-    m = re.match(r"(\w+)\[(\d+)\]", message)
-    if m is None:
-        return None
-    header = re.compile(rf"^[ \t]*\[\[[ \t]*{re.escape(m.group(1))}[ \t]*\]\]", re.M)
-    found = list(header.finditer(text))
-    k = int(m.group(2))
-    if k >= len(found):
-        return None
-    return text.count("\n", 0, found[k].start()) + 1
+def key_line(lines: Mapping[str, int], key: str) -> int | None:
+    """The line of ``key`` (``hosts[1].leaf``), else of the nearest enclosing table or entry that the
+    file writes (``hosts[1]``, then ``hosts``): a missing field is reported at its table's header."""
+    k = key
+    while True:
+        if k in lines:
+            return lines[k]
+        cut = max(k.rfind("."), k.rfind("["))
+        if cut <= 0:
+            return None
+        k = k[:cut]
+
+
+_KEY_PART: Final = r'(?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|\'[^\']*\')'
+_KEY_RE: Final = re.compile(rf"[ \t]*({_KEY_PART}(?:[ \t]*\.[ \t]*{_KEY_PART})*)[ \t]*=")
+_HEADER_RE: Final = re.compile(rf"[ \t]*(\[\[?)[ \t]*({_KEY_PART}(?:[ \t]*\.[ \t]*{_KEY_PART})*)[ \t]*\]")
+
+
+def _dotted(raw: str) -> str:
+    """A TOML key as the error messages spell it: parts joined by dots, quotes and blanks gone."""
+    parts = re.findall(_KEY_PART, raw)
+    return ".".join(p[1:-1] if p[:1] in "\"'" else p for p in parts)
+
+
+def _value_state(value: str) -> tuple[str | None, int]:
+    """After a value's first line: the multi-line string delimiter still open (None: none), and how many
+    brackets of a multi-line array are still open."""
+    depth, i, n = 0, 0, len(value)
+    while i < n:
+        c = value[i]
+        if c == "#":
+            break
+        if value.startswith(('"""', "'''"), i):
+            delim = value[i:i + 3]
+            end = value.find(delim, i + 3)
+            if end < 0:
+                return delim, depth
+            i = end + 3
+            continue
+        if c in "\"'":
+            end = i + 1
+            while end < n and value[end] != c:
+                end += 2 if c == '"' and value[end] == "\\" else 1
+            i = end + 1
+            continue
+        if c in "[{":
+            depth += 1
+        elif c in "]}":
+            depth -= 1
+        i += 1
+    return None, max(depth, 0)
+
+
+def key_lines(text: str) -> dict[str, int]:
+    """Line numbers (1-based) of a TOML document's tables and keys, spelt as the errors spell them:
+    ``topology``, ``topology.planes``, ``hosts`` (its first header), ``hosts[1]``, ``hosts[1].leaf``.
+    tomllib gives positions for syntax errors only; this scan of the (already valid) text gives them to
+    the semantic ones. Lines inside multi-line strings and arrays are skipped; a key written twice
+    would have failed to parse, so the first line of each is its only line."""
+    lines: dict[str, int] = {}
+    counts: dict[str, int] = {}
+    table = ""
+    in_string: str | None = None
+    depth = 0
+    for n, line in enumerate(text.splitlines(), start=1):
+        if in_string is not None:
+            if in_string in line:
+                in_string, depth = _value_state(line[line.index(in_string) + 3:])
+            continue
+        if depth:
+            more_string, more = _value_state("[" * depth + line)
+            in_string, depth = more_string, more
+            continue
+        if m := _HEADER_RE.match(line):
+            name = _dotted(m.group(2))
+            if m.group(1) == "[[":
+                i = counts.get(name, 0)
+                counts[name] = i + 1
+                lines.setdefault(name, n)
+                table = f"{name}[{i}]"
+            else:
+                table = name
+            lines.setdefault(table, n)
+        elif m := _KEY_RE.match(line):
+            key = f"{table}.{_dotted(m.group(1))}" if table else _dotted(m.group(1))
+            lines.setdefault(key, n)
+            in_string, depth = _value_state(line[m.end():])
+    return lines
 
 
 def default_topology_dir() -> FsPath:
@@ -668,7 +798,7 @@ def generate(
     """A generated fabric: ``planes`` × (``leaves`` leaves, ``spines`` spines), ``hosts_per_leaf`` hosts
     on every leaf, named ``h0``, ``h1``, ... leaf by leaf (host i sits on leaf i // hosts_per_leaf)."""
     if hosts_per_leaf < 1:
-        raise ConfigError("hosts per leaf must be at least 1")
+        raise TopologyError(source or "<generated>", "hosts_per_leaf", "must be at least 1")
     hosts = tuple((f"h{i}", i // hosts_per_leaf) for i in range(leaves * hosts_per_leaf))
     return Topology(
         planes=planes, leaves=leaves, spines=spines, hosts=hosts, link=link or LinkParams(),

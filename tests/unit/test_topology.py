@@ -122,47 +122,46 @@ leaf = 1
 LO = '[[link_override]]\na = "p0l0"\n'
 
 
-@pytest.mark.parametrize(("text", "key", "problem"), [
-    (BASE + "\n[link]\nspeed = 3\n", "link.speed", "unknown key"),
-    (BASE.replace("spines = 1\n", ""), "topology.spines", "missing field"),
-    (BASE.replace('name = "b"\nleaf = 1', 'name = "b"\nleaf = 5'), "hosts[1].leaf", "does not exist"),
-    (BASE.replace('name = "b"', 'name = "a"'), "hosts[1].name", "duplicate"),
-    (BASE.replace("spines = 1", "spines = 0"), "topology.spines", "at least one spine"),
-    (BASE.replace("planes = 2", "planes = 17"), "topology.planes", "must be 1..16"),
-    (BASE + '\n[link]\nrate = "fast"\n', "link.rate", "not a rate"),
-    (BASE + '\n[link]\nmtu = 9000\nbuffer = 4000\n', "link.buffer", "cannot hold"),
-    (BASE + '\n[addressing]\nmrc_prefix = "fcbb:bbbb::/48"\n', "addressing.mrc_prefix", "address clash"),
-    (BASE + '\n[addressing]\nusid_block = "fcbb::/16"\n', "addressing.usid_block", "must be a /32"),
-    (BASE + '\n[addressing]\nlink_prefix = "nonsense"\n', "addressing.link_prefix", "not an IPv6 prefix"),
-    ("extra = 1\n" + BASE, "extra", "unknown key"),
-    (BASE.replace('name = "a"', 'name = "p0l1"'), "hosts[0].name", "looks like a switch"),
-    (BASE + LO + 'b = "p1s0"\nrate = "1gbit"\n', "link_override[0]", "no link between"),
-    (BASE + LO + 'b = "p0s0"\n', "link_override[0]", "neither rate nor delay"),
-    (BASE + LO + 'b = "p0s0"\nrate = "slow"\n', "link_override[0].rate", "not a rate"),
-    (BASE + LO + 'b = "p0s0"\nrate = 1\n[[link_override]]\na = "p0s0"\nb = "p0l0"\nrate = 2\n',
-     "link_override[1]", "a second override"),
-    (BASE + LO + 'c = 1\n', "link_override[0].c", "unknown key"),
-    ("link_override = 3\n" + BASE, "link_override", "array of tables"),
+@pytest.mark.parametrize(("text", "key", "line", "problem"), [
+    (BASE + "\n[link]\nspeed = 3\n", "link.speed", 14, "unknown key"),
+    (BASE.replace("spines = 1\n", ""), "topology.spines", 2, "missing field"),  # its table's header
+    (BASE.replace('name = "b"\nleaf = 1', 'name = "b"\nleaf = 5'), "hosts[1].leaf", 11, "does not exist"),
+    (BASE.replace('name = "b"', 'name = "a"'), "hosts[1].name", 10, "duplicate"),
+    (BASE.replace("spines = 1", "spines = 0"), "topology.spines", 5, "at least one spine"),
+    (BASE.replace("planes = 2", "planes = 17"), "topology.planes", 3, "must be 1..16"),
+    (BASE + '\n[link]\nrate = "fast"\n', "link.rate", 14, "not a rate"),
+    (BASE + '\n[link]\nmtu = 9000\nbuffer = 4000\n', "link.buffer", 15, "cannot hold"),
+    (BASE + '\n[addressing]\nmrc_prefix = "fcbb:bbbb::/48"\n', "addressing.mrc_prefix", 14, "address clash"),
+    (BASE + '\n[addressing]\nusid_block = "fcbb::/16"\n', "addressing.usid_block", 14, "must be a /32"),
+    (BASE + '\n[addressing]\nlink_prefix = "nonsense"\n', "addressing.link_prefix", 14,
+     "not an IPv6 prefix"),
+    ("extra = 1\n" + BASE, "extra", 1, "unknown key"),
+    (BASE.replace('name = "a"', 'name = "p0l1"'), "hosts[0].name", 7, "looks like a switch"),
+    (BASE + LO + 'b = "p1s0"\nrate = "1gbit"\n', "link_override[0]", 12, "no link between"),
+    (BASE + LO + 'b = "p0s0"\n', "link_override[0]", 12, "neither rate nor delay"),
+    (BASE + LO + 'b = "p0s0"\nrate = "slow"\n', "link_override[0].rate", 15, "not a rate"),
+    (BASE + LO + 'b = "p0s0"\nrate = 1000\n[[link_override]]\na = "p0s0"\nb = "p0l0"\nrate = 2000\n',
+     "link_override[1]", 16, "a second override"),
+    (BASE + LO + 'c = 1\n', "link_override[0].c", 14, "unknown key"),
+    ("link_override = 3\n" + BASE, "link_override", 1, "array of tables"),
 ])
-def test_bad_files_name_file_key_problem(tmp_path: Path, text: str, key: str, problem: str) -> None:
+def test_bad_files_name_file_line_key_problem(tmp_path: Path, text: str, key: str, line: int,
+                                               problem: str) -> None:
+    """Every semantic error reads FILE:LINE: key: problem, the line being the key's (a missing field:
+    its table's header; an entry of an array of tables: its [[...]] header)."""
     f = tmp_path / "bad.toml"
     f.write_text(text)
     with pytest.raises(ConfigError) as e:
         topology.load(f)
     msg = str(e.value)
-    if "[" in key:  # an entry of an array of tables: the line of its [[...]] header too
-        table, i = key.split("[")[0], int(key.split("[")[1].split("]")[0])
-        headers = [n + 1 for n, line in enumerate(text.splitlines()) if line.strip() == f"[[{table}]]"]
-        assert msg.startswith(f"{f}:{headers[i]}: {key}: "), msg
-    else:
-        assert msg.startswith(f"{f}: {key}: "), msg
+    assert msg.startswith(f"{f}:{line}: {key}: "), msg
     assert problem in msg, msg
 
 
 def test_not_toml_and_missing_file(tmp_path: Path) -> None:
     f = tmp_path / "x.toml"
-    f.write_text("[topology\n")
-    with pytest.raises(ConfigError, match=r"x\.toml: not valid TOML"):
+    f.write_text("# a comment\n[topology\n")
+    with pytest.raises(ConfigError, match=r"x\.toml:2: not valid TOML: .* \(column \d+\)$"):
         topology.load(f)
     with pytest.raises(ConfigError, match="cannot read"):
         topology.load(tmp_path / "missing.toml")
