@@ -195,16 +195,13 @@ def completion(shell: str) -> None:
 
 def _json_requested(argv: Sequence[str]) -> bool:
     """Whether the call wants JSON, found before click parses anything, so that even errors found while
-    parsing come out as JSON: -j/--json anywhere before `--` (ip accepts it first; users also type it
-    after the verb), -p/--pretty (which implies -j) among the options before the OBJECT."""
-    leading = True
+    parsing come out as JSON: -j/--json or -p/--pretty (which implies -j) anywhere before `--` (ip
+    takes them first, bpftool anywhere; users also type them after the verb)."""
     for a in argv:
         if a == "--":
             break
-        if a in ("-j", "--json", "-jp", "-pj") or (leading and a in ("-p", "--pretty")):
+        if a in ("-j", "--json", "-p", "--pretty", "-jp", "-pj"):
             return True
-        if not a.startswith("-"):
-            leading = False
     return False
 
 

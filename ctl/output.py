@@ -79,9 +79,20 @@ def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
         out.json = True
 
 
+def _set_pretty(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    out = ctx.find_object(Output)
+    if value and out is not None:
+        out.json = out.pretty = True
+
+
 def json_option(f: _F) -> _F:
-    """`-j` after the verb as well as before the object (`mrcctl wire decode FILE -j`), the way
-    operators type it; it switches the one `Output` of the call to JSON."""
+    """`-j` and `-p` after the verb as well as before the object (`mrcctl wire decode FILE -j`), the way
+    operators type them (bpftool takes them anywhere); they switch the one `Output` of the call to JSON,
+    `-p` indented (it implies -j, as in bpftool)."""
+    f = click.option(
+        "-p", "--pretty", is_flag=True, expose_value=False, is_eager=True, callback=_set_pretty,
+        help="Indent JSON output; implies -j (same as mrcctl -p).",
+    )(f)
     return click.option(
         "-j", "--json", is_flag=True, expose_value=False, is_eager=True, callback=_set_json,
         help="Output one JSON document (same as mrcctl -j).",

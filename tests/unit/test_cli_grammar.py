@@ -128,9 +128,17 @@ def test_pretty_implies_json(capsys: Cap) -> None:
     assert json.loads(_run(capsys, "--pretty", "wire")[1]) == json.loads(out)
 
 
+def test_pretty_after_the_verb(capsys: Cap, tmp_path: Path) -> None:
+    assert _run(capsys, "wire", "show", "-p") == _run(capsys, "-p", "wire", "show")
+    rc, out, err = _run(capsys, "wire", "decode", str(tmp_path / "missing.pcap"), "--pretty")
+    assert rc == 1 and "missing.pcap" in json.loads(out)["error"] and err == ""
+
+
 def test_pretty_errors_are_json(capsys: Cap) -> None:
     rc, out, err = _run(capsys, "-p", "no-such-object")
     assert rc == 2 and "no-such-object" in json.loads(out)["error"] and err == ""
+    rc, out, err = _run(capsys, "wire", "decode", "--bogus", "-p")
+    assert rc == 2 and json.loads(out) == {"error": "No such option '--bogus'."} and err == ""
 
 
 # ---------------------------------------------------------------------------------------- error style
