@@ -112,7 +112,8 @@ def _help_command() -> click.Command:
             if not isinstance(group, click.Group):
                 raise click.UsageError(f"'{target.command_path}' has no verbs (no '{word}')", target)
             name, cmd, _ = group.resolve_command(target, [word])
-            assert cmd is not None and name is not None  # resolve_command raises when nothing matches
+            if cmd is None or name is None:  # resolve_command raises first, unless completing
+                raise click.UsageError(f"no such command '{word}'", target)
             target = click.Context(cmd, info_name=name, parent=target)
         click.echo(target.get_help(), color=target.color)
 
@@ -123,7 +124,7 @@ class LazyObjects(GrammarGroup):
     """The top level: OBJECTs known by the names of their modules, each imported on first use.
 
     An import error or a module without its command surfaces when that object is used (and in
-    tests/unit/test_cli.py, which loads every object), never hides."""
+    tests/unit/test_cli_grammar.py, which loads every object), never hides."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
