@@ -587,7 +587,6 @@ class Daemon:
         self.rejected: dict[str, int] = {}  # control-socket requests refused, by reason
         self.gone_port = [0] * self.topo.planes
         self._next_mr = 1
-        self._next_profile = 1000
         self.controller = Controller(self)
         self.sock: socket.socket | None = None
         self.driver: SocketDriver | None = None
@@ -646,7 +645,7 @@ class Daemon:
                     for p in range(planes)]
         paths = [by_plane[i % planes][(i // planes) % len(by_plane[i % planes])] for i in range(self.evs)]
         entries = [EvEntry(i, i % planes) for i in range(self.evs)]
-        prof = EvProfile(len(self.peers) + 1, entries, mode=EvMode.EXP)
+        prof = EvProfile(self.ctx.next_ev_profile_id(), entries, mode=EvMode.EXP)
         self.ctx.create_ev_profile(prof)
         t = PeerTable(peer, self.topo.mrc_address(peer).packed, list(paths), prof, orig=list(paths))
         t.reindex()
@@ -951,8 +950,7 @@ class Daemon:
                 chosen = chosen[: int(evs)]
             if not chosen:
                 raise MrcError("the EV restriction leaves no EV")
-            self._next_profile += 1
-            profile = EvProfile(self._next_profile, list(t.profile.entries), mode=EvMode.EXP,
+            profile = EvProfile(self.ctx.next_ev_profile_id(), list(t.profile.entries), mode=EvMode.EXP,
                                 ev_min_active=1)
             self.ctx.create_ev_profile(profile)
             profile.deny([i for i in range(self.evs) if i not in set(chosen)])
@@ -984,7 +982,7 @@ class Daemon:
         self._destroy_qp(qp.qpn)
 
     def _destroy_qp(self, qpn: int) -> None:
-        qp = self.ctx.qps.pop(qpn, None)
+        qp = self.ctx.qps.get(qpn)
         if qp is not None:
             for k, v in qp.c.items():
                 self.gone_c[k] = self.gone_c.get(k, 0) + int(v)
@@ -992,10 +990,9 @@ class Daemon:
                 self.gone[a] = self.gone.get(a, 0) + int(getattr(qp, a))
             for p in range(self.topo.planes):
                 self.gone_port[p] += int(qp.paths.port_bytes[p])
-            with contextlib.suppress(ValueError):
-                self.ctx._active.remove(qp)
-            with contextlib.suppress(ValueError):
-                qp.paths.profile.paths.remove(qp.paths)
+            self.ctx.destroy_qp(qp)
+            if qpn in self.pinned_qps:  # its own restricted profile (op_create_qp): nobody else uses it
+                self.ctx.destroy_ev_profile(qp.paths.profile)
         self.qp_peer.pop(qpn, None)
         self.qp_owner.pop(qpn, None)
         self.pinned_qps.discard(qpn)

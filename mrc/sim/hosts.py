@@ -46,13 +46,13 @@ def base_rtt_ns(fabric: Fabric, mtu: int, spine_hops: bool = True) -> int:
     return links * (2 * d + data + ack)
 
 
-def mrc_profile(variant: str, evs: int, planes: int) -> EvProfile:
+def mrc_profile(variant: str, evs: int, planes: int, profile_id: int = 1) -> EvProfile:
     """`mrc`/`mrc-notrim`: `evs` EVs split evenly over the planes (EV v on plane v % P); `mrc-1plane`:
     `evs / P` EVs, all on plane 0 (EV values P·i, so they still cover every spine of plane 0)."""
     if variant == "mrc-1plane":
         n = max(1, evs // planes)
-        return EvProfile(1, [EvEntry(planes * i, 0) for i in range(n)], mode=EvMode.EXP)
-    return EvProfile.even(1, evs, planes)
+        return EvProfile(profile_id, [EvEntry(planes * i, 0) for i in range(n)], mode=EvMode.EXP)
+    return EvProfile.even(profile_id, evs, planes)
 
 
 class Traffic:
@@ -106,7 +106,7 @@ class Traffic:
             a, b = ctxs[f.src], ctxs[f.dst]
             qs = []
             for ctx in (a, b):
-                prof = ctx.create_ev_profile(mrc_profile(self.variant, hp.evs, P))
+                prof = ctx.create_ev_profile(mrc_profile(self.variant, hp.evs, P, ctx.next_ev_profile_id()))
                 ccp = ctx.create_cc_profile(nscc if hp.cc == "nscc" else None)
                 cq = ctx.create_cq()
                 attr = QpAttr(**{k: getattr(hp.attr, k) for k in QpAttr.__dataclass_fields__})

@@ -25,7 +25,7 @@ from mrc.wire.packet import parse, parse_write
 from .cc import NsccConfig
 from .paths import EvEvent, EvProfile, ProbeResult
 from .qp import NEVER, Datagram, QueuePair
-from .verbs import Access, CompletionQueue, MemoryRegion, QpAttr, QpState
+from .verbs import Access, AsyncEventKind, CompletionQueue, MemoryRegion, QpAttr, QpState
 
 _SACK: Final = int(Opcode.SACK)
 _NACK: Final = int(Opcode.NACK)
@@ -33,13 +33,14 @@ _PROBE: Final = int(Opcode.PROBE)
 _PROBE_REPLY: Final = int(Opcode.PROBE_REPLY)
 _PORT_STATUS: Final = int(Opcode.PORT_STATUS)
 _RTS: Final = QpState.RTS
+_RTR: Final = QpState.RTR
 
 
 @dataclass(slots=True, frozen=True)
 class AsyncEvent:
     time_ns: int
     qpn: int
-    kind: str
+    kind: AsyncEventKind
     detail: str
 
 
@@ -55,7 +56,8 @@ class Context:
         self.rng = random.Random(seed)
         self.mrs: dict[int, MemoryRegion] = {}
         self.qps: dict[int, QueuePair] = {}
-        self.cqs: list[CompletionQueue] = []
+        self.cqs: dict[int, CompletionQueue] = {}
+        self._next_cqn = 0
         self.ev_profiles: dict[int, EvProfile] = {}
         self.cc_profiles: dict[int, NsccConfig | None] = {}
         self.drops: dict[str, int] = {}
@@ -84,23 +86,58 @@ class Context:
         mr.deregister()
 
     def create_cq(self, depth: int = 1 << 16) -> CompletionQueue:
-        cq = CompletionQueue(len(self.cqs), depth)
-        self.cqs.append(cq)
+        cq = CompletionQueue(self._next_cqn, depth)
+        self._next_cqn += 1
+        self.cqs[cq.cqn] = cq
         return cq
 
+    def destroy_cq(self, cq: CompletionQueue) -> None:
+        """`mrc_destroy_cq`: refused (ValueError, as EBUSY) while a QP still completes into it."""
+        users = sorted(q.qpn for q in self.qps.values() if cq in (q.send_cq, q.recv_cq))
+        if users:
+            raise ValueError(f"CQ {cq.cqn} is used by QP {', '.join(hex(q) for q in users)}")
+        if self.cqs.pop(cq.cqn, None) is None:
+            raise ValueError(f"CQ {cq.cqn} is not a CQ of this context")
+
+    @staticmethod
+    def _free_id(used: Any) -> int:
+        """The lowest positive id not in `used`: ids are never reused while their object exists, and
+        a profile created with an explicit id cannot be shadowed by a generated one."""
+        pid = 1
+        while pid in used:
+            pid += 1
+        return pid
+
+    def next_ev_profile_id(self) -> int:
+        """A profile id no EV profile of this context has (for `EvProfile(...)` built by the caller)."""
+        return self._free_id(self.ev_profiles)
+
     def create_ev_profile(self, profile: EvProfile | None = None, *, count: int = 128) -> EvProfile:
-        """Add an EV profile (default: `count` EVs split evenly over this context's ports)."""
-        pid = len(self.ev_profiles) + 1
+        """Add an EV profile (default: `count` EVs split evenly over this context's ports, with a free
+        id). A profile whose id is already taken is refused: replacing it silently would leave the
+        QPs of the old one out of every later `modify_port`."""
         if profile is None:
-            profile = EvProfile.even(pid, count, self.ports)
+            profile = EvProfile.even(self._free_id(self.ev_profiles), count, self.ports)
+        elif profile.profile_id in self.ev_profiles:
+            raise ValueError(f"EV profile id {profile.profile_id} exists already")
         if profile.ports > self.ports:
             raise ValueError(f"profile uses port {profile.ports - 1}, the context has {self.ports}")
         self.ev_profiles[profile.profile_id] = profile
         return profile
 
+    def destroy_ev_profile(self, profile: EvProfile) -> None:
+        """Remove an EV profile no QP uses any more (ValueError, as EBUSY, while one does)."""
+        if self.ev_profiles.get(profile.profile_id) is not profile:
+            raise ValueError(f"EV profile {profile.profile_id} is not a profile of this context")
+        users = sorted(q.qpn for q in self.qps.values() if q.paths.profile is profile)
+        if users:
+            used = ", ".join(hex(q) for q in users)
+            raise ValueError(f"EV profile {profile.profile_id} is used by QP {used}")
+        del self.ev_profiles[profile.profile_id]
+
     def create_cc_profile(self, cfg: NsccConfig | None) -> int:
         """A CC profile: an NSCC configuration, or None for the null algorithm. Returns its id."""
-        pid = len(self.cc_profiles) + 1
+        pid = self._free_id(self.cc_profiles)
         self.cc_profiles[pid] = cfg
         return pid
 
@@ -120,6 +157,23 @@ class Context:
         self.qps[qpn] = qp
         self._active.append(qp)
         return qp
+
+    def modify_qp(
+        self, qp: QueuePair, state: QpState, now: int = 0, *, remote_gid: bytes | None = None,
+        remote_qpn: int | None = None, rq_psn: int | None = None,
+    ) -> None:
+        """`mrc_modify_qp` to `state` (RESET, INIT, RTR, RTS, ERROR): see `QueuePair.modify`."""
+        qp.modify(state, now, remote_gid=remote_gid, remote_qpn=remote_qpn, rq_psn=rq_psn)
+
+    def destroy_qp(self, qp: QueuePair) -> None:
+        """`mrc_destroy_qp`: the QP leaves the engine at once (no completions for what it still held,
+        as ibv_destroy_qp); its QPN is not reused; packets for it are then dropped as unknown_qpn."""
+        if self.qps.get(qp.qpn) is not qp:
+            raise ValueError(f"QP {qp.qpn:#x} is not a QP of this context")
+        del self.qps[qp.qpn]
+        if qp in self._active:
+            self._active.remove(qp)
+        qp.paths.detach()
 
     def icrc(self, src: bytes, dst: bytes) -> IcrcContext:
         key = (src, dst)
@@ -168,7 +222,7 @@ class Context:
         out, self._async = self._async, []
         return out
 
-    def async_event(self, now: int, qpn: int, kind: str, detail: str) -> None:
+    def async_event(self, now: int, qpn: int, kind: AsyncEventKind, detail: str) -> None:
         self._async.append(AsyncEvent(now, qpn, kind, detail))
 
     def drop(self, reason: str) -> None:
@@ -191,8 +245,9 @@ class Context:
         if qp is None:
             self.drop("unknown_qpn")
             return
-        if qp.state != _RTS or (src is not None and src != qp.peer_gid):
-            self.drop("qp_state" if qp.state != _RTS else "foreign_src")
+        if (qp.state != _RTS and qp.state != _RTR) or (src is not None and src != qp.peer_gid):
+            # RTR: a responder, receiving before it may send (as RoCE RC)
+            self.drop("qp_state" if qp.state != _RTS and qp.state != _RTR else "foreign_src")
             return
         if data[0] < 0x10 and type(data) is not memoryview:
             # the hot path: a well-formed WRITE with a good ICRC, straight to the responder (anything

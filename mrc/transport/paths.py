@@ -472,6 +472,12 @@ class PathSet:
         self.peer_probe_at[port] = now + self.probe_max
         self.set_denied(idx, True, now)
 
+    def detach(self) -> None:
+        """Leave the profile (the QP is destroyed or reset): its deny/allow no longer reach this set."""
+        self.stop_probes()
+        if self in self.profile.paths:
+            self.profile.paths.remove(self)
+
     def stop_probes(self) -> None:
         """No more probes of any kind (the QP is in ERROR)."""
         self.probe_at.clear()

@@ -38,6 +38,7 @@ from .cc import NsccConfig, make_cc
 from .paths import EvProfile, PathSet
 from .verbs import (
     EXP_CNT_INFINITE,
+    AsyncEventKind,
     CompletionQueue,
     MemoryRegion,
     QpAttr,
@@ -52,6 +53,14 @@ if TYPE_CHECKING:
     from .engine import Context
 
 NEVER: Final = 1 << 62
+# modify_qp: the states each state may move to (RC QPs as ibv_modify_qp has them, without SQD/SQE)
+_TRANSITIONS: Final = {
+    QpState.RESET: (QpState.RESET, QpState.INIT, QpState.ERROR),
+    QpState.INIT: (QpState.RESET, QpState.INIT, QpState.RTR, QpState.ERROR),
+    QpState.RTR: (QpState.RESET, QpState.RTS, QpState.ERROR),
+    QpState.RTS: (QpState.RESET, QpState.RTS, QpState.ERROR),
+    QpState.ERROR: (QpState.RESET, QpState.ERROR),
+}
 _HALF: Final = PSN_MOD >> 1
 
 # per-PSN requester states
@@ -110,7 +119,7 @@ class QueuePair:
         "rttvar", "min_rtt", "port_srtt", "port_rttvar", "port_min_rtt", "reo_extra", "ctx", "qpn", "recv_cq",
         "error_status", "msn", "trim_pending", "next_rid", "recv_q", "imm_reserved",
         "max_trim_recovery_ns", "trim_recoveries", "aux_deadline", "tx_old", "first_psn", "wimm_out",
-        "rnr", "gc_at", "max_rx_msgs", "ts_off", "steer_delay", "ackreq_since", "ackreq_div",
+        "rnr", "gc_at", "max_rx_msgs", "ts_off", "steer_delay", "cc_spec", "ackreq_since", "ackreq_div",
     )
 
     def __init__(
@@ -135,6 +144,7 @@ class QueuePair:
             qpn,
             (attr.probe_interval_ns, attr.probe_max_interval_ns, attr.probe_timeout_ns, attr.probe_good),
         )
+        self.cc_spec = cc
         self.cc = make_cc(cc, attr.mtu)
         self.mtu = attr.mtu
         self.ack_floor = attr.ack_coalesce * attr.mtu
@@ -245,16 +255,54 @@ class QueuePair:
     # ================================================================== verbs
 
     def connect(self, remote_gid: bytes, remote_qpn: int, rq_psn: int | None = None) -> None:
-        """RESET/INIT -> RTR -> RTS: bind the QP to its peer (GID, QPN) and the PSN the peer starts at
-        (default: our own initial PSN, as the loopback harness configures both ends alike)."""
+        """RESET/INIT -> RTR -> RTS in one call: bind the QP to its peer (GID, QPN) and the PSN the peer
+        starts at (default: our own initial PSN, as the loopback harness configures both ends alike)."""
         if self.state not in (QpState.RESET, QpState.INIT):
             raise ValueError(f"connect in state {self.state.name}")
-        self.peer_gid = bytes(remote_gid)
-        self.peer_qpn = remote_qpn
-        self.tx_icrc = self.ctx.icrc(self.ctx.gid, self.peer_gid)
-        self.rx_icrc = self.ctx.icrc(self.peer_gid, self.ctx.gid)
-        self.rcv_cum = (self.attr.initial_psn if rq_psn is None else rq_psn) & PSN_MASK
-        self.state = QpState.RTS
+        if self.state == QpState.RESET:
+            self.modify(QpState.INIT)
+        self.modify(QpState.RTR, remote_gid=remote_gid, remote_qpn=remote_qpn, rq_psn=rq_psn)
+        self.modify(QpState.RTS)
+
+    def modify(
+        self, state: QpState, now: int = 0, *, remote_gid: bytes | None = None,
+        remote_qpn: int | None = None, rq_psn: int | None = None,
+    ) -> None:
+        """`mrc_modify_qp` state transitions, as RC QPs have them: RESET -> INIT -> RTR (bound to the
+        peer: it receives and acknowledges) -> RTS (it sends); any state -> ERROR (everything posted is
+        flushed with WR_FLUSH_ERR) and -> RESET (all state dropped without completions, the QP reusable
+        from INIT with the same QPN); INIT -> INIT and RTS -> RTS keep the state. Anything else is a
+        ValueError that names both states and changes nothing."""
+        cur = self.state
+        if state not in _TRANSITIONS.get(cur, ()):
+            raise ValueError(f"QP {self.qpn:#x}: no transition {cur.name} -> {QpState(state).name}")
+        if state == QpState.RESET:
+            self._reset()
+        elif state == QpState.ERROR:
+            self.set_error(WcStatus.WR_FLUSH_ERR, now)
+        elif state == QpState.RTR:
+            if remote_gid is None or remote_qpn is None:
+                raise ValueError(f"QP {self.qpn:#x}: INIT -> RTR needs remote_gid and remote_qpn")
+            if len(remote_gid) != 16 or not 0 < remote_qpn <= 0xFFFFFF:
+                raise ValueError(f"QP {self.qpn:#x}: remote_gid must be 16 bytes, remote_qpn 1..2^24-1")
+            self.peer_gid = bytes(remote_gid)
+            self.peer_qpn = remote_qpn
+            self.tx_icrc = self.ctx.icrc(self.ctx.gid, self.peer_gid)
+            self.rx_icrc = self.ctx.icrc(self.peer_gid, self.ctx.gid)
+            self.rcv_cum = (self.attr.initial_psn if rq_psn is None else rq_psn) & PSN_MASK
+            self.state = QpState.RTR
+        else:
+            self.state = state
+
+    def _reset(self) -> None:
+        """Back to a fresh QP of the same number, CQs, EV profile, CC profile and attributes (RESET): the
+        constructor's state again, the old path set out of its profile."""
+        self.paths.detach()
+        QueuePair.__init__(
+            self, self.ctx, self.qpn, self.send_cq, self.recv_cq, self.paths.profile, self.cc_spec,
+            self.attr,
+        )
+        self.state = QpState.RESET
 
     def post_send(
         self,
@@ -1013,7 +1061,7 @@ class QueuePair:
         self.rto_deadline = self.loss_deadline = self.ack_deadline = self.aux_deadline = NEVER
         self.gc_at = NEVER
         self.paths.stop_probes()
-        self.ctx.async_event(now, self.qpn, "QP_FATAL", status.name)
+        self.ctx.async_event(now, self.qpn, AsyncEventKind.QP_FATAL, status.name)
 
     # ================================================================== responder
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ctypes
 from collections import deque
 from dataclasses import dataclass
-from enum import IntEnum, IntFlag
+from enum import IntEnum, IntFlag, StrEnum
 from typing import Any, Final
 
 from mrc.wire.consts import DEFAULT_PAYLOAD, MAX_PAYLOAD
@@ -34,6 +34,13 @@ class QpState(IntEnum):
     RTR = 2
     RTS = 3
     ERROR = 6
+
+
+class AsyncEventKind(StrEnum):
+    """What an `AsyncEvent` reports (the `mrc_async_event` types this engine raises). A str enum, so an
+    event still compares equal to its name."""
+
+    QP_FATAL = "QP_FATAL"  # the QP went to ERROR on its own (retry budget, a fatal NACK, RNR retries)
 
 
 class WcStatus(IntEnum):

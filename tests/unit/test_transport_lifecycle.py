@@ -1,0 +1,201 @@
+"""The engine's object lifecycle as mrc.h defines it: the QP state machine of `modify_qp` (every legal and
+illegal transition, reuse after ERROR through RESET), `destroy_qp`/`destroy_cq`/`destroy_ev_profile`, and
+profile ids that cannot collide."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from mrc.sim.loopback import LoopbackConfig, build, run_transfer
+from mrc.transport import (
+    AsyncEventKind,
+    Context,
+    EvProfile,
+    QpState,
+    QueuePair,
+    WcStatus,
+)
+
+GA = bytes.fromhex("fd000000000000000000000000000001")
+GB = bytes.fromhex("fd000000000000000000000000000002")
+
+LEGAL = {
+    QpState.RESET: {QpState.RESET, QpState.INIT, QpState.ERROR},
+    QpState.INIT: {QpState.RESET, QpState.INIT, QpState.RTR, QpState.ERROR},
+    QpState.RTR: {QpState.RESET, QpState.RTS, QpState.ERROR},
+    QpState.RTS: {QpState.RESET, QpState.RTS, QpState.ERROR},
+    QpState.ERROR: {QpState.RESET, QpState.ERROR},
+}
+STATES = list(LEGAL)
+
+
+def _ctx(gid: bytes = GA, ports: int = 2) -> tuple[Context, QueuePair]:
+    ctx = Context(gid, ports=ports, seed=1)
+    prof = ctx.create_ev_profile(count=8)
+    qp = ctx.create_qp(ctx.create_cq(), ev_profile=prof)
+    return ctx, qp
+
+
+def _drive_to(ctx: Context, qp: QueuePair, state: QpState) -> None:
+    """From a fresh QP (INIT) to `state` along legal steps only."""
+    if state == QpState.RESET:
+        ctx.modify_qp(qp, QpState.RESET)
+    elif state == QpState.ERROR:
+        ctx.modify_qp(qp, QpState.ERROR)
+    elif state in (QpState.RTR, QpState.RTS):
+        ctx.modify_qp(qp, QpState.RTR, remote_gid=GB, remote_qpn=0x100)
+        if state == QpState.RTS:
+            ctx.modify_qp(qp, QpState.RTS)
+    assert qp.state == state
+
+
+@pytest.mark.parametrize(("src", "dst"), list(itertools.product(STATES, STATES)))
+def test_every_modify_qp_transition(src: QpState, dst: QpState) -> None:
+    ctx, qp = _ctx()
+    _drive_to(ctx, qp, src)
+    kw = {"remote_gid": GB, "remote_qpn": 0x100} if dst == QpState.RTR else {}
+    if dst in LEGAL[src]:
+        ctx.modify_qp(qp, dst, **kw)  # type: ignore[arg-type]
+        assert qp.state == dst
+    else:
+        with pytest.raises(ValueError, match=f"{src.name} -> {dst.name}"):
+            ctx.modify_qp(qp, dst, **kw)  # type: ignore[arg-type]
+        assert qp.state == src  # nothing changed
+
+
+def test_rtr_needs_a_peer() -> None:
+    ctx, qp = _ctx()
+    with pytest.raises(ValueError, match="remote_gid and remote_qpn"):
+        ctx.modify_qp(qp, QpState.RTR)
+    with pytest.raises(ValueError, match="16 bytes"):
+        ctx.modify_qp(qp, QpState.RTR, remote_gid=b"\x01", remote_qpn=5)
+    assert qp.state == QpState.INIT
+
+
+def _pair() -> tuple[Context, Context, QueuePair, QueuePair]:
+    a, qa = _ctx(GA)
+    b, qb = _ctx(GB)
+    return a, b, qa, qb
+
+
+def _exchange(a: Context, b: Context, now: int, rounds: int = 64) -> int:
+    """Deliver everything both ways (no loss) until quiet; returns the time reached."""
+    for _ in range(rounds):
+        out_a = a.datagrams_to_send(now)
+        out_b = b.datagrams_to_send(now)
+        if not out_a and not out_b:
+            for ctx in (a, b):
+                dl = ctx.next_deadline()
+                if dl is not None and dl < now + 1_000_000:
+                    now = max(now, dl)
+                    ctx.handle_timer(now)
+        for dst, dgs in ((b, out_a), (a, out_b)):
+            for dg in dgs:
+                dst.receive(dg.data, now, False, dg.port)
+        now += 1_000
+    return now
+
+
+def _write(a: Context, b: Context, qa: QueuePair, qb: QueuePair, fill: int, now: int) -> tuple[bool, int]:
+    src = np.full(64 << 10, fill, dtype=np.uint8)
+    dst = np.zeros(64 << 10, dtype=np.uint8)
+    smr, dmr = a.reg_mr(src), b.reg_mr(dst)
+    qb.post_recv(9)
+    qa.post_send(1, smr, 0, len(src), dmr.addr, dmr.rkey, imm=fill)
+    now = _exchange(a, b, now)
+    wc = qa.send_cq.poll()
+    rwc = qb.recv_cq.poll()
+    ok = (bool(wc) and wc[0].status == WcStatus.SUCCESS and bool(rwc) and rwc[0].imm_data == fill
+          and bool((dst == fill).all()))
+    return ok, now
+
+
+def test_an_rtr_responder_receives_before_it_may_send() -> None:
+    a, b, qa, qb = _pair()
+    qa.connect(GB, qb.qpn)
+    b.modify_qp(qb, QpState.RTR, remote_gid=GA, remote_qpn=qa.qpn)
+    ok, _ = _write(a, b, qa, qb, 7, 0)
+    assert ok and qb.state == QpState.RTR and b.drops.get("qp_state", 0) == 0
+
+
+def test_a_qp_in_error_is_reused_through_reset() -> None:
+    """ERR -> RESET -> INIT -> RTR -> RTS: the same QP (same QPN, CQs, profile) carries a new
+    connection bit-exact; what was posted before the error completed WR_FLUSH_ERR."""
+    a, b, qa, qb = _pair()
+    qa.connect(GB, qb.qpn)
+    qb.connect(GA, qa.qpn)
+    ok, now = _write(a, b, qa, qb, 3, 0)
+    assert ok
+    src = np.ones(8192, dtype=np.uint8)
+    smr = a.reg_mr(src)
+    qa.post_send(2, smr, 0, 8192, 0, 0)  # never sent: flushed by the error
+    a.modify_qp(qa, QpState.ERROR, now)
+    assert [w.status for w in qa.send_cq.poll()] == [WcStatus.WR_FLUSH_ERR]
+    qpn, cq, prof = qa.qpn, qa.send_cq, qa.paths.profile
+    for st in (QpState.RESET, QpState.INIT):
+        a.modify_qp(qa, st)
+    assert qa.state == QpState.INIT and qa.snd_nxt == qa.snd_una and not qa.wrs_out
+    assert qa.paths in prof.paths and len(prof.paths) == 1  # the old path set left the profile
+    a.modify_qp(qa, QpState.RTR, remote_gid=GB, remote_qpn=qb.qpn)
+    a.modify_qp(qa, QpState.RTS)
+    # the peer resets too (its receive PSN must start where ours does again)
+    b.modify_qp(qb, QpState.RESET)
+    b.modify_qp(qb, QpState.INIT)
+    qb.connect(GA, qa.qpn)
+    ok, _ = _write(a, b, qa, qb, 5, now)
+    assert ok and (qa.qpn, qa.send_cq, qa.paths.profile) == (qpn, cq, prof)
+
+
+def test_destroy_qp_and_cq() -> None:
+    a, _b, qa, qb = _pair()
+    qa.connect(GB, qb.qpn)
+    qb.connect(GA, qa.qpn)
+    cq = qa.send_cq
+    with pytest.raises(ValueError, match="used by QP"):
+        a.destroy_cq(cq)
+    prof = qa.paths.profile
+    a.destroy_qp(qa)
+    assert qa.qpn not in a.qps and qa.paths not in prof.paths and a.next_deadline() is None
+    with pytest.raises(ValueError, match="not a QP"):
+        a.destroy_qp(qa)
+    # packets for it are now foreign: dropped by reason, nothing raised
+    pkt = bytearray(64)
+    pkt[5:8] = qa.qpn.to_bytes(3, "big")
+    a.receive(bytes(pkt), 0)
+    assert a.drops == {"unknown_qpn": 1}
+    a.destroy_cq(cq)
+    assert cq.cqn not in a.cqs
+    with pytest.raises(ValueError, match="not a CQ"):
+        a.destroy_cq(cq)
+    assert a.create_cq().cqn != cq.cqn  # CQ numbers are not reused
+    a.destroy_ev_profile(prof)
+    assert prof.profile_id not in a.ev_profiles
+
+
+def test_profile_ids_cannot_collide() -> None:
+    """Reproduced on 455353a: even(2, ...) then create_ev_profile() gave two profiles with id 2, and
+    modify_port missed the first one's QPs."""
+    ctx = Context(GA, ports=2)
+    first = ctx.create_ev_profile(EvProfile.even(2, 8, 2))
+    second = ctx.create_ev_profile()
+    assert first.profile_id != second.profile_id and len(ctx.ev_profiles) == 2
+    with pytest.raises(ValueError, match="exists already"):
+        ctx.create_ev_profile(EvProfile.even(2, 8, 2))
+    qp = ctx.create_qp(ctx.create_cq(), ev_profile=first)
+    ctx.modify_port(1, False, notify_peers=False)
+    assert all(qp.paths.state[i] != 0 or e.port != 1 for i, e in enumerate(first.entries))
+    assert qp.paths.counts()["DENIED"][1] == sum(e.port == 1 for e in first.entries)
+    with pytest.raises(ValueError, match="used by QP"):
+        ctx.destroy_ev_profile(first)
+    assert ctx.next_ev_profile_id() not in ctx.ev_profiles
+
+
+def test_async_events_are_typed() -> None:
+    r = build(LoopbackConfig(size=1 << 20, seed=1))
+    r.qa.set_error(WcStatus.RETRY_EXC_ERR, 0)
+    ev = r.a.poll_async_events()
+    assert [e.kind for e in ev] == [AsyncEventKind.QP_FATAL] and ev[0].kind == "QP_FATAL"
+    assert run_transfer(build(LoopbackConfig(size=1 << 16, seed=2)))["bit_exact"]
