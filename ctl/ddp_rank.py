@@ -17,11 +17,19 @@ JSON object per line:
         from the same initial weights with plain DDP (hook false) or with mrc_hook over MRC or over the
         process group itself (gloo p2p); answer {"ok": {"losses", "wire_bytes", "messages", "iters",
         "params_sha256", "time_s"}} (losses: the global mean loss of every step, the same on every rank)
+    {"op": "compare", "cfg": {...}, "mrc": true|false}
+        one run of the hook comparison (mrc.collective.train_compare.train_rank: a task on real data, one
+        hook); mrc's hooks run their ring over MRC when "mrc" is true (and the rank has a transport),
+        otherwise over the process group; answer {"ok": {"losses", "evals", "wire_bytes", ...}}
     {"op": "quit"}  (or end of stdin: the launcher went away)  -> close the transport and the group, exit
 
-`DdpRanks` is the launcher (used by `mrcctl ddp train` and tests/netns/test_ddp_mrc.py): it serves the
-store, starts the ranks through `allreduce_mrc.RankProcesses` (own sessions, ended by PID on every exit
-path) and collects their answers.
+`--ns ""` starts a rank without an MrcTransport: the local ranks of `mrcctl ddp bench --transport inproc`
+(processes on this machine, gloo on 127.0.0.1, mrc's ring over gloo p2p; no testbed needed).
+`--slot-params N` sizes the MRC slots for a model of N parameters (default: the MLP's).
+
+`DdpRanks` is the launcher (used by `mrcctl ddp train`, `mrcctl ddp bench` and tests/netns/test_ddp_mrc.py):
+it serves the store, starts the ranks through `allreduce_mrc.RankProcesses` (own sessions, ended by PID on
+every exit path) and collects their answers; `DdpRanks(None, n)` starts n local ranks without a testbed.
 """
 
 from __future__ import annotations
@@ -127,6 +135,8 @@ def train(rank: int, transport: Any, cfg: dict[str, Any], hidden: int = HIDDEN) 
 def main(argv: list[str] | None = None) -> int:
     ap = rank_parser("mrc.ctl.ddp_rank", "mrc-ddp")  # --store: tcp://HOST:PORT, the launcher's TCPStore
     ap.add_argument("--hidden", type=int, default=HIDDEN)
+    ap.add_argument("--slot-params", type=int, default=0,
+                    help="size the MRC slots for a model of this many parameters (0: the MLP's)")
     a = ap.parse_args(argv)
     leave_on_sigterm()
     hosts = a.hosts.split(",")
@@ -150,23 +160,37 @@ def main(argv: list[str] | None = None) -> int:
             pg_store = dist.PrefixStore(f"{a.prefix}/pg", tcp)  # type: ignore[attr-defined]
             dist.init_process_group("gloo", store=pg_store, rank=a.rank, world_size=len(hosts),
                                     timeout=timeout)
-            transport = MrcTransport(open_store(a.store, a.timeout), a.rank, hosts, a.ns,
-                                     model_slot_bytes(len(hosts), a.hidden), timeout_s=a.timeout,
-                                     prefix=f"{a.prefix}/mrc")
+            if a.ns:  # a testbed rank: its compressed buckets cross MRC through its host's mrcd
+                slot = (slot_bytes(4 * a.slot_params, len(hosts), "ring") if a.slot_params > 0
+                        else model_slot_bytes(len(hosts), a.hidden))
+                transport = MrcTransport(open_store(a.store, a.timeout), a.rank, hosts, a.ns, slot,
+                                         timeout_s=a.timeout, prefix=f"{a.prefix}/mrc")
         except (MrcError, OSError, RuntimeError, ValueError) as e:
             say({"error": f"rank {a.rank} ({hosts[a.rank]}): {str(e).splitlines()[0] if str(e) else e!r}"})
             return 1
-        say({"ready": {"rank": a.rank, "host": hosts[a.rank], "slot_bytes": transport.slot_bytes,
-                        "qpn": {p: q.qpn for p, q in transport.qps.items()}}})
+        say({"ready": {"rank": a.rank, "host": hosts[a.rank],
+                        "slot_bytes": transport.slot_bytes if transport is not None else 0,
+                        "qpn": {p: q.qpn for p, q in transport.qps.items()} if transport is not None
+                        else {}}})
         for line in sys.stdin:
             cmd = json.loads(line)
             if cmd.get("op") == "quit":
                 break
-            if cmd.get("op") != "train":
+            if cmd.get("op") not in ("train", "compare"):
                 say({"error": f"unknown op {cmd.get('op')!r}"})
                 continue
-            cfg = {**TRAIN_DEFAULTS, **{k: v for k, v in cmd.items() if k in TRAIN_KEYS}}
             try:
+                if cmd["op"] == "compare":
+                    from mrc.collective.train_compare import train_rank
+
+                    use = transport if cmd.get("mrc") else None
+                    if cmd.get("mrc") and transport is None:
+                        raise MrcError("this rank has no MRC transport (started without --ns)")
+                    say({"ok": train_rank(a.rank, len(hosts), dict(cmd.get("cfg", {})), use)})
+                    continue
+                if transport is None and cmd.get("transport", "mrc") == "mrc" and cmd.get("hook", True):
+                    raise MrcError("this rank has no MRC transport (started without --ns): transport gloo")
+                cfg = {**TRAIN_DEFAULTS, **{k: v for k, v in cmd.items() if k in TRAIN_KEYS}}
                 say({"ok": train(a.rank, transport, cfg, a.hidden)})
             except Exception as e:  # any failure is one answer line; then leave
                 say({"error": f"rank {a.rank} ({hosts[a.rank]}): {type(e).__name__}: "
@@ -185,13 +209,18 @@ class DdpRanks:
     """One DDP rank process per host of `testbed` (hosts 0..ranks-1), ready to train; `close` ends them
     (also on any failure while starting)."""
 
-    def __init__(self, testbed: str, ranks: int, *, timeout_s: float = 120.0, hidden: int = HIDDEN,
-                 progress: Any = lambda _m: None) -> None:
+    def __init__(self, testbed: str | None, ranks: int, *, timeout_s: float = 120.0, hidden: int = HIDDEN,
+                 slot_params: int = 0, progress: Any = lambda _m: None) -> None:
         from mrc.dataplane import testbed as tbmod
 
         self.testbed = testbed
-        self.tb = tbmod.Testbed.load(testbed)
-        hosts = self.tb.topo.host_names()
+        self.tb = tbmod.Testbed.load(testbed) if testbed is not None else None
+        if self.tb is None:  # local ranks: no namespaces, no mrcd, mrc's ring over the process group
+            if ranks < 2:
+                raise MrcError("at least 2 local DDP ranks")
+            hosts = [f"local{r}" for r in range(ranks)]
+        else:
+            hosts = self.tb.topo.host_names()
         if not 2 <= ranks <= len(hosts):
             raise MrcError(f"testbed {testbed} has {len(hosts)} hosts: 2..{len(hosts)} DDP ranks over MRC "
                            "(one rank per host)")
@@ -205,14 +234,14 @@ class DdpRanks:
         self.ready: list[Any] = []
         try:
             self.store, url, _ = serve_store("tcpstore", self.rundir, timeout_s)
-            progress(f"  {ranks} DDP rank processes on {', '.join(self.hosts)} (gloo + MRC, "
-                     f"rendezvous {url})")
+            progress(f"  {ranks} DDP rank processes on {', '.join(self.hosts)} "
+                     f"({'gloo + MRC' if self.tb is not None else 'gloo'}, rendezvous {url})")
             env = {**rank_env(), "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
             for r, h in enumerate(self.hosts):
                 self.ranks.start([sys.executable, "-m", "mrc.ctl.ddp_rank", "--rank", str(r), "--hosts",
-                                  ",".join(self.hosts), "--ns", self.tb.ns(h), "--store", url,
-                                  "--hidden", str(hidden), "--timeout", str(timeout_s),
-                                  "--prefix", f"ddp{os.getpid()}"], env)
+                                  ",".join(self.hosts), "--ns", self.tb.ns(h) if self.tb is not None else "",
+                                  "--store", url, "--hidden", str(hidden), "--slot-params", str(slot_params),
+                                  "--timeout", str(timeout_s), "--prefix", f"ddp{os.getpid()}"], env)
             self.ready = self.ranks.wait_ready()
         except BaseException:
             self.close()
@@ -240,6 +269,24 @@ class DdpRanks:
             raise first_error
         return {"config": full, "ranks": answers,
                 "params_identical": len({a["params_sha256"] for a in answers}) == 1}
+
+    def compare(self, cfg: dict[str, Any], *, mrc: bool, limit_s: float) -> list[dict[str, Any]]:
+        """One run of the hook comparison (mrc.collective.train_compare.train_rank) on every rank; the
+        answers in rank order. `mrc`: mrc's hooks run their ring over MRC (testbed ranks only)."""
+        if mrc and self.tb is None:
+            raise MrcError("local ranks have no MRC transport: mrc=False")
+        for r in range(len(self.procs)):
+            self.ranks.send(r, {"op": "compare", "cfg": cfg, "mrc": mrc})
+        answers: list[dict[str, Any]] = []
+        first_error: MrcError | None = None
+        for r in range(len(self.procs)):
+            try:
+                answers.append(self.ranks.answer(r, limit_s))
+            except MrcError as e:
+                first_error = first_error or e
+        if first_error is not None:
+            raise first_error
+        return answers
 
     def close(self) -> None:
         self.ranks.close()

@@ -99,8 +99,8 @@ class MrcHookState:
     `mrc.collective.ring.max_message_bytes(largest bucket elements, world size)` bytes."""
 
     __slots__ = (
-        "bits", "correlation", "error_feedback", "iter", "partial_sums", "process_group", "residuals",
-        "scheme", "seed", "start_iter", "transport", "wire_bytes",
+        "bits", "correlation", "error_feedback", "iter", "messages", "partial_sums", "process_group",
+        "residuals", "scheme", "seed", "start_iter", "transport", "wire_bytes",
     )
 
     def __init__(
@@ -121,6 +121,7 @@ class MrcHookState:
         self.iter = 0
         self.residuals: dict[int, np.ndarray[Any, np.dtype[np.float32]]] = {}
         self.wire_bytes = 0  # bytes this rank posted through the compressed path so far
+        self.messages = 0  # messages (codec frames) it posted there: each carries its own headers
 
         if transport is not None:
             import torch.distributed as dist
@@ -177,6 +178,7 @@ def mrc_hook(state: MrcHookState, bucket: GradBucket) -> torch.futures.Future[to
     if state.error_feedback and res.residual is not None:
         state.residuals[idx] = res.residual
     state.wire_bytes += res.wire_bytes
+    state.messages += res.messages
     buf.copy_(torch.from_numpy(res.out).to(device=buf.device, dtype=buf.dtype))
     state.maybe_increase_iter(bucket)
     out: torch.futures.Future[torch.Tensor] = torch.futures.Future()
