@@ -22,16 +22,18 @@ and the fabric on one core. Times take ns/us/ms/s suffixes (bare numbers are ns)
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
 import click
 
-from mrc import units
+from mrc import topology, units
 from mrc.collective import COMPRESSIONS, PARTIAL_SUMS, Config
 from mrc.errors import UsageError
 from mrc.sim import experiments as exps
+from mrc.sim import limits
 from mrc.sim.hosts import VARIANTS
 from mrc.sim.loopback import NEVER, Blackhole, FabricConfig, LoopbackConfig, loopback
 from mrc.transport import QpAttr
@@ -40,16 +42,18 @@ from .output import Output, json_option, table
 from .workers import ForkMap, default_jobs
 
 _TIME_UNITS: Final = {"": 1, "ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
-MAX_SIZE: Final = 4 << 30
+MAX_SIZE: Final = 4 << 30  # what a size option parses at all; each option has its own range below
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+_T = TypeVar("_T")
+MAX_JOBS: Final = 256  # worker processes: each forks the simulator
 
 
 def parse_size(text: str) -> int:
     try:
         n = units.parse_size(text)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    except (ValueError, OverflowError) as e:  # a thousand digits overflow a float
+        raise UsageError(str(e) if isinstance(e, ValueError) else f"not a size: {text!r}") from None
     if n > MAX_SIZE:
         raise UsageError(f"size must be 1 byte .. 4G, got {text!r}")
     return n
@@ -57,9 +61,71 @@ def parse_size(text: str) -> int:
 
 def parse_time(text: str) -> int:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ns|us|ms|s)?\s*", text)
-    if not m:
+    value = float(m.group(1)) * _TIME_UNITS[m.group(2) or ""] if m else math.nan
+    if not math.isfinite(value):
         raise UsageError(f"bad time {text!r} (examples: 500us, 2ms, 1500)")
-    return int(float(m.group(1)) * _TIME_UNITS[m.group(2) or ""])
+    return int(value)
+
+
+# -------------------------------------------------------------------------------- option ranges
+# Every option is checked against its range (mrc.sim.limits; docs/sim.md, "Options and their ranges")
+# by a click callback, so a bad value is a usage error naming the option before anything is built. The
+# callbacks return the value as given: the commands parse times and sizes themselves.
+
+_Callback = Callable[[click.Context, click.Parameter, Any], Any]
+
+
+def _ranged(check: Callable[[str, Any], Any]) -> _Callback:
+    """A callback running `check(name, value)` (a mrc.sim.limits check) on a given value (None: the
+    option was left out and has no default)."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is None:
+            return value
+        name = param.name or "value"
+        try:
+            check(name, value)
+        except (ValueError, UsageError) as e:
+            raise click.BadParameter(str(e).removeprefix(f"{name} ")) from None
+        return value
+
+    return callback
+
+
+def _int_in(lo: int, hi: int) -> _Callback:
+    return _ranged(lambda n, v: limits.integer(n, v, lo, hi))
+
+
+def _num_in(lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False,
+            unit: str = "") -> _Callback:
+    return _ranged(lambda n, v: limits.number(n, v, lo, hi, lo_open=lo_open, hi_open=hi_open, unit=unit))
+
+
+def _time_in(lo: int, hi: int) -> _Callback:
+    """A time option (ns/us/ms/s suffixes) in lo..hi ns."""
+    return _ranged(lambda n, v: limits.integer(n, parse_time(v), lo, hi, " ns"))
+
+
+def _size_in(lo: int, hi: int) -> _Callback:
+    """A size option (K/M/G suffixes) in lo..hi bytes."""
+    return _ranged(lambda n, v: limits.integer(n, parse_size(v), lo, hi, " bytes"))
+
+
+def _library(what: Callable[[], _T]) -> _T:
+    """A library call whose ValueError (a range mrc.sim checks across options) is a usage error."""
+    try:
+        return what()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+_SEED = _int_in(0, limits.MAX_SEED)
+_RATE = _num_in(limits.MIN_RATE_GBPS, limits.MAX_RATE_GBPS, unit=" Gb/s")
+_DELAY = _time_in(0, limits.MAX_DELAY_NS)
+_SIM_TIME = _time_in(1, limits.MAX_SIM_NS)
+_AT_TIME = _time_in(0, limits.MAX_SIM_NS)
+_PROB = _num_in(0.0, 1.0, hi_open=True)
+_EVS = _int_in(1, limits.MAX_EVS)
 
 
 def parse_blackhole(text: str, planes: int) -> Blackhole:
@@ -91,21 +157,36 @@ def _prob(name: str, p: float) -> float:
 
 
 @sim.command("loopback")
-@click.option("--size", default="64M", show_default=True, help="Bytes to WRITE (K/M/G suffixes).")
-@click.option("--planes", default=4, show_default=True, type=int, help="Planes (ports per host).")
-@click.option("--evs", default=128, show_default=True, type=int, help="EVs in the QP's profile.")
-@click.option("--loss", default=0.0, show_default=True, type=float, help="Random loss probability.")
-@click.option("--trim", default=0.0, show_default=True, type=float, help="Trim probability (data).")
-@click.option("--ecn-plane", type=int, default=None, help="CE-mark data packets on this plane.")
-@click.option("--ecn-prob", default=1.0, show_default=True, type=float, help="CE probability there.")
-@click.option("--blackhole-plane", "blackholes", multiple=True, help="N@T or N@T-T2 (heals at T2).")
-@click.option("--jitter", default="0", show_default=True, help="Uniform per-packet extra delay.")
-@click.option("--delay", default="2us", show_default=True, help="One-way link delay.")
-@click.option("--rate", default=100.0, show_default=True, type=float, help="Port rate, Gb/s.")
+@click.option("--size", default="64M", show_default=True, callback=_size_in(1, limits.MAX_LOOPBACK_BYTES),
+              help="Bytes to WRITE (K/M/G suffixes), 1..1G.")
+@click.option("--planes", default=4, show_default=True, type=int,
+              callback=_int_in(1, limits.MAX_LOOPBACK_PLANES), help="Planes (ports per host), 1..64.")
+@click.option("--evs", default=128, show_default=True, type=int, callback=_EVS,
+              help="EVs in the QP's profile, planes..16384.")
+@click.option("--loss", default=0.0, show_default=True, type=float, callback=_PROB,
+              help="Random loss probability, [0, 1).")
+@click.option("--trim", default=0.0, show_default=True, type=float, callback=_PROB,
+              help="Trim probability (data), [0, 1).")
+@click.option("--ecn-plane", type=int, default=None, callback=_int_in(0, limits.MAX_LOOPBACK_PLANES - 1),
+              help="CE-mark data packets on this plane.")
+@click.option("--ecn-prob", default=1.0, show_default=True, type=float,
+              callback=_num_in(0.0, 1.0, lo_open=True), help="CE probability there, (0, 1].")
+@click.option("--blackhole-plane", "blackholes", multiple=True,
+              callback=_ranged(lambda n, v: limits.integer(f"the number of {n}", len(v), 0,
+                                                           limits.MAX_BLACKHOLES)),
+              help="N@T or N@T-T2 (heals at T2); up to 64.")
+@click.option("--jitter", default="0", show_default=True, callback=_DELAY,
+              help="Uniform per-packet extra delay, 0..1s.")
+@click.option("--delay", default="2us", show_default=True, callback=_DELAY, help="One-way link delay, 0..1s.")
+@click.option("--rate", default=100.0, show_default=True, type=float,
+              callback=_ranged(lambda n, v: limits.rate_gbps(n, v, zero_is_infinite=True)),
+              help="Port rate, Gb/s: 0.000001..1600, or 0 (infinite).")
 @click.option("--cc", type=click.Choice(["nscc", "null"]), default="nscc", show_default=True)
-@click.option("--mpr", default=8, show_default=True, type=int, help="PSN window, units of 128.")
-@click.option("--seed", default=1, show_default=True, type=int)
-@click.option("--settle", default="0", show_default=True, help="Keep running after completion.")
+@click.option("--mpr", default=8, show_default=True, type=int, callback=_int_in(1, 8),
+              help="PSN window, units of 128, 1..8.")
+@click.option("--seed", default=1, show_default=True, type=int, callback=_SEED, help="0..2^32-1.")
+@click.option("--settle", default="0", show_default=True, callback=_AT_TIME,
+              help="Keep running after completion, 0..10s.")
 @click.option("--profile", is_flag=True, help="cProfile the run; add the top functions.")
 @json_option
 @click.pass_obj
@@ -116,14 +197,8 @@ def loopback_cmd(
 ) -> None:
     """WRITE a random buffer between two engines over an impaired multi-plane loopback fabric."""
     nbytes = parse_size(size)
-    if not 1 <= planes <= 64:
-        raise UsageError("planes must be 1..64")
     if evs < planes or evs > 1 << 14:
         raise UsageError(f"evs must be {planes}..16384 (at least one per plane)")
-    if not 1 <= mpr <= 8:
-        raise UsageError("mpr must be 1..8")
-    if rate < 0:
-        raise UsageError("rate must be >= 0 (0 = infinite)")
     ecn: dict[int, float] = {}
     if ecn_plane is not None:
         if not 0 <= ecn_plane < planes:
@@ -140,6 +215,7 @@ def loopback_cmd(
         size=nbytes, evs=evs, cc=cc, seed=seed, settle_ns=parse_time(settle), attr=QpAttr(mpr=mpr),
         fabric=fabric, profile=profile,
     )
+    _library(cfg.check)
     out.progress(f"loopback: {nbytes} bytes over {planes} planes x {evs // planes} EVs ...")
     doc = loopback(cfg)
     out.emit(doc, _render)
@@ -196,28 +272,40 @@ def _fabric_options(
 ) -> Callable[[_F], _F]:
     def deco(f: _F) -> _F:
         for opt in reversed([
-            click.option("--planes", default=planes, show_default=True, type=int, help="Planes (NIC ports)."),
-            click.option("--spines", default=spines, show_default=True, type=int, help="Spines per plane."),
+            click.option("--planes", default=planes, show_default=True, type=int,
+                         callback=_int_in(1, topology.MAX_PLANES), help="Planes (NIC ports), 1..16."),
+            click.option("--spines", default=spines, show_default=True, type=int,
+                         callback=_int_in(1, topology.MAX_INDEX), help="Spines per plane, 1..256."),
             click.option("--hosts-per-leaf", default=hosts_per_leaf, type=int,
-                         help="Hosts per leaf [default: spines, full bisection]."),
-            click.option("--leaves", default=leaves, type=int, help="Leaves per plane."),
-            click.option("--rate", default=100.0, show_default=True, type=float, help="Link rate, Gb/s."),
-            click.option("--delay", default="500ns", show_default=True, help="Propagation delay per link."),
+                         callback=_int_in(1, topology.MAX_HOSTS),
+                         help="Hosts per leaf [default: spines, full bisection]; hosts 2..2048 in all."),
+            click.option("--leaves", default=leaves, type=int, callback=_int_in(1, topology.MAX_INDEX),
+                         help="Leaves per plane, 1..256."),
+            click.option("--rate", default=100.0, show_default=True, type=float, callback=_RATE,
+                         help="Link rate, Gb/s, 0.000001..1600."),
+            click.option("--delay", default="500ns", show_default=True, callback=_DELAY,
+                         help="Propagation delay per link, 0..1s."),
             click.option("--buffer", "buffer_", default="512K", show_default=True,
-                         help="Switch port buffer (drop above)."),
-            click.option("--ecn", default=None, help="ECN-CE marking threshold [default: buffer / 4]."),
-            click.option("--trim-at", default=None, help="Trimming threshold [default: buffer / 2]."),
+                         callback=_size_in(1, limits.MAX_BUFFER_BYTES),
+                         help="Switch port buffer (drop above), one packet..1G."),
+            click.option("--ecn", default=None, callback=_size_in(1, limits.MAX_BUFFER_BYTES),
+                         help="ECN-CE marking threshold, at most the buffer [default: buffer / 4]."),
+            click.option("--trim-at", default=None, callback=_size_in(1, limits.MAX_BUFFER_BYTES),
+                         help="Trimming threshold, at most the buffer [default: buffer / 2]."),
             click.option("--topology", "topo_file", default=None, type=click.Path(dir_okay=False),
                          help="A topology TOML file (shape, rate, delay, buffer) instead of the options."),
             click.option("--variants", default=None, help=f"Comma-separated, of: {', '.join(VARIANTS)}."),
-            click.option("--evs", default=128, show_default=True, type=int, help="EVs per QP profile."),
+            click.option("--evs", default=128, show_default=True, type=int, callback=_EVS,
+                         help="EVs per QP profile, planes..16384."),
             click.option("--timeout", default=8, show_default=True, type=int,
-                         help="ACK timeout exponent (1.024 us x 2^t)."),
-            click.option("--seed", default=1, show_default=True, type=int),
+                         callback=_int_in(0, limits.MAX_TIMEOUT_EXP),
+                         help="ACK timeout exponent (1.024 us x 2^t), 0..24."),
+            click.option("--seed", default=1, show_default=True, type=int, callback=_SEED,
+                         help="0..2^32-1."),
             click.option("--plot", "plot_path", default=None, help="Write a PNG plot here (plot extra)."),
-            click.option("--jobs", default=None, type=int,
-                         help="Variants simulated at once, each in its own process [default: the CPUs "
-                              "available]; 1 runs them one after another in this process."),
+            click.option("--jobs", default=None, type=int, callback=_int_in(1, MAX_JOBS),
+                         help="Variants simulated at once (1..256), each in its own process [default: "
+                              "the CPUs available]; 1 runs them one after another in this process."),
             json_option,
         ]):
             f = opt(f)
@@ -259,17 +347,19 @@ def _spec(
         if rate <= 0:
             raise UsageError("rate must be positive")
         buf = parse_size(buffer_)
-        fs = exps.FabricSpec(
+        if (k is not None and k > buf) or (trim is not None and trim > buf):
+            raise UsageError("the ECN and trimming thresholds must not exceed the buffer")
+        fs = _library(lambda: exps.FabricSpec(
             planes=planes, leaves=leaves, spines=spines, hosts_per_leaf=hpl, rate_gbps=rate,
             delay_ns=parse_time(delay), buffer_bytes=buf, ecn_bytes=buf // 4 if k is None else k,
             trim_bytes=buf // 2 if trim is None else trim,
-        )
+        ))
     if not fs.ecn_bytes <= fs.buffer_bytes or not fs.trim_bytes <= fs.buffer_bytes:
         raise UsageError("the ECN and trimming thresholds must not exceed the buffer")
     if evs < planes or evs > 1 << 14:
         raise UsageError(f"evs must be {planes}..16384 (at least one per plane)")
-    return exps.RunSpec(fabric=fs, variants=vs, seed=seed, evs=evs, timeout=timeout,
-                        reconverge_ns=reconverge_ns)
+    return _library(lambda: exps.RunSpec(fabric=fs, variants=vs, seed=seed, evs=evs, timeout=timeout,
+                                         reconverge_ns=reconverge_ns))
 
 
 def _finish(out: Output, doc: dict[str, Any], plot_path: str | None, render: Callable[[Any], str]) -> None:
@@ -296,9 +386,12 @@ def _speed_line(doc: dict[str, Any]) -> str:
 
 
 @run_group.command("permutation")
-@click.option("--hosts", default=64, show_default=True, type=int, help="Hosts (leaves = hosts / per leaf).")
-@click.option("--duration", default="200us", show_default=True, help="Simulated time.")
-@click.option("--warmup", default="50us", show_default=True, help="Excluded from the throughput.")
+@click.option("--hosts", default=64, show_default=True, type=int, callback=_int_in(2, topology.MAX_HOSTS),
+              help="Hosts (leaves = hosts / per leaf), 2..2048.")
+@click.option("--duration", default="200us", show_default=True, callback=_SIM_TIME,
+              help="Simulated time, 1ns..10s.")
+@click.option("--warmup", default="50us", show_default=True, callback=_AT_TIME,
+              help="Excluded from the throughput, shorter than the duration.")
 @_fabric_options(planes=8, spines=8, hosts_per_leaf=None, leaves=None)
 @click.pass_obj
 def permutation_cmd(
@@ -321,17 +414,22 @@ def permutation_cmd(
     dur, wu = parse_time(duration), parse_time(warmup)
     if not 0 <= wu < dur:
         raise UsageError("warmup must be shorter than the duration")
+    _library(lambda: exps.check_run(spec, dur, spec.fabric.hosts))
     doc = exps.permutation(spec, dur, wu, progress=out.progress, run_all=_runner(jobs))
     _finish(out, doc, plot_path, _render_permutation)
 
 
 @run_group.command("degraded")
-@click.option("--hosts", default=64, show_default=True, type=int, help="Hosts (leaves = hosts / per leaf).")
+@click.option("--hosts", default=64, show_default=True, type=int, callback=_int_in(2, topology.MAX_HOSTS),
+              help="Hosts (leaves = hosts / per leaf), 2..2048.")
 @click.option("--link", "link_", default=None, help="Leaf-spine link to slow down, A-B [default: p0l0-p0s0].")
 @click.option("--factor", default=0.1, show_default=True, type=float,
-              help="Its rate, as a fraction of the others'.")
-@click.option("--duration", default="200us", show_default=True, help="Simulated time.")
-@click.option("--warmup", default="50us", show_default=True, help="Excluded from the throughput.")
+              callback=_num_in(0.0, 1.0, lo_open=True),
+              help="Its rate, as a fraction of the others', (0, 1].")
+@click.option("--duration", default="200us", show_default=True, callback=_SIM_TIME,
+              help="Simulated time, 1ns..10s.")
+@click.option("--warmup", default="50us", show_default=True, callback=_AT_TIME,
+              help="Excluded from the throughput, shorter than the duration.")
 @_fabric_options(planes=8, spines=8, hosts_per_leaf=None, leaves=None)
 @click.pass_obj
 def degraded_cmd(
@@ -364,6 +462,7 @@ def degraded_cmd(
     dur, wu = parse_time(duration), parse_time(warmup)
     if not 0 <= wu < dur:
         raise UsageError("warmup must be shorter than the duration")
+    _library(lambda: exps.check_run(spec, dur, spec.fabric.hosts))
     doc = exps.degraded(spec, link, factor, dur, wu, progress=out.progress, run_all=_runner(jobs))
     _finish(out, doc, None, _render_degraded)
 
@@ -425,16 +524,21 @@ def _render_permutation(doc: dict[str, Any]) -> str:
 
 
 @run_group.command("failover")
-@click.option("--duration", default="2ms", show_default=True, help="Simulated time.")
+@click.option("--duration", default="2ms", show_default=True, callback=_SIM_TIME,
+              help="Simulated time, 1ns..10s.")
 @click.option("--link", "link_", default=None,
               help="Link to fail, A-B [default: p0l0-p0s<last>]; all-of-LEAF (all-of-p0l0; all-of-leaf0 "
                    "is p0l0): each leaf-spine link of that leaf in turn, with the worst case.")
-@click.option("--fail-at", default="500us", show_default=True, help="When the link goes down.")
-@click.option("--heal-at", default=None, help="When it comes back [default: never].")
-@click.option("--flap", default="0", show_default=True, help="Toggle the link every T from fail-at on.")
-@click.option("--bin", "bin_", default="10us", show_default=True, help="Goodput timeline resolution.")
-@click.option("--reconverge", default="1ms", show_default=True,
-              help="ECMP routing convergence after a link change (baseline).")
+@click.option("--fail-at", default="500us", show_default=True, callback=_AT_TIME,
+              help="When the link goes down: at least two bins in, and a bin before the end.")
+@click.option("--heal-at", default=None, callback=_AT_TIME,
+              help="When it comes back, a bin or more after fail-at [default: never].")
+@click.option("--flap", default="0", show_default=True, callback=_AT_TIME,
+              help="Toggle the link every T from fail-at on (0: no flapping; at most 10000 changes).")
+@click.option("--bin", "bin_", default="10us", show_default=True, callback=_SIM_TIME,
+              help="Goodput timeline resolution: at most a quarter of the run, at most 100000 bins.")
+@click.option("--reconverge", default="1ms", show_default=True, callback=_DELAY,
+              help="ECMP routing convergence after a link change (baseline), 0..1s.")
 @_fabric_options(planes=4, spines=4, hosts_per_leaf=None, leaves=2)
 @click.pass_obj
 def failover_cmd(
@@ -457,6 +561,11 @@ def failover_cmd(
         raise UsageError("heal-at must come after fail-at")
     if not 0 < bin_ns <= dur // 4:
         raise UsageError("bin must be positive and at most a quarter of the duration")
+    if t_fail < 2 * bin_ns:
+        raise UsageError(f"fail-at must leave two bins (2 x --bin = {2 * bin_ns} ns) before the failure: "
+                         "the goodput before it is measured over them")
+    _library(lambda: exps.check_failover_times(dur, t_fail, t_heal, flap_ns, bin_ns))
+    _library(lambda: exps.check_run(spec, dur, spec.fabric.hosts_per_leaf))
     link = None
     if link_ and link_.startswith("all-of-"):
         leaf = link_.removeprefix("all-of-")
@@ -544,9 +653,12 @@ def _render_failover_sweep(doc: dict[str, Any]) -> str:
 
 
 @run_group.command("incast")
-@click.option("--senders", default=16, show_default=True, type=int, help="Senders (N-to-1).")
-@click.option("--size", default="256K", show_default=True, help="Bytes each sender WRITEs.")
-@click.option("--time-limit", default="50ms", show_default=True, help="Simulated time limit.")
+@click.option("--senders", default=16, show_default=True, type=int, callback=_int_in(1, 255),
+              help="Senders (N-to-1), 1..255.")
+@click.option("--size", default="256K", show_default=True, callback=_size_in(1, limits.MAX_BUFFERS_BYTES),
+              help="Bytes each sender WRITEs; senders x size at most 1G.")
+@click.option("--time-limit", default="50ms", show_default=True, callback=_SIM_TIME,
+              help="Simulated time limit, 1ns..10s.")
 @_fabric_options(planes=4, spines=4, hosts_per_leaf=8, leaves=None)
 @click.pass_obj
 def incast_cmd(
@@ -601,13 +713,16 @@ def _render_incast(doc: dict[str, Any]) -> str:
 
 
 @run_group.command("allreduce")
-@click.option("--ranks", default=4, show_default=True, type=int,
-              help="Ranks (one per host, spread over the leaves).")
-@click.option("--size", default="16M", show_default=True, help="float32 buffer bytes per rank.")
-@click.option("--bits", default=2.0, show_default=True, type=float)
+@click.option("--ranks", default=4, show_default=True, type=int, callback=_int_in(2, topology.MAX_HOSTS),
+              help="Ranks (one per host, spread over the leaves), 2..hosts.")
+@click.option("--size", default="16M", show_default=True, callback=_size_in(4, limits.MAX_BUFFERS_BYTES),
+              help="float32 buffer bytes per rank; ranks x size at most 1G.")
+@click.option("--bits", default=2.0, show_default=True, type=float, callback=_num_in(0.0, 8.0, lo_open=True),
+              help="Bit budget per coordinate, (0, 8].")
 @click.option("--scheme", type=click.Choice(COMPRESSIONS), default="eden-unbiased", show_default=True)
 @click.option("--partial-sums", type=click.Choice(PARTIAL_SUMS), default="aware", show_default=True)
-@click.option("--time-limit", default="1s", show_default=True, help="Simulated time limit.")
+@click.option("--time-limit", default="1s", show_default=True, callback=_SIM_TIME,
+              help="Simulated time limit, 1ns..10s.")
 @_fabric_options(planes=4, spines=4, hosts_per_leaf=4, leaves=4)
 @click.pass_obj
 def allreduce_cmd(

@@ -20,6 +20,7 @@ import numpy as np
 
 from mrc.collective import Config, Transport, allreduce, run_inproc
 
+from . import limits
 from .experiments import (
     Progress,
     RunSpec,
@@ -28,6 +29,7 @@ from .experiments import (
     _loop_speed,
     _reporter,
     _run_jobs,
+    check_run,
     in_process,
 )
 from .fabric import Fabric
@@ -139,7 +141,12 @@ def _ring_time(spec: RunSpec, variant: str, msgs: list[list[tuple[int, int, int]
 def run(spec: RunSpec, ranks: int, size_bytes: int, cfg: Config, time_limit_ns: int = 1_000_000_000,
         progress: Progress | None = None, run_all: VariantMap = in_process) -> dict[str, Any]:
     """Ring all-reduce of `size_bytes` of float32 per rank with `cfg` and uncompressed, per variant."""
+    check_run(spec, time_limit_ns)
     fs = spec.fabric
+    limits.integer("size_bytes", size_bytes, 4, limits.MAX_BUFFERS_BYTES, " bytes")
+    if ranks * size_bytes > limits.MAX_BUFFERS_BYTES:  # the collective runs in-process on real buffers
+        raise ValueError(f"{ranks} ranks x {size_bytes} bytes: at most 1 GiB ({limits.MAX_BUFFERS_BYTES} "
+                         "bytes) in all")
     if ranks < 2 or ranks > fs.hosts:
         raise ValueError(f"{ranks} ranks need 2..{fs.hosts} hosts (the fabric has {fs.hosts})")
     elements = size_bytes // 4

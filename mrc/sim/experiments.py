@@ -14,10 +14,12 @@ from typing import Any, Protocol
 from mrc import topology
 from mrc.transport import QpAttr
 from mrc.transport.qp import NEVER
+from mrc.wire.consts import MAX_PAYLOAD
 
+from . import limits
 from .derive import derangement, ecmp_plane_share, expected_share, uplink_bound
 from .fabric import WIRE_OVERHEAD, Fabric, FabricParams
-from .hosts import Flow, HostParams, Traffic, base_rtt_ns
+from .hosts import VARIANTS, Flow, HostParams, Traffic, base_rtt_ns
 from .roce import DATA_HDR
 
 Progress = Callable[[str], None]
@@ -36,6 +38,26 @@ class FabricSpec:
     trim_bytes: int = 256 * 1024
 
     file: str | None = None  # a topology TOML file instead of the generated shape
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """ValueError naming the first field out of its range (`mrc.sim.limits`; the shape as the
+        topology model bounds it). The experiments check again: the object is mutable."""
+        L = limits
+        L.integer("planes", self.planes, 1, topology.MAX_PLANES)
+        L.integer("leaves", self.leaves, 1, topology.MAX_INDEX)
+        L.integer("spines", self.spines, 1, topology.MAX_INDEX)
+        L.integer("hosts_per_leaf", self.hosts_per_leaf, 1, topology.MAX_HOSTS)
+        if not 2 <= self.hosts <= topology.MAX_HOSTS:
+            raise ValueError(f"{self.leaves} leaves x {self.hosts_per_leaf} hosts: the model holds "
+                             f"2..{topology.MAX_HOSTS} hosts")
+        L.rate_gbps("rate_gbps", self.rate_gbps)
+        L.nanoseconds("delay_ns", self.delay_ns, L.MAX_DELAY_NS)
+        L.integer("buffer_bytes", self.buffer_bytes, 1, L.MAX_BUFFER_BYTES, " bytes")
+        L.integer("ecn_bytes", self.ecn_bytes, 1, self.buffer_bytes, " bytes")  # at most the buffer
+        L.integer("trim_bytes", self.trim_bytes, 1, self.buffer_bytes, " bytes")
 
     def topology(self) -> topology.Topology:
         if self.file is not None:
@@ -56,12 +78,15 @@ class FabricSpec:
         if any(leaf != i // h for i, (_, leaf) in enumerate(topo.hosts)):
             raise ValueError(f"{path}: the experiments need the hosts listed leaf by leaf, {h} per leaf")
         buf = topo.link.buffer_bytes
-        return cls(
-            planes=topo.planes, leaves=topo.leaves, spines=topo.spines, hosts_per_leaf=h,
-            rate_gbps=topo.link.rate_bps / 1e9, delay_ns=topo.link.delay_us * 1000, buffer_bytes=buf,
-            ecn_bytes=buf // 4 if ecn_bytes is None else ecn_bytes,
-            trim_bytes=buf // 2 if trim_bytes is None else trim_bytes, file=path,
-        )
+        try:
+            return cls(
+                planes=topo.planes, leaves=topo.leaves, spines=topo.spines, hosts_per_leaf=h,
+                rate_gbps=topo.link.rate_bps / 1e9, delay_ns=topo.link.delay_us * 1000, buffer_bytes=buf,
+                ecn_bytes=buf // 4 if ecn_bytes is None else ecn_bytes,
+                trim_bytes=buf // 2 if trim_bytes is None else trim_bytes, file=path,
+            )
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
 
     def params(self, trimming: bool) -> FabricParams:
         return FabricParams(
@@ -83,6 +108,77 @@ class RunSpec:
     mtu: int = 4096
     timeout: int = 8
     reconverge_ns: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """ValueError naming the first field out of its range; the fabric's too."""
+        L = limits
+        self.fabric.check()
+        if not self.variants:
+            raise ValueError(f"variants: name at least one of {', '.join(VARIANTS)}")
+        for v in self.variants:
+            if v not in VARIANTS:
+                raise ValueError(f"unknown variant {v!r}: choose from {', '.join(VARIANTS)}")
+        if len(set(self.variants)) != len(self.variants):
+            raise ValueError(f"variants: each at most once, got {', '.join(self.variants)}")
+        L.seed("seed", self.seed)
+        L.integer("evs", self.evs, self.fabric.planes, L.MAX_EVS)
+        L.integer("timeout", self.timeout, 0, L.MAX_TIMEOUT_EXP)
+        L.integer("mtu", self.mtu, 64, MAX_PAYLOAD, " bytes")
+        packet = self.mtu + DATA_HDR + WIRE_OVERHEAD
+        if self.fabric.buffer_bytes < packet:
+            raise ValueError(f"buffer_bytes {self.fabric.buffer_bytes} cannot hold one {packet}-byte "
+                             "data packet")
+        L.nanoseconds("reconverge_ns", self.reconverge_ns, L.MAX_DELAY_NS)
+
+
+def check_run(spec: RunSpec, duration_ns: int, long_flows: int = 0) -> None:
+    """An experiment's spec and simulated time. Long-lived flows queue enough 1 MiB WRITEs to keep
+    their NICs busy for the whole run, so `long_flows` x NIC rate x duration is bounded too (it was
+    the allocation storm of a 1e12 Gb/s rate)."""
+    spec.check()
+    limits.nanoseconds("duration_ns", duration_ns, lo=1)
+    fs = spec.fabric
+    offered = long_flows * fs.planes * fs.rate_gbps / 8 * duration_ns
+    if offered > limits.MAX_OFFERED_BYTES:
+        raise ValueError(
+            f"{long_flows} flows x {fs.planes} planes x {fs.rate_gbps:g} Gb/s for {duration_ns} ns offer "
+            f"{offered / 2**30:.0f} GiB: at most {limits.MAX_OFFERED_BYTES >> 30} GiB of simulated "
+            "traffic per run (shorten the run, or use fewer hosts or a lower rate)")
+
+
+def _check_warmup(warmup_ns: int, duration_ns: int) -> None:
+    limits.nanoseconds("warmup_ns", warmup_ns)
+    if warmup_ns >= duration_ns:
+        raise ValueError(f"warmup_ns ({warmup_ns}) must be shorter than the duration ({duration_ns} ns)")
+
+
+def check_failover_times(duration_ns: int, fail_ns: int, heal_ns: int, flap_ns: int, bin_ns: int) -> None:
+    """The failover's schedule: the goodput before the failure is the mean of the bins before it (the
+    first bin, the start-up, excluded), and the goodput during it the mean of the bins it covers, so it
+    needs two bins before the failure and one inside it (`fail_ns` in the first bin had no "before"
+    and failed formatting None). Bins and flaps are bounded: one timeline row per bin, one scheduled
+    event per flap."""
+    L = limits
+    L.nanoseconds("duration_ns", duration_ns, lo=1)
+    L.nanoseconds("bin_ns", bin_ns, max(1, duration_ns // 4), lo=1)
+    if duration_ns // bin_ns > L.MAX_BINS:
+        raise ValueError(f"bin_ns {bin_ns}: {duration_ns // bin_ns} bins, at most {L.MAX_BINS} per run "
+                         f"(a bin of at least {-(-duration_ns // L.MAX_BINS)} ns)")
+    if not 2 * bin_ns <= fail_ns < duration_ns:
+        raise ValueError(f"fail_ns ({fail_ns}) must lie inside the run and leave two bins before the "
+                         f"failure: {2 * bin_ns}..{duration_ns - 1} ns")
+    if heal_ns <= fail_ns:
+        raise ValueError(f"heal_ns ({heal_ns}) must come after fail_ns ({fail_ns})")
+    if min(heal_ns, duration_ns) // bin_ns <= fail_ns // bin_ns:
+        raise ValueError(f"the failure ({fail_ns}..{min(heal_ns, duration_ns)} ns) must cover at least one "
+                         f"whole bin of {bin_ns} ns")
+    L.nanoseconds("flap_ns", flap_ns)
+    if flap_ns and (min(heal_ns, duration_ns) - fail_ns) // flap_ns > L.MAX_LINK_CHANGES:
+        raise ValueError(f"flap_ns {flap_ns}: at most {L.MAX_LINK_CHANGES} link changes per run (flap at "
+                         f"least every {-(-(min(heal_ns, duration_ns) - fail_ns) // L.MAX_LINK_CHANGES)} ns)")
 
 
 def efficiency(mtu: int) -> float:
@@ -199,6 +295,8 @@ def permutation(spec: RunSpec, duration_ns: int = 200_000, warmup_ns: int = 50_0
                 progress: Progress | None = None, run_all: VariantMap = in_process) -> dict[str, Any]:
     """Every host sends to another (a random derangement), long-lived, for `duration_ns`; throughput is
     measured over [warmup, duration]. Capacity = hosts × planes × port rate × payload efficiency."""
+    check_run(spec, duration_ns, spec.fabric.hosts)
+    _check_warmup(warmup_ns, duration_ns)
     fs = spec.fabric
     rng = random.Random(spec.seed)
     n = fs.hosts
@@ -268,6 +366,9 @@ def degraded(spec: RunSpec, link: tuple[str, str] | None = None, factor: float =
     Per variant: capacity, worst flow, worst flow over its fair share, the flows whose data can cross
     the slow link and the worst of them, and the slow link's load (its bytes over the mean of the other
     leaf-spine links')."""
+    check_run(spec, duration_ns, spec.fabric.hosts)
+    _check_warmup(warmup_ns, duration_ns)
+    limits.number("factor", factor, 0.0, 1.0, lo_open=True)
     fs = spec.fabric
     topo = fs.topology()
     a, b = link or (topo.leaf_name(0, 0), topo.spine_name(0, 0))
@@ -397,6 +498,8 @@ def failover(spec: RunSpec, duration_ns: int = 2_000_000, fail_ns: int = 500_000
              progress: Progress | None = None, run_all: VariantMap = in_process) -> dict[str, Any]:
     """Hosts of leaf 0 send to hosts of leaf 1 (one long-lived flow each) while a leaf–spine link fails
     at `fail_ns` (heals at `heal_ns`; with `flap_ns`, toggles every flap_ns from fail_ns on)."""
+    check_run(spec, duration_ns, spec.fabric.hosts_per_leaf)
+    check_failover_times(duration_ns, fail_ns, heal_ns, flap_ns, bin_ns)
     fs = spec.fabric
     topo = fs.topology()
     H = fs.hosts_per_leaf
@@ -508,6 +611,10 @@ def failover_sweep(spec: RunSpec, links: list[tuple[str, str]], duration_ns: int
     """`failover` once per link of `links` (e.g. every leaf-spine link of one leaf), and per variant the
     worst case over them: lowest goodput during the failure and lowest bin, longest reroute and stall,
     each with the link it came from, and whether every run met its requirement."""
+    check_run(spec, duration_ns, spec.fabric.hosts_per_leaf)
+    check_failover_times(duration_ns, fail_ns, NEVER, 0, bin_ns)
+    if not links:
+        raise ValueError("links: name at least one link to fail")
     runs = []
     for a, b in links:
         doc = failover(spec, duration_ns, fail_ns, NEVER, (a, b), 0, bin_ns, progress, run_all)
@@ -550,6 +657,12 @@ def incast(spec: RunSpec, senders: int = 16, size: int = 1 << 20, time_limit_ns:
            progress: Progress | None = None, run_all: VariantMap = in_process) -> dict[str, Any]:
     """`senders` hosts on other leaves each WRITE `size` bytes to host 0 at t = 0; message completion
     times (at the requester), retransmission timeouts and the receiver's downlink queues."""
+    check_run(spec, time_limit_ns)
+    limits.integer("senders", senders, 1, topology.MAX_HOSTS - 1)
+    limits.integer("size", size, 1, limits.MAX_BUFFERS_BYTES, " bytes")
+    if senders * size > limits.MAX_BUFFERS_BYTES:  # a source buffer and a landing region per sender
+        raise ValueError(f"{senders} senders x {size} bytes: at most 1 GiB "
+                         f"({limits.MAX_BUFFERS_BYTES} bytes) in all")
     fs = spec.fabric
     if fs.hosts - fs.hosts_per_leaf < senders:
         raise ValueError(f"{senders} senders need {senders} hosts off the receiver's leaf; the fabric has "

@@ -37,6 +37,8 @@ from mrc.wire.consts import DEFAULT_PAYLOAD
 from mrc.wire.icrc import IcrcContext
 from mrc.wire.packet import WRITE_HDR_LEN, build_write, parse, trim_in_place
 
+from . import limits
+
 GID_A: Final = bytes.fromhex("fd00000000000000000000000000000a")
 GID_B: Final = bytes.fromhex("fd00000000000000000000000000000b")
 
@@ -64,6 +66,33 @@ class FabricConfig:
     trim: float = 0.0  # probability that a data packet is trimmed
     ecn: dict[int, float] = field(default_factory=dict)  # plane -> CE-marking probability (data)
     blackholes: list[Blackhole] = field(default_factory=list)
+
+    def check(self) -> None:
+        """ValueError naming the first field out of its range (`mrc.sim.limits`): every delay, rate,
+        probability and plane index that the fabric turns into a timer, a list or a random draw."""
+        L = limits
+        planes = L.integer("planes", self.planes, 1, L.MAX_LOOPBACK_PLANES)
+        L.nanoseconds("delay_ns", self.delay_ns, L.MAX_DELAY_NS)
+        if len(self.plane_delay_ns) > planes:
+            raise ValueError(f"plane_delay_ns has {len(self.plane_delay_ns)} entries for {planes} planes")
+        for p, d in enumerate(self.plane_delay_ns):
+            L.nanoseconds(f"plane_delay_ns[{p}]", d, L.MAX_DELAY_NS)
+        L.nanoseconds("ev_spread_ns", self.ev_spread_ns, L.MAX_DELAY_NS)
+        L.nanoseconds("jitter_ns", self.jitter_ns, L.MAX_DELAY_NS)
+        L.rate_gbps("rate_gbps", self.rate_gbps, zero_is_infinite=True)
+        L.probability("loss", self.loss)
+        L.probability("trim", self.trim)
+        for name, probs, one in (("plane_loss", self.plane_loss, False), ("ecn", self.ecn, True)):
+            for p, prob in probs.items():
+                L.integer(f"{name} plane", p, 0, planes - 1)
+                L.probability(f"{name}[{p}]", prob, one=one)
+        if len(self.blackholes) > L.MAX_BLACKHOLES:
+            raise ValueError(f"at most {L.MAX_BLACKHOLES} blackholes, got {len(self.blackholes)}")
+        for i, bh in enumerate(self.blackholes):
+            L.integer(f"blackholes[{i}].plane", bh.plane, 0, planes - 1)
+            L.nanoseconds(f"blackholes[{i}].start_ns", bh.start_ns)
+            if bh.end_ns != NEVER:
+                L.nanoseconds(f"blackholes[{i}].end_ns", bh.end_ns, lo=bh.start_ns + 1)
 
     def base_rtt_ns(self, mtu: int = DEFAULT_PAYLOAD) -> int:
         ser = 0 if not self.rate_gbps else int((mtu + 120) * 8 / self.rate_gbps)
@@ -222,6 +251,22 @@ class LoopbackConfig:
     fabric: FabricConfig = field(default_factory=FabricConfig)
     profile: bool = False
 
+    def check(self) -> None:
+        """ValueError naming the first field out of its range: `build` allocates three buffers of
+        `size` bytes and one EV profile of `evs` entries, and seeds numpy with `seed`."""
+        L = limits
+        self.fabric.check()
+        L.integer("size", self.size, 1, L.MAX_LOOPBACK_BYTES, " bytes")
+        L.integer("evs", self.evs, self.fabric.planes, L.MAX_EVS)
+        if self.cc not in ("nscc", "null"):
+            raise ValueError(f"cc must be nscc or null, got {self.cc!r}")
+        if self.imm is not None:
+            L.integer("imm", self.imm, 0, 2**32 - 1)
+        L.seed("seed", self.seed)
+        L.nanoseconds("settle_ns", self.settle_ns)
+        L.nanoseconds("time_limit_ns", self.time_limit_ns, lo=1)
+        self.attr.check()
+
 
 @dataclass
 class LoopbackRun:
@@ -240,6 +285,7 @@ class LoopbackRun:
 
 
 def build(cfg: LoopbackConfig) -> LoopbackRun:
+    cfg.check()
     fab = cfg.fabric
     a = Context(GID_A, ports=fab.planes, seed=cfg.seed, name="A")
     b = Context(GID_B, ports=fab.planes, seed=cfg.seed + 1, name="B")

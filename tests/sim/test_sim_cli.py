@@ -139,4 +139,6 @@ def test_permutation_beyond_256_hosts(capsys: pytest.CaptureFixture[str]) -> Non
     assert len(r["flow_fractions"]) == 320 and r["capacity_fraction"] > 0.8  # hosts 256..319 deliver too
     assert r["flow_fractions"][0] > 0.5
     assert main(["sim", "run", "permutation", "--hosts", "2064", "--spines", "16"]) == 2
-    assert "2..2048 hosts" in capsys.readouterr().err
+    assert "'--hosts': must be 2..2048" in capsys.readouterr().err
+    assert main(["sim", "run", "permutation", "--hosts", "2048", "--spines", "4", "--leaves", "1024"]) == 2
+    assert "'--leaves': must be 1..256" in capsys.readouterr().err

@@ -236,3 +236,155 @@ def test_any_value_of_a_known_key_raises_only_config_errors(tmp_path: Path, key:
     i = next(n for n, text in enumerate(lines) if text.startswith(f"{key} ="))
     lines[i] = f"{key} = {_toml(value)}\n"
     _check_only_config_errors(tmp_path, "".join(lines).encode())
+
+
+# ------------------------------------------------------------------------------------ mrcctl sim
+
+
+def _sim_error(capsys: pytest.CaptureFixture[str], args: list[str]) -> str:
+    rc = main(["sim", *args, "-j"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and "Traceback" not in err, err
+    return str(json.loads(out)["error"])
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--rate", "nan"], "Invalid value for '--rate': must be a finite number, got nan"),
+    (["--rate", "inf"], "Invalid value for '--rate': must be a finite number, got inf"),
+    (["--rate", "1e12"], "'--rate': must be in [1e-06, 1600] Gb/s"),
+    (["--rate", "-1"], "'--rate': must be in [1e-06, 1600] Gb/s"),
+    (["--seed", "-1"], "Invalid value for '--seed': must be 0..4294967295, got -1"),
+    (["--seed", str(2**32)], "'--seed': must be 0..4294967295"),
+    (["--size", "2G"], "'--size': must be 1..1073741824 bytes"),
+    (["--size", "9" * 400], "not a size"),
+    (["--planes", "65"], "'--planes': must be 1..64"),
+    (["--evs", "99999"], "'--evs': must be 1..16384"),
+    (["--mpr", "9"], "'--mpr': must be 1..8"),
+    (["--trim", "nan"], "'--trim': must be a finite number"),
+    (["--loss", "-0.1"], "'--loss': must be in [0, 1)"),
+    (["--ecn-prob", "0"], "'--ecn-prob': must be in (0, 1]"),
+    (["--ecn-plane", "-1"], "'--ecn-plane': must be 0..63"),
+    (["--delay", "2s"], "'--delay': must be 0..1000000000 ns"),
+    (["--jitter", "9" * 400], "'--jitter': bad time"),
+    (["--settle", "11s"], "'--settle': must be 0..10000000000 ns"),
+    ([arg for i in range(65) for arg in ("--blackhole-plane", f"0@{i + 1}us")], "must be 0..64, got 65"),
+])
+def test_loopback_options_are_ranged(capsys: pytest.CaptureFixture[str], args: list[str],
+                                     needle: str) -> None:
+    assert needle in _sim_error(capsys, ["loopback", *args])
+
+
+SMALL = ["--planes", "2", "--spines", "2"]
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["permutation", "--rate", "1e12"], "'--rate': must be in [1e-06, 1600] Gb/s, got 1e+12 Gb/s"),
+    (["permutation", "--rate", "nan"], "'--rate': must be a finite number"),
+    (["permutation", "--seed", "-1"], "'--seed': must be 0..4294967295"),
+    (["permutation", "--planes", "17"], "'--planes': must be 1..16"),
+    (["permutation", "--spines", "0"], "'--spines': must be 1..256"),
+    (["permutation", "--hosts-per-leaf", "0"], "'--hosts-per-leaf': must be 1..2048"),
+    (["permutation", "--buffer", "2G"], "'--buffer': must be 1..1073741824 bytes"),
+    (["permutation", "--buffer", "1K"], "cannot hold one"),
+    (["permutation", "--ecn", "2G"], "'--ecn': must be 1..1073741824 bytes"),
+    (["permutation", "--trim-at", "0"], "'--trim-at'"),
+    (["permutation", "--timeout", "25"], "'--timeout': must be 0..24"),
+    (["permutation", "--jobs", "0"], "'--jobs': must be 1..256"),
+    (["permutation", "--duration", "11s"], "'--duration': must be 1..10000000000 ns"),
+    (["permutation", "--duration", "0"], "'--duration': must be 1..10000000000 ns"),
+    (["permutation", "--variants", "mrc,mrc"], "each at most once"),
+    # the allocation storm: all hosts at the top rate for 10 s queue 2^38 bytes of WRITEs and more
+    (["permutation", "--hosts", "2048", "--planes", "16", "--spines", "16", "--rate", "1600",
+      "--duration", "10s"], "at most 256 GiB of simulated traffic per run"),
+    (["degraded", "--factor", "nan"], "'--factor': must be a finite number"),
+    (["degraded", "--factor", "1.5"], "'--factor': must be in (0, 1]"),
+    (["failover", *SMALL, "--duration", "200us", "--fail-at", "5us"], "fail-at must leave two bins"),
+    (["failover", *SMALL, "--duration", "200us", "--fail-at", "0"], "fail-at must lie inside the run"),
+    (["failover", *SMALL, "--duration", "200us", "--fail-at", "100us", "--heal-at", "105us"],
+     "must cover at least one whole bin"),
+    (["failover", *SMALL, "--duration", "1s", "--bin", "1us"], "at most 100000 per run"),
+    (["failover", *SMALL, "--flap", "1ns"], "at most 10000 link changes per run"),
+    (["failover", "--reconverge", "2s"], "'--reconverge': must be 0..1000000000 ns"),
+    (["incast", "--senders", "0"], "'--senders': must be 1..255"),
+    (["incast", "--senders", "200", "--size", "1G"], "200 senders x 1073741824 bytes: at most 1 GiB"),
+    (["incast", "--time-limit", "1000s"], "'--time-limit': must be 1..10000000000 ns"),
+    (["allreduce", "--bits", "nan"], "'--bits': must be a finite number"),
+    (["allreduce", "--bits", "9"], "'--bits': must be in (0, 8]"),
+    (["allreduce", "--ranks", "1"], "'--ranks': must be 2..2048"),
+    (["allreduce", "--ranks", "8", "--size", "512M"], "8 ranks x 536870912 bytes: at most 1 GiB"),
+])
+def test_sim_run_options_are_ranged(capsys: pytest.CaptureFixture[str], args: list[str], needle: str) -> None:
+    assert needle in _sim_error(capsys, ["run", *args])
+
+
+def test_failover_with_the_failure_in_the_first_bins_used_to_crash_the_table(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Text output (the table formatted None before): now a usage error on stderr, exit 2."""
+    rc = main(["sim", "run", "failover", *SMALL, "--duration", "200us", "--fail-at", "5us"])
+    _, err = capsys.readouterr()
+    assert rc == 2 and "fail-at must leave two bins (2 x --bin = 20000 ns)" in err and "Traceback" not in err
+
+
+def test_a_topology_file_out_of_the_simulators_range_names_the_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    f = tmp_path / "t.toml"
+    f.write_text(GOOD.replace('rate = "100mbit"', 'rate = "2tbit"'))
+    assert _sim_error(capsys, ["run", "permutation", "--topology", str(f)]).startswith(
+        f"{f}:7: link.rate: must be 1kbit..1600gbit")
+
+
+# -------------------------------------------------------------------- mrc.sim as a library
+
+
+def test_loopback_configs_refuse_out_of_range_fields() -> None:
+    from mrc.sim.loopback import Blackhole, FabricConfig, LoopbackConfig, build
+
+    for cfg, needle in [
+        (LoopbackConfig(fabric=FabricConfig(rate_gbps=math.nan)), "rate_gbps must be a finite number"),
+        (LoopbackConfig(fabric=FabricConfig(rate_gbps=1e12)), "rate_gbps must be in"),
+        (LoopbackConfig(seed=-1), "seed must be 0..4294967295"),
+        (LoopbackConfig(size=1 << 40), "size must be 1..1073741824 bytes"),
+        (LoopbackConfig(evs=2), "evs must be 4..16384"),
+        (LoopbackConfig(cc="cubic"), "cc must be nscc or null"),
+        (LoopbackConfig(fabric=FabricConfig(loss=1.0)), "loss must be in [0, 1)"),
+        (LoopbackConfig(fabric=FabricConfig(ecn={9: 0.5})), "ecn plane must be 0..3"),
+        (LoopbackConfig(fabric=FabricConfig(jitter_ns=10**12)), "jitter_ns must be 0..1000000000 ns"),
+        (LoopbackConfig(fabric=FabricConfig(blackholes=[Blackhole(0, 5, 5)])), "end_ns must be 6.."),
+        (LoopbackConfig(fabric=FabricConfig(planes=0)), "planes must be 1..64"),
+    ]:
+        with pytest.raises(ValueError, match=re_escape(needle)):
+            build(cfg)
+
+
+def test_experiment_specs_refuse_out_of_range_fields() -> None:
+    from mrc.sim import experiments as exps
+
+    with pytest.raises(ValueError, match=re_escape("rate_gbps must be in [1e-06, 1600] Gb/s, got 1e+12")):
+        exps.FabricSpec(rate_gbps=1e12)
+    with pytest.raises(ValueError, match="rate_gbps must be a finite number"):
+        exps.FabricSpec(rate_gbps=math.inf)
+    with pytest.raises(ValueError, match=re_escape("seed must be 0..4294967295")):
+        exps.RunSpec(seed=-1)
+    with pytest.raises(ValueError, match=re_escape("ecn_bytes must be 1..1024 bytes")):
+        exps.FabricSpec(buffer_bytes=1024, ecn_bytes=4096, trim_bytes=512)
+    spec = exps.RunSpec(fabric=exps.FabricSpec(planes=2, leaves=2, spines=2, hosts_per_leaf=2))
+    spec.fabric.rate_gbps = 1e12  # mutated after construction: the experiment checks again
+    with pytest.raises(ValueError, match="rate_gbps must be in"):
+        exps.permutation(spec, 10_000, 1_000)
+    spec.fabric.rate_gbps = 100.0
+    with pytest.raises(ValueError, match=r"fail_ns \(5000\) must lie inside the run and leave two bins"):
+        exps.failover(spec, 200_000, 5_000)
+    with pytest.raises(ValueError, match=re_escape("duration_ns must be 1..10000000000 ns")):
+        exps.incast(spec, 1, 4096, 10**15)
+    with pytest.raises(ValueError, match="at most 256 GiB"):
+        exps.permutation(exps.RunSpec(fabric=exps.FabricSpec(planes=16, leaves=128, spines=16,
+                                                             hosts_per_leaf=16, rate_gbps=1600)),
+                         10_000_000_000, 0)
+
+
+def re_escape(text: str) -> str:
+    import re
+
+    return re.escape(text)
