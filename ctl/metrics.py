@@ -36,6 +36,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from mrc import __version__ as mrc_version
 from mrc.dataplane.abi import DropReason
 from mrc.transport import EvState, QpState
+from mrc.transport.drops import EngineDrop
 
 if TYPE_CHECKING:
     from .daemon import Daemon
@@ -238,8 +239,9 @@ def _engine(h: str, planes: int, s: EngineSnapshot) -> Iterator[Metric]:
     qps = s.qps
     edrops = CounterMetricFamily("mrc_engine_drops_total", "datagrams the engine rejected, by reason",
                                  labels=["host", "reason"])
-    for reason, n in sorted(s.engine_drops.items()):
-        edrops.add_metric([h, reason], n)
+    # every reason of the closed set (Context.drop takes only these), at 0 from the first scrape
+    for reason in EngineDrop:
+        edrops.add_metric([h, reason.value], s.engine_drops.get(reason, 0))
     yield edrops
     rej = CounterMetricFamily("mrc_control_rejected_total",
                               "control-socket requests answered with an error, by reason",

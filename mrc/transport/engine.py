@@ -23,6 +23,7 @@ from mrc.wire.icrc import IcrcContext
 from mrc.wire.packet import parse, parse_write
 
 from .cc import NsccConfig
+from .drops import EngineDrop
 from .paths import EvEvent, EvProfile, ProbeResult
 from .qp import NEVER, Datagram, QueuePair
 from .verbs import Access, AsyncEventKind, CompletionQueue, MemoryRegion, QpAttr, QpState
@@ -60,7 +61,7 @@ class Context:
         self._next_cqn = 0
         self.ev_profiles: dict[int, EvProfile] = {}
         self.cc_profiles: dict[int, NsccConfig | None] = {}
-        self.drops: dict[str, int] = {}
+        self.drops: dict[str, int] = {}  # EngineDrop -> count (only reasons that occurred)
         self.port_enabled = [True] * ports
         self._icrc: dict[tuple[bytes, bytes], IcrcContext] = {}
         self._out: list[Datagram] = []
@@ -225,7 +226,7 @@ class Context:
     def async_event(self, now: int, qpn: int, kind: AsyncEventKind, detail: str) -> None:
         self._async.append(AsyncEvent(now, qpn, kind, detail))
 
-    def drop(self, reason: str) -> None:
+    def drop(self, reason: EngineDrop) -> None:
         d = self.drops
         d[reason] = d.get(reason, 0) + 1
 
@@ -239,15 +240,16 @@ class Context:
         driver knows it, is checked against the QP's peer. Malformed or foreign packets are counted in
         `drops` by reason and never raise."""
         if len(data) < 12:
-            self.drop("truncated")
+            self.drop(EngineDrop.TRUNCATED)
             return
         qp = self.qps.get((data[5] << 16) | (data[6] << 8) | data[7])
         if qp is None:
-            self.drop("unknown_qpn")
+            self.drop(EngineDrop.UNKNOWN_QPN)
             return
         if (qp.state != _RTS and qp.state != _RTR) or (src is not None and src != qp.peer_gid):
             # RTR: a responder, receiving before it may send (as RoCE RC)
-            self.drop("qp_state" if qp.state != _RTS and qp.state != _RTR else "foreign_src")
+            bad_state = qp.state != _RTS and qp.state != _RTR
+            self.drop(EngineDrop.QP_STATE if bad_state else EngineDrop.FOREIGN_SRC)
             return
         if data[0] < 0x10 and type(data) is not memoryview:
             # the hot path: a well-formed WRITE with a good ICRC, straight to the responder (anything
@@ -259,7 +261,7 @@ class Context:
         try:
             pkt = parse(data, qp.rx_icrc)
         except WireError as e:
-            self.drop(e.reason)
+            self.drop(EngineDrop(e.reason))
             return
         op = pkt.opcode
         if op < 0x10:  # RDMA WRITE Only (0x0A) / with Immediate (0x0B): parse admits no other below 0xC0

@@ -35,6 +35,7 @@ from mrc.wire.packet import (
 )
 
 from .cc import NsccConfig, make_cc
+from .drops import EngineDrop
 from .paths import EvProfile, PathSet
 from .verbs import (
     EXP_CNT_INFINITE,
@@ -629,7 +630,7 @@ class QueuePair:
             return -2 - slot
         return -1
 
-    def _unmatched(self, reason: str) -> None:
+    def _unmatched(self, reason: EngineDrop) -> None:
         self.c["unmatched_rx"] += 1
         self.ctx.drop(reason)
 
@@ -645,7 +646,7 @@ class QueuePair:
         ts = s.echo_timestamp_ns - self.ts_off  # type: ignore[union-attr]
         own = self._own_slot(pkt.psn, ts)
         if own == -1:
-            self._unmatched("sack_unmatched")
+            self._unmatched(EngineDrop.SACK_UNMATCHED)
             return
         c["sack_rx"] += 1
         # a second copy of that PSN arrived: when we had sent it more than once, one of those
@@ -658,7 +659,7 @@ class QueuePair:
         if rel >= _HALF:
             rel -= PSN_MOD
         if rel > outstanding:
-            self.ctx.drop("sack_ahead")
+            self.ctx.drop(EngineDrop.SACK_AHEAD)
             return
         acked = 0
         if outstanding:
@@ -876,10 +877,10 @@ class QueuePair:
         c = self.c
         own = self._own_slot(pkt.psn, b.echo_timestamp_ns - self.ts_off)  # type: ignore[union-attr]
         if own == -1:
-            self._unmatched("nack_unmatched")
+            self._unmatched(EngineDrop.NACK_UNMATCHED)
             return
         if own < 0 or self.tx_state[own] != _INFLIGHT:
-            self.ctx.drop("nack_stale")  # an older transmission, or already acknowledged or resent
+            self.ctx.drop(EngineDrop.NACK_STALE)  # an older transmission, or already acknowledged or resent
             return
         slot = own
         psn = self.snd_una + ((pkt.psn - self.snd_una) & PSN_MASK)
@@ -938,7 +939,7 @@ class QueuePair:
         svc = b.service_time_ns if b.flags & _SVC_VALID else 0  # type: ignore[union-attr]
         ts = b.echo_timestamp_ns - self.ts_off  # type: ignore[union-attr]
         if not self.paths.probe_reply(b.request_id, b.echo_ev_index, ts, now - ts - svc, now):  # type: ignore[union-attr]
-            self._unmatched("probe_reply_unmatched")
+            self._unmatched(EngineDrop.PROBE_REPLY_UNMATCHED)
             return
         self.c["probe_reply_rx"] += 1
 
@@ -1079,19 +1080,19 @@ class QueuePair:
         d = (psn - self.rcv_cum) & PSN_MASK
         if d >= _HALF:  # below the cumulative point: an old duplicate
             c["stale_rx"] += 1
-            self.ctx.drop("stale")
+            self.ctx.drop(EngineDrop.STALE)
             self._sack(now, out, psn, ev, ts, _S_DUP, 0, port)
             return
         if d >= self.W:
             c["oow_rx"] += 1
-            self.ctx.drop("out_of_window")
+            self.ctx.drop(EngineDrop.OUT_OF_WINDOW)
             self._nack(out, psn, ev, ts, NackCode.OUT_OF_WINDOW, port)
             return
         bit = 1 << d
         rbits = self.rbits
         if rbits & bit:
             c["dup_rx"] += 1
-            self.ctx.drop("duplicate")
+            self.ctx.drop(EngineDrop.DUPLICATE)
             self._sack(now, out, psn, ev, ts, _S_DUP, 0, port)
             return
         if flags & _TRIMMED:
@@ -1102,20 +1103,20 @@ class QueuePair:
         mr = self.mrs.get(rkey)
         if mr is None or not mr.remote_write:
             c["bad_rkey_rx"] += 1
-            self.ctx.drop("bad_rkey")
+            self.ctx.drop(EngineDrop.BAD_RKEY)
             self._nack(out, psn, ev, ts, NackCode.BAD_RKEY, port)
             return
         off = va - mr.addr
         if off < 0 or off + n > mr.length:
             c["bad_va_rx"] += 1
-            self.ctx.drop("bad_va")
+            self.ctx.drop(EngineDrop.BAD_VA)
             self._nack(out, psn, ev, ts, NackCode.BAD_VA, port)
             return
         m = self.msgs.get(msn)
         if imm is not None and (m is None or m[1] is None):  # this message's immediate, first time
             if len(self.recv_q) <= self.imm_reserved:
                 c["no_recv_buffer_rx"] += 1
-                self.ctx.drop("no_recv_buffer")
+                self.ctx.drop(EngineDrop.NO_RECV_BUFFER)
                 self._nack(out, psn, ev, ts, NackCode.NO_RECV_BUFFER, port)
                 return
             self.imm_reserved += 1
@@ -1232,7 +1233,7 @@ class QueuePair:
         if port < len(enabled) and not enabled[port]:
             # an administratively disabled port answers nothing: the peer's probes of it must fail,
             # as they would on hardware, so that its view of the port agrees with our PORT_STATUS
-            self.ctx.drop("port_disabled")
+            self.ctx.drop(EngineDrop.PORT_DISABLED)
             return
         self.c["probe_rx"] += 1
         buf = bytearray(_PROBE_REPLY_SIZE)
@@ -1269,11 +1270,11 @@ class QueuePair:
         port, state, epoch = b.port, b.state, b.epoch  # type: ignore[union-attr]
         paths = self.paths
         if port >= paths.nports:
-            self._unmatched("port_status_bad_port")
+            self._unmatched(EngineDrop.PORT_STATUS_BAD_PORT)
             return
         last = paths.peer_epoch.get(port)
         if last is not None and not 0 < (epoch - last) & 0xFFFFFFFF < 1 << 31:
-            self.ctx.drop("port_status_stale")
+            self.ctx.drop(EngineDrop.PORT_STATUS_STALE)
             return
         paths.peer_epoch[port] = epoch
         self.c["port_status_rx"] += 1

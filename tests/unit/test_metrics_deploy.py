@@ -21,6 +21,7 @@ import pytest
 
 from mrc.ctl.metrics import EGRESS_DROP_REASONS, INGRESS_DROP_REASONS, METRICS
 from mrc.transport import EvState, QpState
+from mrc.transport.drops import EngineDrop
 from mrc.wire.errors import REASONS as WIRE_REASONS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,11 +62,15 @@ def _alerts() -> dict[str, str]:
 
 
 def _engine_drop_reasons() -> set[str]:
-    """Every reason the engine can count: the wire parsers' closed set and the string literals of its
-    `drop(...)` calls (`drop("qp_state" if ... else "foreign_src")` included)."""
+    """Every reason the engine can count: the closed `EngineDrop` set, which every `drop(...)` call of the
+    engine must use (a string literal there would be a reason outside the set)."""
     src = " ".join(p.read_text() for p in (ROOT / "mrc" / "transport").glob("*.py"))
-    calls = re.findall(r"\bdrop\(([^()]*)\)", src)
-    return set(WIRE_REASONS) | {w for c in calls for w in re.findall(r"""["']([a-z_]+)["']""", c)}
+    calls = re.findall(r"\b(?:drop|_unmatched)\(([^()]*)\)", src)
+    literal = [c for c in calls if re.search(r"""["'][a-z_]+["']""", c)]
+    assert not literal, f"drop reasons outside EngineDrop: {literal}"
+    reasons = {r.value for r in EngineDrop}
+    assert set(WIRE_REASONS) <= reasons  # what `parse` rejects is counted under its own name
+    return reasons
 
 
 #: (metric, label) -> every value the exporter can give it (the closed sets the rules and panels may name)

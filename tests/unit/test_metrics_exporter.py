@@ -150,6 +150,15 @@ def test_drops_carry_their_plane_or_none_and_every_reason_starts_at_zero(tmp_pat
     assert _value(fams, "mrc_egress_drops", "mrc_egress_drops_total", reason="encap_failed") == 0
     dead = {"buffer", "fault", "blackhole"}
     assert not dead & {s.labels["reason"] for s in ing + eg}
+    # the engine's closed set too, before and after a drop is counted
+    from mrc.transport.drops import EngineDrop
+
+    eng = [s for s in fams["mrc_engine_drops"].samples if s.name.endswith("_total")]
+    assert {s.labels["reason"] for s in eng} == {r.value for r in EngineDrop}
+    assert all(s.value == 0 for s in eng)
+    d.ctx.receive(b"\x00" * 4, 0)
+    fams, _ = _scrape(d)
+    assert _value(fams, "mrc_engine_drops", "mrc_engine_drops_total", reason="truncated") == 1
 
 
 def _actions(fams: dict[str, Any]) -> dict[str, float]:
