@@ -1,0 +1,141 @@
+"""Cluster files for the fluid model (`deploy/topologies/cluster/*.toml`) and their address plan.
+
+`mrc.topology` names every host and switch and gives each a 16-bit micro-SID node ID
+``plane << 12 | role << 8 | index`` (hosts ≥ 256: ``plane << 12 | 0x800 | index``): 256 leaves, 256
+spines and 2,048 hosts at most. A 131,072-host cluster cannot have a node ID per host port — 12 bits per
+plane name 4,096 nodes — and it does not need one. The plan for clusters (`address_plan`):
+
+* **Only switches have micro-SIDs.** Leaf j of plane p: ``p << 12 | j`` (j < 0x800); spine k:
+  ``p << 12 | 0x800 | k``. A path's container is [source leaf, spine, destination leaf]; the destination
+  leaf's SID is End.DT6 (decapsulate), and the inner packet goes to the host by its address, which the
+  leaf holds as a connected route. 768 switches per plane at radix 512, 2,048 + 2,048 at most.
+* **Host MRC addresses come from the /48**: ``mrc_prefix:<leaf>:<port>::1`` in the host's
+  ``mrc_prefix:<leaf>:<port>::/80`` (16 bits of leaf, 16 of port under the /48: 65,536 leaves of 65,536
+  hosts). Path addresses, which the testbed puts in a host's /64, are not needed: the EV picks the
+  container.
+* **Link underlay** ``link_prefix:<upper 16 bits>:<lower 16 bits>::/64`` as today, a host link named by
+  (leaf SID, port) and a fabric link by (leaf SID, spine SID): spine SIDs have bit 11 set and ports are
+  below 0x800, so the two kinds never share a /64.
+
+`plan_collisions` computes every switch SID, host address and link prefix of a cluster and counts
+duplicates (the test of the shipped cluster files asserts none). The fluid model itself needs only the
+shape (`cluster_fabric`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import tomllib
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+
+from .fluid import FluidFabric
+
+DEFAULT_MRC_PREFIX: Final = ipaddress.IPv6Network("fd00::/48")
+DEFAULT_LINK_PREFIX: Final = ipaddress.IPv6Network("fc00::/32")
+_KEYS: Final = {
+    "cluster": {"planes", "leaves", "spines", "hosts_per_leaf", "radix", "rate_gbps"},
+    "addressing": {"mrc_prefix", "link_prefix"},
+}
+
+
+def cluster_dir() -> Path:
+    return Path(__file__).resolve().parents[2] / "deploy" / "topologies" / "cluster"
+
+
+def load_cluster(path: str | Path) -> tuple[FluidFabric, dict[str, Any]]:
+    """(fabric, the parsed document) of a cluster file; ValueError naming the file and key."""
+    p = Path(path)
+    try:
+        doc = tomllib.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise ValueError(f"{p}: {e}") from None
+    for table, keys in doc.items():
+        if table not in _KEYS or not isinstance(keys, dict):
+            raise ValueError(f"{p}: unknown table [{table}] (cluster files have [cluster], [addressing])")
+        for k in keys:
+            if k not in _KEYS[table]:
+                raise ValueError(f"{p}: {table}.{k}: unknown key")
+    c = doc.get("cluster")
+    if not isinstance(c, dict):
+        raise ValueError(f"{p}: needs a [cluster] table")
+    try:
+        fab = FluidFabric(
+            int(c["planes"]),
+            int(c["leaves"]),
+            int(c["spines"]),
+            int(c["hosts_per_leaf"]),
+            float(c.get("rate_gbps", 100)) * 1e9,
+        )
+    except KeyError as e:
+        raise ValueError(f"{p}: cluster.{e.args[0]}: missing") from None
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{p}: cluster: {e}") from None
+    radix = c.get("radix")
+    if radix is not None and (fab.hosts_per_leaf + fab.spines > radix or fab.leaves > radix):
+        raise ValueError(
+            f"{p}: cluster.radix {radix}: a leaf needs {fab.hosts_per_leaf + fab.spines} ports "
+            f"and a spine {fab.leaves}"
+        )
+    return fab, doc
+
+
+def _net(doc: dict[str, Any], key: str, default: ipaddress.IPv6Network, plen: int) -> ipaddress.IPv6Network:
+    raw = doc.get("addressing", {}).get(key)
+    net = default if raw is None else ipaddress.IPv6Network(raw)
+    if net.prefixlen != plen:
+        raise ValueError(f"addressing.{key}: {net} must be a /{plen}")
+    return net
+
+
+def address_plan(fab: FluidFabric, doc: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
+    """Every switch micro-SID (16 bits, per plane), host MRC address (its upper 64 bits: the /48 and
+    leaf, then port, as one 80-bit prefix split into (hi64, port)), and link /64 (upper 64 bits)."""
+    doc = doc or {}
+    mrc = _net(doc, "mrc_prefix", DEFAULT_MRC_PREFIX, 48)
+    lnk = _net(doc, "link_prefix", DEFAULT_LINK_PREFIX, 32)
+    if mrc.overlaps(lnk):
+        raise ValueError(f"addressing: {mrc} overlaps {lnk}")
+    P, L, S, H = fab.planes, fab.leaves, fab.spines, fab.hosts_per_leaf
+    p = np.arange(P, dtype=np.uint64)[:, None]
+    leaf_sid = (p << np.uint64(12)) | np.arange(L, dtype=np.uint64)[None, :]
+    spine_sid = (p << np.uint64(12)) | np.uint64(0x800) | np.arange(S, dtype=np.uint64)[None, :]
+    sids = np.concatenate([leaf_sid.ravel(), spine_sid.ravel()])
+    mrc_hi = np.uint64(int(mrc.network_address) >> 80)  # the /48 as 48 bits
+    h = np.arange(fab.hosts, dtype=np.uint64)
+    host_hi = (mrc_hi << np.uint64(16)) | (h // np.uint64(H))  # /48 + leaf: upper 64 bits
+    host_port = h % np.uint64(H)
+    lp = np.uint64(int(lnk.network_address) >> 96)  # the /32 as 32 bits
+    # host links: (leaf SID of plane p, port); fabric links: (leaf SID, spine SID)
+    host_links = (
+        (lp << np.uint64(32))
+        | (np.repeat(leaf_sid, H, axis=1) << np.uint64(16))
+        | np.tile(np.arange(H, dtype=np.uint64), L)[None, :]
+    ).ravel()
+    fab_links = (
+        (lp << np.uint64(32)) | (leaf_sid[:, :, None] << np.uint64(16)) | spine_sid[:, None, :]
+    ).ravel()
+    return {
+        "sids": sids,
+        "host_hi": host_hi,
+        "host_port": host_port,
+        "links": np.concatenate([host_links, fab_links]),
+    }
+
+
+def plan_collisions(fab: FluidFabric, doc: dict[str, Any] | None = None) -> dict[str, int]:
+    """Duplicates in each name space of `address_plan` (all 0 for a sound plan), and the counts."""
+    a = address_plan(fab, doc)
+    host_keys = np.stack([a["host_hi"], a["host_port"]], axis=1)
+    n_host_dup = len(host_keys) - len(np.unique(host_keys, axis=0))
+    return {
+        "switch_sids": len(a["sids"]),
+        "switch_sid_duplicates": len(a["sids"]) - len(np.unique(a["sids"])),
+        "host_addresses": len(host_keys),
+        "host_address_duplicates": n_host_dup,
+        "link_prefixes": len(a["links"]),
+        "link_prefix_duplicates": len(a["links"]) - len(np.unique(a["links"])),
+        "sids_fit_16_bits": int(bool((a["sids"] < np.uint64(1 << 16)).all())),
+    }
