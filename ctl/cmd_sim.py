@@ -777,3 +777,8 @@ def _render_allreduce(doc: dict[str, Any]) -> str:
         _speed_line(doc),
     ]
     return "\n".join(lines)
+
+
+from .cmd_fluid import fluid_cmd  # noqa: E402  (mrcctl sim fluid: the flow-level model)
+
+sim.add_command(fluid_cmd)
