@@ -240,8 +240,8 @@ def _engine(h: str, planes: int, s: EngineSnapshot) -> Iterator[Metric]:
     edrops = CounterMetricFamily("mrc_engine_drops_total", "datagrams the engine rejected, by reason",
                                  labels=["host", "reason"])
     # every reason of the closed set (Context.drop takes only these), at 0 from the first scrape
-    for reason in EngineDrop:
-        edrops.add_metric([h, reason.value], s.engine_drops.get(reason, 0))
+    for drop in EngineDrop:
+        edrops.add_metric([h, drop.value], s.engine_drops.get(drop, 0))
     yield edrops
     rej = CounterMetricFamily("mrc_control_rejected_total",
                               "control-socket requests answered with an error, by reason",

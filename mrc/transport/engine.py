@@ -26,7 +26,15 @@ from .cc import NsccConfig
 from .drops import EngineDrop
 from .paths import EvEvent, EvProfile, ProbeResult
 from .qp import NEVER, Datagram, QueuePair
-from .verbs import Access, AsyncEventKind, CompletionQueue, MemoryRegion, QpAttr, QpState
+from .verbs import (
+    Access,
+    AsyncEventKind,
+    CompletionChannel,
+    CompletionQueue,
+    MemoryRegion,
+    QpAttr,
+    QpState,
+)
 
 _SACK: Final = int(Opcode.SACK)
 _NACK: Final = int(Opcode.NACK)
@@ -86,8 +94,10 @@ class Context:
         self.mrs.pop(mr.rkey, None)
         mr.deregister()
 
-    def create_cq(self, depth: int = 1 << 16) -> CompletionQueue:
-        cq = CompletionQueue(self._next_cqn, depth)
+    def create_cq(self, depth: int = 1 << 16, channel: CompletionChannel | None = None) -> CompletionQueue:
+        """`mrc_create_cq`: at most `depth` completions wait (one more overruns it: see
+        `CompletionQueue`); with `channel`, `cq.req_notify()` arms completion events."""
+        cq = CompletionQueue(self._next_cqn, depth, channel)
         self._next_cqn += 1
         self.cqs[cq.cqn] = cq
         return cq

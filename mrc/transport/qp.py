@@ -318,9 +318,8 @@ class QueuePair:
         """RDMA WRITE (or WRITE-with-immediate with `imm`) of mr[offset:offset+length] to
         (remote_addr, rkey). Completes on `send_cq` once every PSN is acknowledged."""
         if self.state == QpState.ERROR:
-            self.send_cq.push(
-                WorkCompletion(wr_id, WcStatus.WR_FLUSH_ERR, self._wc_op(imm), self.qpn, 0, None)
-            )
+            wc = WorkCompletion(wr_id, WcStatus.WR_FLUSH_ERR, self._wc_op(imm), self.qpn, 0, None)
+            self._complete(self.send_cq, wc, 0)
             return
         if self.state != QpState.RTS:
             raise ValueError(f"post_send in state {self.state.name}")
@@ -337,11 +336,19 @@ class QueuePair:
     def post_recv(self, wr_id: int) -> None:
         """Pre-post a receive that one incoming WRITE-with-immediate will consume."""
         if self.state == QpState.ERROR:
-            self.recv_cq.push(
-                WorkCompletion(wr_id, WcStatus.WR_FLUSH_ERR, WcOpcode.RECV_RDMA_WITH_IMM, self.qpn)
-            )
+            wc = WorkCompletion(wr_id, WcStatus.WR_FLUSH_ERR, WcOpcode.RECV_RDMA_WITH_IMM, self.qpn)
+            self._complete(self.recv_cq, wc, 0)
             return
         self.recv_q.append(wr_id)
+
+    def _complete(self, cq: CompletionQueue, wc: WorkCompletion, now: int) -> None:
+        """Queue a completion; on an overrun the QP goes to ERROR (a completion lost silently would
+        leave the application waiting for a WRITE that is done) and the context reports CQ_ERR."""
+        if not cq.push(wc):
+            if self.state != QpState.ERROR:
+                why = f"CQ {cq.cqn} overran (depth {cq.depth})"
+                self.ctx.async_event(now, self.qpn, AsyncEventKind.CQ_ERR, why)
+            self.set_error(WcStatus.WR_FLUSH_ERR, now)
 
     @staticmethod
     def _wc_op(imm: int | None) -> WcOpcode:
@@ -717,10 +724,12 @@ class QueuePair:
                         wr = wrs.popleft()
                         if wr.imm is not None:
                             self.wimm_out -= 1
-                        self.send_cq.push(
+                        self._complete(
+                            self.send_cq,
                             WorkCompletion(
                                 wr.wr_id, WcStatus.SUCCESS, self._wc_op(wr.imm), self.qpn, wr.length, None
-                            )
+                            ),
+                            now,
                         )
                 self.retries = 0
                 self.rto_deadline = now + self.ack_timeout if self.snd_nxt != una else NEVER
@@ -1045,14 +1054,14 @@ class QueuePair:
         for wr in self.wrs_out:
             st = status if first else WcStatus.WR_FLUSH_ERR
             first = False
-            self.send_cq.push(WorkCompletion(wr.wr_id, st, self._wc_op(wr.imm), self.qpn, 0, None))
+            wc = WorkCompletion(wr.wr_id, st, self._wc_op(wr.imm), self.qpn, 0, None)
+            self._complete(self.send_cq, wc, now)
         self.wrs_out.clear()
         self.send_q.clear()
         self.cur = None
         for wr_id in self.recv_q:
-            self.recv_cq.push(
-                WorkCompletion(wr_id, WcStatus.WR_FLUSH_ERR, WcOpcode.RECV_RDMA_WITH_IMM, self.qpn)
-            )
+            wc = WorkCompletion(wr_id, WcStatus.WR_FLUSH_ERR, WcOpcode.RECV_RDMA_WITH_IMM, self.qpn)
+            self._complete(self.recv_cq, wc, now)
         self.recv_q.clear()
         self.retx_q.clear()
         self.rtxq.clear()
@@ -1157,9 +1166,10 @@ class QueuePair:
             if m[1] is not None:
                 self.imm_reserved -= 1
                 wr_id = self.recv_q.popleft()
-                self.recv_cq.push(
-                    WorkCompletion(wr_id, WcStatus.SUCCESS, WcOpcode.RECV_RDMA_WITH_IMM, self.qpn, m[2], m[1])
+                wc = WorkCompletion(
+                    wr_id, WcStatus.SUCCESS, WcOpcode.RECV_RDMA_WITH_IMM, self.qpn, m[2], m[1]
                 )
+                self._complete(self.recv_cq, wc, now)
         # acknowledgement policy
         if ecn:
             c["ecn_rx"] += 1

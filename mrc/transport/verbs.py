@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum, IntFlag, StrEnum
 from typing import Any, Final
@@ -41,6 +42,7 @@ class AsyncEventKind(StrEnum):
     event still compares equal to its name."""
 
     QP_FATAL = "QP_FATAL"  # the QP went to ERROR on its own (retry budget, a fatal NACK, RNR retries)
+    CQ_ERR = "CQ_ERR"  # a CQ overran (its depth of completions waiting): the QP that completed is in ERROR
 
 
 class WcStatus(IntEnum):
@@ -71,18 +73,77 @@ class WorkCompletion:
     imm_data: int | None = None
 
 
+class CompletionChannel:
+    """`mrc_comp_channel`: where armed CQs report that a completion arrived (`mrc_get_cq_event`). It
+    only queues the CQs; a driver makes it pollable (`mrc.dataplane.channel.FdCompletionChannel`, an
+    eventfd for `selectors`) through `on_event`, called once per event."""
+
+    __slots__ = ("_events", "on_event", "unacked")
+
+    def __init__(self) -> None:
+        self._events: deque[CompletionQueue] = deque()
+        self.on_event: Callable[[], None] | None = None
+        self.unacked: dict[int, int] = {}  # cqn -> events got but not acked (mrc_ack_cq_events)
+
+    def _notify(self, cq: CompletionQueue) -> None:
+        self._events.append(cq)
+        if self.on_event is not None:
+            self.on_event()
+
+    def get_cq_event(self) -> CompletionQueue | None:
+        """The CQ of the oldest pending event (None when there is none). Re-arm it with `req_notify`
+        and poll it: completions that came before the re-arm raise no event (as ibv_get_cq_event)."""
+        if not self._events:
+            return None
+        cq = self._events.popleft()
+        self.unacked[cq.cqn] = self.unacked.get(cq.cqn, 0) + 1
+        return cq
+
+    def ack_cq_events(self, cq: CompletionQueue, n: int) -> None:
+        got = self.unacked.get(cq.cqn, 0)
+        if not 0 < n <= got:
+            raise ValueError(f"ack of {n} events of CQ {cq.cqn}, {got} got and not acked")
+        self.unacked[cq.cqn] = got - n
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+
 class CompletionQueue:
-    """A completion queue: the engine appends, the application polls (`mrc_poll_cq`)."""
+    """A completion queue: the engine appends, the application polls (`mrc_poll_cq`). At most `depth`
+    completions wait; one more is an overrun (`push` returns False, `overruns` counts it: the QP that
+    completed goes to ERROR with a CQ_ERR async event, as an RC QP cannot lose a completion). Armed with
+    `req_notify`, the next completion raises one event on its `channel`."""
 
-    __slots__ = ("_q", "cqn", "depth")
+    __slots__ = ("_q", "armed", "channel", "cqn", "depth", "overruns")
 
-    def __init__(self, cqn: int, depth: int = 1 << 16) -> None:
+    def __init__(self, cqn: int, depth: int = 1 << 16, channel: CompletionChannel | None = None) -> None:
+        if not 1 <= depth <= 1 << 22:
+            raise ValueError(f"CQ depth must be 1..{1 << 22}, got {depth}")
         self.cqn = cqn
         self.depth = depth
+        self.channel = channel
+        self.armed = False
+        self.overruns = 0
         self._q: deque[WorkCompletion] = deque()
 
-    def push(self, wc: WorkCompletion) -> None:
-        self._q.append(wc)
+    def push(self, wc: WorkCompletion) -> bool:
+        q = self._q
+        if len(q) >= self.depth:
+            self.overruns += 1
+            return False
+        q.append(wc)
+        if self.armed:
+            self.armed = False
+            assert self.channel is not None
+            self.channel._notify(self)
+        return True
+
+    def req_notify(self) -> None:
+        """`mrc_req_notify_cq`: the next completion raises an event on the channel."""
+        if self.channel is None:
+            raise ValueError(f"CQ {self.cqn} has no completion channel")
+        self.armed = True
 
     def poll(self, max_entries: int = 1 << 30) -> list[WorkCompletion]:
         q = self._q
