@@ -559,5 +559,6 @@ def plot(doc: dict[str, Any], path: str) -> None:
 
 
 def default_target(task: str) -> float:
-    """The default target: 95% test accuracy (digits), a validation loss of 2.5 nats/byte (text)."""
-    return 0.95 if task == "digits" else 2.5
+    """The default target: 95% test accuracy (digits), a validation loss of 2.0 nats/byte (text): what
+    fp32 reaches in the default runs' second half, so that the hooks' steps and times to it differ."""
+    return 0.95 if task == "digits" else 2.0
