@@ -779,6 +779,6 @@ def _render_allreduce(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-from .cmd_fluid import fluid_cmd  # noqa: E402  (mrcctl sim fluid: the flow-level model)
+from .sim_fluid import fluid_cmd  # noqa: E402  (mrcctl sim fluid: the flow-level model; not a cmd_* OBJECT module)
 
 sim.add_command(fluid_cmd)
