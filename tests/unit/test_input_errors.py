@@ -162,7 +162,7 @@ def test_override_rates_and_delays_have_the_same_ranges(tmp_path: Path) -> None:
 def test_too_many_hosts_fail_before_the_model_is_built(tmp_path: Path) -> None:
     hosts = "".join(f'[[hosts]]\nname = "h{i}"\nleaf = 0\n' for i in range(2049))
     msg = _load_error(tmp_path, GOOD.split("[[hosts]]")[0] + hosts)
-    assert msg == f"{tmp_path / 't.toml'}:11: hosts: need 2..2048 hosts, got 2049"  # the first [[hosts]]
+    assert msg == f"{tmp_path / 't.toml'}:12: hosts: need 2..2048 hosts, got 2049"  # the first [[hosts]]
 
 
 def test_the_shipped_topologies_still_load() -> None:
