@@ -250,7 +250,7 @@ def _render(doc: dict[str, Any]) -> str:
         lines.append(f"EV events: {len(ev)} (first 10)")
         lines.append(
             table(ev[:10], [("t_ns", "T_NS"), ("ev_index", "EV"), ("port", "PORT"), ("state", "STATE"),
-                            ("drop_count", "DROPS")])
+                            ("lost", "LOST")])
         )
     if "profile" in doc:
         lines.append("")

@@ -218,7 +218,8 @@ class Controller:
             peer = d.qp_peer.get(e.qpn)
             self.event_counts[e.state.name] = self.event_counts.get(e.state.name, 0) + 1
             self.events.append({"time_ns": e.time_ns, "qpn": e.qpn, "peer": peer, "ev_index": e.ev_index,
-                                "port": e.port, "state": e.state.name, "drop_count": e.drop_count})
+                                "port": e.port, "state": e.state.name, "lost": e.lost,
+                                "drop_count": e.drop_count})
             if peer is None or qp is None or e.qpn in d.pinned_qps:
                 continue
             key = (e.qpn, e.ev_index)

@@ -414,7 +414,7 @@ def report(run: LoopbackRun, wall: float, done_ns: int, prof: Any = None) -> dic
         "ev_states": ev_states,
         "events": [
             {"t_ns": e.time_ns, "ev_index": e.ev_index, "port": e.port, "state": e.state.name,
-             "drop_count": e.drop_count}
+             "lost": e.lost, "drop_count": e.drop_count}
             for e in events
         ],
         "plane_share": [round(x / tot, 4) for x in fab.plane_data_bytes[0]],

@@ -24,7 +24,7 @@ from mrc.wire.packet import parse, parse_write
 
 from .cc import NsccConfig
 from .drops import EngineDrop
-from .paths import EvEvent, EvProfile, ProbeResult
+from .paths import EvEvent, EvEventCq, EvProfile, ProbeResult
 from .qp import NEVER, Datagram, QueuePair
 from .verbs import (
     Access,
@@ -33,8 +33,31 @@ from .verbs import (
     CompletionQueue,
     MemoryRegion,
     QpAttr,
+    QpHint,
     QpState,
 )
+
+#: MRC_API_VER(major, minor, subminor) of mrc_api_ver.h / mrc_ctl_api_ver.h
+API_VER_MAJOR_OFFSET: Final = 24
+API_VER_MINOR_OFFSET: Final = 16
+
+
+def api_ver(major: int, minor: int, subminor: int) -> int:
+    """`MRC_API_VER(major, minor, subminor)`: the encoding both API version headers use."""
+    return (major << API_VER_MAJOR_OFFSET) | (minor << API_VER_MINOR_OFFSET) | subminor
+
+
+#: the application API version this engine implements (MRC_API_CURRENT_VERSION of mrc_api_ver.h) and
+#: the oldest it accepts from an application (MRC_API_LAST_SUPPORTED_VERSION); no vendor API exists,
+#: the vendor versions are the header's
+API_CURRENT_VERSION: Final = api_ver(1, 0, 1)
+API_LAST_SUPPORTED_VERSION: Final = api_ver(0, 0, 0)
+VENDOR_API_CURRENT_VERSION: Final = api_ver(1, 0, 0)
+VENDOR_API_LAST_SUPPORTED_VERSION: Final = api_ver(0, 0, 0)
+#: this engine's limits (what query_device reports and create_* enforce)
+MAX_QPN: Final = 0xFFFFFF  # 24-bit QPNs; numbering starts at 0x100 and is never reused
+MAX_CQE: Final = 1 << 22
+MAX_QP_HINTS: Final = 1 << 16
 
 _SACK: Final = int(Opcode.SACK)
 _NACK: Final = int(Opcode.NACK)
@@ -56,9 +79,23 @@ class AsyncEvent:
 class Context:
     """One host's MRC engine (see the module docstring for the driver interface)."""
 
-    def __init__(self, gid: bytes, *, ports: int = 1, seed: int = 0, name: str = "") -> None:
+    def __init__(
+        self, gid: bytes, *, ports: int = 1, seed: int = 0, name: str = "", api_version: int = 0,
+        vendor_api_version: int = 0,
+    ) -> None:
+        """`mrc_create_context`: `api_version` / `vendor_api_version` are mrc_context_attr's versions
+        used (0: not said, the current one is assumed); one outside [last supported, current] is
+        refused, as the headers refuse it at compile time."""
         if len(gid) != 16:
             raise ValueError("gid must be a 16-byte IPv6 address")
+        if api_version and not API_LAST_SUPPORTED_VERSION <= api_version <= API_CURRENT_VERSION:
+            raise ValueError(f"API version {api_version:#x} outside the supported range")
+        if vendor_api_version and not (
+            VENDOR_API_LAST_SUPPORTED_VERSION <= vendor_api_version <= VENDOR_API_CURRENT_VERSION
+        ):
+            raise ValueError(f"vendor API version {vendor_api_version:#x} outside the supported range")
+        self.api_version = api_version or API_CURRENT_VERSION
+        self.vendor_api_version = vendor_api_version or VENDOR_API_CURRENT_VERSION
         self.gid = bytes(gid)
         self.ports = ports
         self.name = name
@@ -77,6 +114,16 @@ class Context:
         self._next_qpn = 0x100
         self._port_epoch = 0
         self._active: list[QueuePair] = []
+        self.ev_cqs: list[EvEventCq] = []  # EV event CQs: every QP's EV events go to each of them
+        self.channels: list[CompletionChannel] = []
+        self.qp_hints: dict[int, QpHint] = {}
+        # controller objects of mrc_ctl.h kept by mrc.transport.ctl: EV format profiles, the state of
+        # EV / CC profiles being configured (INIT / OFFLINE) or ONLINE
+        self.ev_fmt_profiles: dict[int, Any] = {}
+        self.ctl_ev_profiles: dict[int, Any] = {}
+        self.ctl_cc_profiles: dict[int, Any] = {}
+        self._async_got: dict[int, int] = {}  # qpn -> async events got and not acked
+        self.destroyed = False
 
     # ------------------------------------------------------------------ objects (mrc.h / mrc_ctl.h)
 
@@ -94,21 +141,60 @@ class Context:
         self.mrs.pop(mr.rkey, None)
         mr.deregister()
 
-    def create_cq(self, depth: int = 1 << 16, channel: CompletionChannel | None = None) -> CompletionQueue:
+    def create_comp_channel(self) -> CompletionChannel:
+        """`mrc_create_comp_channel` (the channel of this context; a driver wanting an fd makes a
+        `mrc.dataplane.channel.FdCompletionChannel` and passes it to `create_cq` instead)."""
+        ch = CompletionChannel()
+        self.channels.append(ch)
+        return ch
+
+    def destroy_comp_channel(self, ch: CompletionChannel) -> None:
+        """`mrc_destroy_comp_channel`: refused (ValueError, as EBUSY) while a CQ reports to it."""
+        users = [c.cqn for c in self.cqs.values() if c.channel is ch]
+        if users:
+            raise ValueError(f"completion channel is used by CQ {', '.join(map(str, sorted(users)))}")
+        if ch in self.channels:
+            self.channels.remove(ch)
+
+    def create_cq(
+        self, depth: int = 1 << 16, channel: CompletionChannel | None = None, cq_context: Any = None
+    ) -> CompletionQueue:
         """`mrc_create_cq`: at most `depth` completions wait (one more overruns it: see
-        `CompletionQueue`); with `channel`, `cq.req_notify()` arms completion events."""
+        `CompletionQueue`); with `channel`, `cq.req_notify()` arms completion events; `cq_context` is
+        the application's, kept on the CQ (`cq.cq_context`) for whoever gets its events."""
         cq = CompletionQueue(self._next_cqn, depth, channel)
+        cq.cq_context = cq_context
         self._next_cqn += 1
         self.cqs[cq.cqn] = cq
         return cq
 
-    def destroy_cq(self, cq: CompletionQueue) -> None:
-        """`mrc_destroy_cq`: refused (ValueError, as EBUSY) while a QP still completes into it."""
+    def create_ev_event_cq(self, depth: int, cq_context: Any = None) -> EvEventCq:
+        """`mrc_ctl_create_ev_event_cq` (without a completion channel: a controller polls it): from
+        now on every QP's EV events go to this bounded queue (and to every other EV event CQ of the
+        context) instead of `poll_ev_events`' lists."""
+        cq = EvEventCq(self._next_cqn, depth, cq_context)
+        self._next_cqn += 1
+        self.ev_cqs.append(cq)
+        return cq
+
+    def destroy_cq(self, cq: CompletionQueue | EvEventCq) -> None:
+        """`mrc_destroy_cq` (also of an EV event CQ): refused (ValueError, as EBUSY) while a QP still
+        completes into it, or while completion events got from its channel are not acknowledged
+        (ibv_destroy_cq waits for those acks; a sans-I/O engine cannot wait, so it refuses)."""
+        if isinstance(cq, EvEventCq):
+            if cq not in self.ev_cqs:
+                raise ValueError(f"CQ {cq.cqn} is not an EV event CQ of this context")
+            self.ev_cqs.remove(cq)
+            return
+        unacked = cq.channel.unacked.get(cq.cqn, 0) if cq.channel is not None else 0
+        if unacked:
+            raise ValueError(f"CQ {cq.cqn} has {unacked} completion events not acknowledged")
         users = sorted(q.qpn for q in self.qps.values() if cq in (q.send_cq, q.recv_cq))
         if users:
             raise ValueError(f"CQ {cq.cqn} is used by QP {', '.join(hex(q) for q in users)}")
-        if self.cqs.pop(cq.cqn, None) is None:
+        if self.cqs.get(cq.cqn) is not cq:
             raise ValueError(f"CQ {cq.cqn} is not a CQ of this context")
+        del self.cqs[cq.cqn]
 
     @staticmethod
     def _free_id(used: Any) -> int:
@@ -160,11 +246,21 @@ class Context:
         ev_profile: EvProfile,
         cc_profile: int | None = None,
         attr: QpAttr | None = None,
+        hint: QpHint | None = None,
+        protocol_version: int = 0,
     ) -> QueuePair:
+        """`mrc_create_qp` (in INIT). `protocol_version` is mrc_qp_init_attr's: 0 (the provider's
+        default) or MRC_PROTOCOL_VERSION_1, the one wire version this engine speaks (docs/wire.md)."""
+        if protocol_version not in (0, 1):
+            raise ValueError(f"protocol version {protocol_version:#x}: this engine speaks version 1 only")
+        if hint is not None and self.qp_hints.get(hint.hint_id) is not hint:
+            raise ValueError(f"QP hint {hint.hint_id} is not a hint of this context")
         cc = self.cc_profiles[cc_profile] if cc_profile is not None else None
+        if self._next_qpn > MAX_QPN:
+            raise ValueError("QP numbers exhausted (24-bit QPNs are never reused)")
         qpn = self._next_qpn
         self._next_qpn += 1
-        qp = QueuePair(self, qpn, send_cq, recv_cq or send_cq, ev_profile, cc, attr or QpAttr())
+        qp = QueuePair(self, qpn, send_cq, recv_cq or send_cq, ev_profile, cc, attr or QpAttr(), hint)
         self.qps[qpn] = qp
         self._active.append(qp)
         return qp
@@ -181,6 +277,9 @@ class Context:
         as ibv_destroy_qp); its QPN is not reused; packets for it are then dropped as unknown_qpn."""
         if self.qps.get(qp.qpn) is not qp:
             raise ValueError(f"QP {qp.qpn:#x} is not a QP of this context")
+        if self._async_got.get(qp.qpn):
+            # ibv_destroy_qp waits until its async events are acknowledged; this engine cannot wait
+            raise ValueError(f"QP {qp.qpn:#x} has async events not acknowledged (ack_async_event)")
         del self.qps[qp.qpn]
         if qp in self._active:
             self._active.remove(qp)
@@ -230,8 +329,79 @@ class Context:
         return out
 
     def poll_async_events(self) -> list[AsyncEvent]:
+        """Every queued async event at once, needing no acknowledgement (mrcd's loop)."""
         out, self._async = self._async, []
         return out
+
+    def get_async_event(self) -> AsyncEvent | None:
+        """`mrc_get_async_event`: the oldest async event (None when none is queued: a sans-I/O engine
+        does not block). It must be acknowledged with `ack_async_event`: until then its QP cannot be
+        destroyed, as with ibv_get_async_event."""
+        if not self._async:
+            return None
+        ev = self._async.pop(0)
+        self._async_got[ev.qpn] = self._async_got.get(ev.qpn, 0) + 1
+        return ev
+
+    def ack_async_event(self, ev: AsyncEvent) -> None:
+        """`mrc_ack_async_event`: one event got from `get_async_event` is done with."""
+        got = self._async_got.get(ev.qpn, 0)
+        if not got:
+            raise ValueError(f"async event of QP {ev.qpn:#x} acknowledged but not got")
+        if got == 1:
+            del self._async_got[ev.qpn]
+        else:
+            self._async_got[ev.qpn] = got - 1
+
+    def get_qpn(self, qp: QueuePair) -> int:
+        """`mrc_get_qpn`: the QP's number; ValueError (EINVAL) for a QP not of this context (destroyed)."""
+        if self.qps.get(qp.qpn) is not qp:
+            raise ValueError(f"QP {qp.qpn:#x} is not a QP of this context")
+        return qp.qpn
+
+    def create_qp_hint(
+        self, num_qps_per_peer: int = 1, num_send_peers: int = 1, num_remote_recv_peers: int = 1
+    ) -> QpHint:
+        """`mrc_create_qp_hint` (what a hint means here: `QpHint`)."""
+        if len(self.qp_hints) >= MAX_QP_HINTS:
+            raise ValueError(f"at most {MAX_QP_HINTS} QP hints")
+        hint = QpHint(self._free_id(self.qp_hints), num_qps_per_peer, num_send_peers, num_remote_recv_peers)
+        hint.check()
+        self.qp_hints[hint.hint_id] = hint
+        return hint
+
+    def destroy_qp_hint(self, hint: QpHint) -> None:
+        """`mrc_destroy_qp_hint`: refused (ValueError, as EBUSY) while a QP holds it."""
+        if self.qp_hints.get(hint.hint_id) is not hint:
+            raise ValueError(f"QP hint {hint.hint_id} is not a hint of this context")
+        users = sorted(q.qpn for q in self.qps.values() if q.hint is hint)
+        if users:
+            raise ValueError(f"QP hint {hint.hint_id} is used by QP {', '.join(hex(q) for q in users)}")
+        del self.qp_hints[hint.hint_id]
+
+    def destroy(self) -> None:
+        """`mrc_destroy_context`: every object of the context goes (QPs first, without completions, then
+        CQs, channels, hints, profiles, memory regions); refused while async events are not
+        acknowledged. The context cannot be used afterwards."""
+        if self._async_got:
+            raise ValueError("async events not acknowledged")
+        for qp in list(self.qps.values()):
+            self.destroy_qp(qp)
+        for ecq in list(self.ev_cqs):
+            self.destroy_cq(ecq)
+        for cq in list(self.cqs.values()):
+            if cq.channel is not None:
+                cq.channel.unacked.pop(cq.cqn, None)
+            self.destroy_cq(cq)
+        self.channels.clear()
+        self.qp_hints.clear()
+        self.ev_profiles.clear()
+        self.cc_profiles.clear()
+        for mr in list(self.mrs.values()):
+            self.dereg_mr(mr)
+        self._out.clear()
+        self._async.clear()
+        self.destroyed = True
 
     def async_event(self, now: int, qpn: int, kind: AsyncEventKind, detail: str) -> None:
         self._async.append(AsyncEvent(now, qpn, kind, detail))

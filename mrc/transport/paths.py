@@ -11,9 +11,10 @@ clean acknowledgements; they never shrink the window. A loss that is not a trim 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, replace
 from enum import IntEnum
-from typing import Final
+from typing import Any, Final
 
 
 class EvState(IntEnum):
@@ -38,6 +39,11 @@ _REBUILD_EVERY: Final = 32
 GOOD: Final = int(EvState.GOOD)
 ASSUMED_BAD: Final = int(EvState.ASSUMED_BAD)
 DENIED: Final = int(EvState.DENIED)
+#: EvState -> its bit in an EV event mask (mrc_ctl_ev_state: GOOD 1<<0, ASSUMED_BAD 1<<1, DENIED 1<<2,
+#: UNKNOWN 1<<31)
+EV_STATE_BIT: Final = (1 << 0, 1 << 1, 1 << 2, 1 << 31)
+#: the event mask a profile starts with: the two states the spec lets a profile monitor
+EV_EVENT_MASK_DEFAULT: Final = EV_STATE_BIT[GOOD] | EV_STATE_BIT[ASSUMED_BAD]
 
 
 @dataclass(slots=True, frozen=True)
@@ -89,7 +95,49 @@ class EvEvent:
     ev: int
     port: int
     state: EvState
-    drop_count: int  # packets lost on this EV since its previous event
+    lost: int  # packets lost on this EV (this QP) since its previous event
+    # EV events dropped from the EV event CQ (full) between the previous event delivered and this one
+    # (mrc_ctl_ev_event.drop_count, precise: MRC_CTL_OPT_CAP_EV_EVENT_PRECISE_DROP_CNT); 0 off a CQ
+    drop_count: int = 0
+
+
+class EvEventCq:
+    """`mrc_ctl_create_ev_event_cq`: a bounded queue of EV events. It does not overrun as a CQ does: an
+    event that finds it full is dropped and counted, and the next event delivered carries how many were
+    dropped before it (`drop_count`), so a controller that polls too slowly learns that it missed some
+    instead of the engine's memory growing with every path change."""
+
+    __slots__ = ("_q", "channel", "cq_context", "cqn", "depth", "dropped", "dropped_total")
+
+    def __init__(self, cqn: int, depth: int, cq_context: Any = None) -> None:
+        if not 1 <= depth <= 1 << 22:
+            raise ValueError(f"EV event CQ depth must be 1..{1 << 22}, got {depth}")
+        self.cqn = cqn
+        self.depth = depth
+        self.channel = None  # EV event CQs raise no completion events (a controller polls them)
+        self.cq_context = cq_context
+        self.dropped = 0  # since the last event delivered
+        self.dropped_total = 0
+        self._q: deque[EvEvent] = deque()
+
+    def push(self, e: EvEvent) -> bool:
+        if len(self._q) >= self.depth:
+            self.dropped += 1
+            self.dropped_total += 1
+            return False
+        if self.dropped:
+            e = replace(e, drop_count=self.dropped)
+            self.dropped = 0
+        self._q.append(e)
+        return True
+
+    def poll(self, max_entries: int = 1 << 30) -> list[EvEvent]:
+        """`mrc_ctl_poll_ev_event`: up to `max_entries` events, oldest first."""
+        q = self._q
+        return [q.popleft() for _ in range(min(max_entries, len(q)))]
+
+    def __len__(self) -> int:
+        return len(self._q)
 
 
 @dataclass(slots=True, frozen=True)
@@ -126,6 +174,9 @@ class EvProfile:
         self.ev_min_active = max(1, len(entries) // 4) if ev_min_active is None else ev_min_active
         self.denied: set[int] = set()
         self.paths: list[PathSet] = []
+        # which state changes raise EV events (MRC_CTL_EV_PROFILE_EVENT_MASK; GOOD / ASSUMED_BAD bits)
+        self.event_mask = EV_EVENT_MASK_DEFAULT
+        self.fmt_profile_id = 0  # the EV format profile its values follow (0: none, AUTO / Python API)
 
     @classmethod
     def even(
@@ -220,7 +271,8 @@ class PathSet:
         self.peer_probe_at: dict[int, int] = {}  # port -> next probe time
         self.peer_probe_ok: dict[int, int] = {}
         self.next_probe_deadline = 1 << 62
-        self.events: list[EvEvent] = []
+        self.events: list[EvEvent] = []  # where events go while the context has no EV event CQ
+        self.ev_cqs: list[EvEventCq] = []  # the context's EV event CQs (the QP shares the context's list)
         self.probe_results: list[ProbeResult] = []
         self.losses = 0
         self.marked_bad = 0
@@ -442,11 +494,18 @@ class PathSet:
             if self.pen[i]:
                 self.npen -= 1
                 self.pen[i] = 0
-        if (old, state) in ((GOOD, ASSUMED_BAD), (ASSUMED_BAD, GOOD)):
+        if (old, state) in ((GOOD, ASSUMED_BAD), (ASSUMED_BAD, GOOD)) and (
+            self.profile.event_mask & EV_STATE_BIT[state]
+        ):
             e = self.profile.entries[i]
             pid = self.profile.profile_id
-            self.events.append(EvEvent(now, pid, self.qpn, i, e.ev, e.port, EvState(state), self.drops[i]))
+            ev = EvEvent(now, pid, self.qpn, i, e.ev, e.port, EvState(state), self.drops[i])
             self.drops[i] = 0
+            if self.ev_cqs:
+                for cq in self.ev_cqs:
+                    cq.push(ev)
+            else:
+                self.events.append(ev)
         self._rebuild()
 
     def set_denied(self, indices: list[int], denied: bool, now: int) -> None:

@@ -43,6 +43,7 @@ from .verbs import (
     CompletionQueue,
     MemoryRegion,
     QpAttr,
+    QpHint,
     QpState,
     SendWr,
     WcOpcode,
@@ -121,6 +122,7 @@ class QueuePair:
         "error_status", "msn", "trim_pending", "next_rid", "recv_q", "imm_reserved",
         "max_trim_recovery_ns", "trim_recoveries", "aux_deadline", "tx_old", "first_psn", "wimm_out",
         "rnr", "gc_at", "max_rx_msgs", "ts_off", "steer_delay", "cc_spec", "ackreq_since", "ackreq_div",
+        "Wd", "hint",
     )
 
     def __init__(
@@ -132,6 +134,7 @@ class QueuePair:
         profile: EvProfile,
         cc: NsccConfig | str | None,
         attr: QpAttr,
+        hint: QpHint | None = None,
     ) -> None:
         attr.check()
         self.ctx = ctx
@@ -147,6 +150,10 @@ class QueuePair:
         )
         self.cc_spec = cc
         self.cc = make_cc(cc, attr.mtu)
+        self.hint = hint
+        if hint is not None:
+            self.cc.cwnd = hint.initial_cwnd(self.cc.cwnd, attr.mtu)
+        self.paths.ev_cqs = ctx.ev_cqs
         self.mtu = attr.mtu
         self.ack_floor = attr.ack_coalesce * attr.mtu
         self.ackreq_div = attr.ack_req_per_window  # AckReq at least this often per congestion window
@@ -164,6 +171,7 @@ class QueuePair:
         self.steer_delay = attr.steer_delay_ns if attr.steer_delay_ns >= 0 else NEVER
         self.mrs = ctx.mrs
         self.W = W = attr.window
+        self.Wd = attr.dest_window  # the responder's window (mpr_dest)
         self.peer_gid = b""
         self.peer_qpn = 0
         self.error_status: WcStatus | None = None
@@ -301,9 +309,42 @@ class QueuePair:
         self.paths.detach()
         QueuePair.__init__(
             self, self.ctx, self.qpn, self.send_cq, self.recv_cq, self.paths.profile, self.cc_spec,
-            self.attr,
+            self.attr, self.hint,
         )
         self.state = QpState.RESET
+
+    def reconfigure(
+        self, attr: QpAttr, profile: EvProfile, cc: NsccConfig | str | None, hint: QpHint | None
+    ) -> None:
+        """New attributes, profiles or hint for a QP that has neither sent nor received (RESET or INIT,
+        `api.modify_qp` to INIT or RTR): the constructor again, keeping the state and posted receives."""
+        if self.state not in (QpState.RESET, QpState.INIT):
+            raise ValueError(f"QP {self.qpn:#x}: reconfigured in {self.state.name}")
+        attr.check()
+        state, recv_q = self.state, self.recv_q
+        self.paths.detach()
+        QueuePair.__init__(self, self.ctx, self.qpn, self.send_cq, self.recv_cq, profile, cc, attr, hint)
+        self.state, self.recv_q = state, recv_q
+
+    def reconfigure_requester(self, attr: QpAttr) -> None:
+        """New requester attributes (mpr, max_wimm, timeout, retry counts) on RTR -> RTS: the QP may
+        have received already, so only the requester's state is rebuilt, which is still empty (an RTR
+        QP sends nothing)."""
+        if self.state != QpState.RTR or self.snd_nxt != self.snd_una or self.send_q:
+            raise ValueError(f"QP {self.qpn:#x}: requester attributes change on RTR -> RTS only")
+        attr.check()
+        self.attr = attr
+        self.W = W = attr.window
+        self.tx_state = [_FREE] * W
+        self.tx_len = [0] * W
+        self.tx_ev = [0] * W
+        self.tx_time = [0] * W
+        self.tx_serial = [0] * W
+        self.tx_wr = [None] * W
+        self.tx_off = [0] * W
+        self.tx_retx = [False] * W
+        self.ack_timeout = attr.ack_timeout_ns
+        self.port_thr = [attr.ack_timeout_ns] * self.paths.nports
 
     def post_send(
         self,
@@ -1092,7 +1133,7 @@ class QueuePair:
             self.ctx.drop(EngineDrop.STALE)
             self._sack(now, out, psn, ev, ts, _S_DUP, 0, port)
             return
-        if d >= self.W:
+        if d >= self.Wd:
             c["oow_rx"] += 1
             self.ctx.drop(EngineDrop.OUT_OF_WINDOW)
             self._nack(out, psn, ev, ts, NackCode.OUT_OF_WINDOW, port)
@@ -1123,7 +1164,8 @@ class QueuePair:
             return
         m = self.msgs.get(msn)
         if imm is not None and (m is None or m[1] is None):  # this message's immediate, first time
-            if len(self.recv_q) <= self.imm_reserved:
+            if len(self.recv_q) <= self.imm_reserved or self.imm_reserved >= self.attr.max_wimm_dest:
+                # no posted receive left, or max_wimm_dest immediates in progress: not ready (RNR)
                 c["no_recv_buffer_rx"] += 1
                 self.ctx.drop(EngineDrop.NO_RECV_BUFFER)
                 self._nack(out, psn, ev, ts, NackCode.NO_RECV_BUFFER, port)
@@ -1251,7 +1293,7 @@ class QueuePair:
         build_probe_reply(
             buf, self.tx_icrc, dqpn=b.reply_qpn, ev_index=cev, request_id=b.request_id,  # type: ignore[union-attr]
             echo_ev_index=pkt.ev_index, echo_timestamp_ns=pkt.timestamp_ns, service_time_ns=0,
-            flags=_SVC_VALID, timestamp_ns=now,
+            flags=_SVC_VALID if self.attr.svc_time else 0, timestamp_ns=now,
         )
         out.append(Datagram(buf, self.paths.ev_port[cev], cev, self.peer_gid))
 

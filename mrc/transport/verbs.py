@@ -115,7 +115,7 @@ class CompletionQueue:
     completed goes to ERROR with a CQ_ERR async event, as an RC QP cannot lose a completion). Armed with
     `req_notify`, the next completion raises one event on its `channel`."""
 
-    __slots__ = ("_q", "armed", "channel", "cqn", "depth", "overruns")
+    __slots__ = ("_q", "armed", "channel", "cq_context", "cqn", "depth", "overruns")
 
     def __init__(self, cqn: int, depth: int = 1 << 16, channel: CompletionChannel | None = None) -> None:
         if not 1 <= depth <= 1 << 22:
@@ -125,6 +125,7 @@ class CompletionQueue:
         self.channel = channel
         self.armed = False
         self.overruns = 0
+        self.cq_context: Any = None  # the application's (mrc_create_cq's cq_context)
         self._q: deque[WorkCompletion] = deque()
 
     def push(self, wc: WorkCompletion) -> bool:
@@ -231,6 +232,13 @@ class QpAttr:
     probe_good: int = 2  # consecutive probe replies that return an EV to GOOD
     initial_psn: int = 0
     trim_nack: bool = True  # responder NACKs trimmed packets (MRC_QP_CAP_TRIM_NACK)
+    # responder side (mrc_qp_attr mpr_dest / max_wimm_dest, MRC_QP_CAP_SVC_TIME_DEST_UNSUPPORTED):
+    # the PSN window it accepts (units of 128; 0 = mpr), the WRITE-with-immediates it tracks at once
+    # (one more is answered NO_RECV_BUFFER and resent after rnr_timer_ns), whether its probe replies
+    # report their service time
+    mpr_dest: int = 0
+    max_wimm_dest: int = 0xFFFF
+    svc_time: bool = True
 
     def check(self) -> None:
         if not 0 <= self.timeout <= 24:
@@ -247,6 +255,10 @@ class QpAttr:
             raise ValueError(f"mtu must be 64..{MAX_PAYLOAD}")
         if not 1 <= self.max_wimm <= 0xFFFF:
             raise ValueError("max_wimm must be 1..65535")
+        if not 0 <= self.mpr_dest <= 8:
+            raise ValueError("mpr_dest must be 0..8 (units of 128 PSNs; 0 = mpr)")
+        if not 1 <= self.max_wimm_dest <= 0xFFFF:
+            raise ValueError("max_wimm_dest must be 1..65535")
         if not 0 <= self.rnr_retry <= 7:
             raise ValueError("rnr_retry must be 0..7")
         if not 1_000 <= self.rnr_timer_ns <= 1_000_000_000:
@@ -271,8 +283,13 @@ class QpAttr:
         return self.mpr * MPR_UNIT
 
     @property
+    def dest_window(self) -> int:
+        """The responder's PSN window (mpr_dest, or mpr when 0)."""
+        return (self.mpr_dest or self.mpr) * MPR_UNIT
+
+    @property
     def rx_msgs_limit(self) -> int:
-        return self.max_rx_msgs or self.window
+        return self.max_rx_msgs or self.dest_window
 
     def rto_interval_ns(self, retries: int) -> int:
         """The ACK timeout after `retries` consecutive timeouts without progress."""
@@ -290,6 +307,36 @@ class QpAttr:
     def rnr_wait_ns(self, tries: int) -> int:
         """How long the `tries`-th RNR retry of one packet waits (1-based)."""
         return self.rnr_timer_ns * min(1 << (tries - 1), RNR_BACKOFF_MAX)
+
+
+@dataclass(slots=True, eq=False)
+class QpHint:
+    """`mrc_qp_hint`: how the QPs given this hint will be used (`mrc_qp_hint_attr`). This engine has no
+    shared hardware to size from it; what it does use it for is the first congestion window. Without a
+    hint every QP starts at the profile's full window (NSCC: max_cwnd), and N QPs that start together
+    toward one bottleneck send N windows in their first round trip. With one, a QP starts at its share:
+    the window divided by the larger of the QPs sharing this host's uplink (num_qps_per_peer x
+    num_send_peers) and the QPs converging on the peer (num_remote_recv_peers, the incast degree),
+    never below one MTU. The null CC has no window, so the hint changes nothing there."""
+
+    hint_id: int
+    num_qps_per_peer: int = 1
+    num_send_peers: int = 1
+    num_remote_recv_peers: int = 1
+
+    def check(self) -> None:
+        for name in ("num_qps_per_peer", "num_send_peers", "num_remote_recv_peers"):
+            v = getattr(self, name)
+            if not 1 <= v <= 1 << 20:
+                raise ValueError(f"{name} must be 1..{1 << 20}, got {v}")
+
+    @property
+    def share(self) -> int:
+        """How many QPs share the narrowest point this hint describes."""
+        return max(self.num_qps_per_peer * self.num_send_peers, self.num_remote_recv_peers)
+
+    def initial_cwnd(self, cwnd: int, mtu: int) -> int:
+        return max(mtu, cwnd // self.share)
 
 
 @dataclass(slots=True)

@@ -275,7 +275,7 @@ def test_lost_packet_is_retransmitted_on_another_ev_and_its_ev_retired() -> None
     assert p.psn == 1 and p.flags & MxhFlag.RETX and p.ev_index != lost_ev
     assert qa.paths.state[lost_ev] == 1 and qa.c["retx_sack"] == 1
     ev = a.poll_ev_events()
-    assert [(e.ev_index, e.state.name, e.drop_count) for e in ev] == [(lost_ev, "ASSUMED_BAD", 1)]
+    assert [(e.ev_index, e.state.name, e.lost, e.drop_count) for e in ev] == [(lost_ev, "ASSUMED_BAD", 1, 0)]
     deliver(b, retx, t + 1)
     deliver(a, b.datagrams_to_send(t + 1), t + 2)
     assert [w.status for w in qa.send_cq.poll()] == [WcStatus.SUCCESS]
