@@ -60,3 +60,26 @@ def test_bpf_sources_found_from_installed_wheel(wheel: Path, tmp_path: Path) -> 
     found = Path(proc.stdout.strip())
     assert found == target / "mrc" / "_bpf" / "include" / "mrc_abi.h"
     assert "MRC_UDP_PORT 4791" in found.read_text()
+
+
+def test_wheel_declares_its_license(wheel: Path) -> None:
+    """The metadata said Apache-2.0 while the repository had no LICENSE: the wheel now carries both, in
+    the SPDX form (the deprecated `license = {text = ...}` table is gone)."""
+    z = zipfile.ZipFile(wheel)
+    meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+    text = z.read(meta).decode()
+    assert "License-Expression: Apache-2.0" in text
+    lic = [n for n in z.namelist() if n.endswith("licenses/LICENSE")]
+    assert lic and b"Apache License" in z.read(lic[0]) and b"Version 2.0" in z.read(lic[0])
+    assert (ROOT / "LICENSE").read_bytes() == z.read(lic[0])
+
+
+def test_changelog_names_the_released_and_the_current_version() -> None:
+    import mrc
+
+    log = (ROOT / "CHANGELOG.md").read_text()
+    assert "## [Unreleased]" in log and "## [0.1.0]" in log
+    v = mrc.__version__
+    # a released version has its section; between releases main carries a development version
+    assert f"## [{v}]" in log or ".dev" in v, v
+    assert v != "0.1.0"  # 200 commits past the 0.1.0 release still called themselves 0.1.0
