@@ -20,6 +20,7 @@ import ast
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -143,7 +144,7 @@ def test_parser_reads_enums_functions_and_nested_fields() -> None:
     void mrc_other(void);
     #endif
     """
-    assert header_items(text) == [
+    assert header_items(textwrap.dedent(text)) == [
         "A_ONE", "A_TWO", "mrc_device_attr.v", "mrc_device_attr.sub.a", "mrc_device_attr.sub.b",
         "mrc_device_attr.cap", "mrc_do", "mrc_other",
     ]
