@@ -25,7 +25,8 @@ def test_bad_topology_file_names_file_key_problem(tmp_path: Path, capsys: pytest
     out, _ = capsys.readouterr()
     assert rc == 2
     lines = bad.read_text().splitlines()
-    line = lines.index("[[hosts]]", 1 + lines.index("[[hosts]]")) + 1  # that entry's [[hosts]] header
+    second = lines.index("[[hosts]]", 1 + lines.index("[[hosts]]"))
+    line = lines.index("leaf = 7", second) + 1  # the key's own line in that [[hosts]] entry
     assert json.loads(out)["error"] == f"{bad}:{line}: hosts[1].leaf: leaf 7 does not exist (leaves are 0..1)"
 
 
