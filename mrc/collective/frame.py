@@ -5,10 +5,16 @@ sizes are powers of two where possible, so that the zero-padding to a power of t
 wastes little. A message is the concatenation of its segments' frames, each prefixed by its length
 (u32). A frame is one `mrc.quant` codec buffer (`encode`/`decode`: its own header, rotation seed and
 CRC), so a receiver checks every frame and raises CodecError on anything inconsistent.
+
+A reduce-scatter message of the `measured` partial-sum strategy (ring.py) starts with a statistics
+prefix (`join_stats`): four float32 — the nominal bits spent on the chunk segment so far, and the running
+sums the next hop estimates the ranks' correlation from. Both ends know from the ring's configuration
+whether a message has it; its 16 bytes are on the wire and counted.
 """
 
 from __future__ import annotations
 
+import math
 import struct
 
 from mrc.quant.codec import CodecError
@@ -17,6 +23,7 @@ MAX_SEGMENT = 1 << 20
 MIN_SPLIT = 1 << 12
 
 _U32 = struct.Struct("<I")
+STATS = struct.Struct("<4f")
 
 
 def segments(length: int) -> list[int]:
@@ -40,7 +47,7 @@ def join(frames: list[bytes]) -> bytes:
     return b"".join(_U32.pack(len(f)) + f for f in frames)
 
 
-def split(message: bytes, count: int) -> list[memoryview]:
+def split(message: bytes | memoryview, count: int) -> list[memoryview]:
     """The `count` frames of a message; CodecError if the framing does not add up."""
     mv = memoryview(message)
     out: list[memoryview] = []
@@ -57,3 +64,19 @@ def split(message: bytes, count: int) -> list[memoryview]:
     if pos != len(mv):
         raise CodecError(f"{len(mv) - pos} trailing bytes after {count} frames")
     return out
+
+
+def join_stats(stats: tuple[float, float, float, float], frames: list[bytes]) -> bytes:
+    """A message with the statistics prefix (module doc) before the frames."""
+    return STATS.pack(*stats) + join(frames)
+
+
+def split_stats(message: bytes, count: int) -> tuple[tuple[float, float, float, float], list[memoryview]]:
+    """(statistics, frames) of a `join_stats` message; CodecError if it is malformed (too short, a
+    non-finite statistic, or framing that does not add up)."""
+    if len(message) < STATS.size:
+        raise CodecError(f"message of {len(message)} bytes has no statistics prefix")
+    stats = STATS.unpack_from(message, 0)
+    if not all(math.isfinite(v) for v in stats):
+        raise CodecError("non-finite partial-sum statistic")
+    return stats, split(memoryview(message)[STATS.size :], count)

@@ -13,6 +13,16 @@ Partial-sum strategies for the reduce-scatter hops:
          frame, paid n-1 times, gets fewer bits: the allocation that minimises the modelled error at the
          naive wire budget (schedule.py). A rotation shared by all hops, accumulating in the rotated
          domain, was measured biased (docs/collective.md §3) and is not used.
+  measured  aware's allocation, but each hop chooses its bit width from the data instead of an assumed
+         correlation: it decodes the incoming partial sum, measures the energy of the sum it is about to
+         quantize and the correlation of its own chunk with what came in, and allocates what is left of
+         the naive budget (carried in a 16-byte prefix of the message, frame.join_stats) over itself and
+         the later hops (schedule.measured_bits). It needs the decoded sum before the bits are fixed, so
+         its hops are decode + add + encode (not the fused kernel, which takes the bits up front).
+
+`group` (any codec strategy, EDEN/DRIVE): one scale per block of that many rotated coordinates (codec
+version-2 frames, 8 bytes per scale on the wire) instead of one per segment. Measured against one scale
+in docs/collective.md, "Partial sums: grouped scales, data-driven bits, hierarchy".
 """
 
 from __future__ import annotations
@@ -25,15 +35,15 @@ import numpy.typing as npt
 
 from mrc.errors import UsageError
 from mrc.quant import hop as qhop
-from mrc.quant.codec import SCHEMES, check_bits, decode, encode, parse
+from mrc.quant.codec import SCHEMES, CodecError, check_bits, check_group, decode, encode, parse
 
 from . import frame
-from .schedule import aware_bits
+from .schedule import aware_bits, measured_bits
 from .transport import Transport
 
 F32 = npt.NDArray[np.float32]
 COMPRESSIONS = ("none", *SCHEMES)
-PARTIAL_SUMS = ("naive", "aware")
+PARTIAL_SUMS = ("naive", "aware", "measured")
 ALGORITHMS = ("ring", "oneshot")
 
 _TAG_RS = 1 << 20
@@ -50,6 +60,8 @@ class Config:
     seed: int = 0
     average: bool = True
     correlation: float = 0.0  # aware: assumed pairwise correlation of the ranks' buffers, in [0, 1]
+    #                           (measured: the prior for the first hop only, which has no data yet)
+    group: int = 0  # coordinates per codec scale (a power of two >= 256); 0: one scale per segment
 
     def __post_init__(self) -> None:
         if self.scheme not in COMPRESSIONS:
@@ -62,6 +74,13 @@ class Config:
             check_bits(self.scheme, self.bits)
         if not 0.0 <= self.correlation <= 1.0:
             raise UsageError(f"correlation must be in [0, 1], got {self.correlation}")
+        if self.group:
+            if self.scheme == "none":
+                raise UsageError("group (scales per block) needs a codec scheme")
+            try:
+                check_group(self.scheme, self.group)
+            except CodecError as e:
+                raise UsageError(str(e)) from e
 
 
 @dataclass
@@ -129,8 +148,10 @@ def allreduce(t: Transport, x: npt.ArrayLike, cfg: Config, step: int = 0, residu
         res = _ring(t, a, cfg, step, _RawChunks(), residual)
     elif cfg.partial_sums == "naive":
         res = _ring(t, a, cfg, step, _CodecChunks(cfg, step), residual)
-    else:
+    elif cfg.partial_sums == "aware":
         res = _ring(t, a, cfg, step, _ScheduledChunks(cfg, step, n), residual)
+    else:
+        res = _ring(t, a, cfg, step, _MeasuredChunks(cfg, step, n), residual)
     if cfg.average:
         res.out /= np.float32(n)
     return res
@@ -138,16 +159,24 @@ def allreduce(t: Transport, x: npt.ArrayLike, cfg: Config, step: int = 0, residu
 
 class _Chunks:
     """How one strategy represents a segment of chunk c: `pack` (segment i of chunk c, holding k
-    contributions -> message), `unpack` (message -> float32 segment). Segment i of every message about
-    chunk c has the size `sizes[c][i]` (set by the ring before use; both ends know the layout)."""
+    contributions -> message), `unpack` (message holding k contributions -> float32 segment), `advance`
+    (one reduce-scatter hop: incoming message + own segment -> outgoing message, and the exact sum it
+    quantized when asked). Segment i of every message about chunk c has the size `sizes[c][i]` (set by
+    the ring before use; both ends know the layout)."""
 
     sizes: dict[int, list[int]]
 
     def pack(self, c: int, i: int, seg: F32, k: int) -> bytes:
         raise NotImplementedError
 
-    def unpack(self, c: int, i: int, msg: bytes) -> F32:
+    def unpack(self, c: int, i: int, msg: bytes, k: int) -> F32:
         raise NotImplementedError
+
+    def advance(self, c: int, i: int, msg: bytes, own: F32, k: int,
+                want_sum: bool) -> tuple[bytes, F32 | None]:
+        work = self.unpack(c, i, msg, k - 1)
+        work += own
+        return self.pack(c, i, work, k), work
 
     def bits(self, n: int) -> tuple[float, ...]:
         return ()
@@ -157,7 +186,7 @@ class _RawChunks(_Chunks):
     def pack(self, c: int, i: int, seg: F32, k: int) -> bytes:
         return seg.tobytes()
 
-    def unpack(self, c: int, i: int, msg: bytes) -> F32:
+    def unpack(self, c: int, i: int, msg: bytes, k: int) -> F32:
         out = np.frombuffer(msg, np.float32).copy()
         if out.size != self.sizes[c][i]:
             raise UsageError(f"chunk segment of {out.size} elements received where "
@@ -171,21 +200,34 @@ class _CodecChunks(_Chunks):
     def __init__(self, cfg: Config, step: int) -> None:
         self.cfg = cfg
         self.step = step
+        self.group = cfg.group or None
 
     def _bits(self, k: int) -> float:
         return float(self.cfg.bits)
 
-    def pack(self, c: int, i: int, seg: F32, k: int) -> bytes:
-        return frame.join([encode(seg, self.cfg.scheme, self._bits(k),
-                                  seed=derive_seed(self.cfg.seed, self.step, 1, c, i, k))])
+    def _encode(self, c: int, i: int, seg: F32, k: int, bits: float) -> bytes:
+        return encode(seg, self.cfg.scheme, bits, seed=derive_seed(self.cfg.seed, self.step, 1, c, i, k),
+                      group=self.group)
 
-    def unpack(self, c: int, i: int, msg: bytes) -> F32:
-        (f,) = frame.split(msg, 1)
+    def pack(self, c: int, i: int, seg: F32, k: int) -> bytes:
+        return frame.join([self._encode(c, i, seg, k, self._bits(k))])
+
+    def _decode(self, c: int, i: int, f: memoryview) -> F32:
         out = np.asarray(decode(f), np.float32)
         if out.size != self.sizes[c][i]:
             raise UsageError(f"chunk segment of {out.size} elements received where "
                              f"{self.sizes[c][i]} were expected")
         return out
+
+    def unpack(self, c: int, i: int, msg: bytes, k: int) -> F32:
+        (f,) = frame.split(msg, 1)
+        return self._decode(c, i, f)
+
+    def advance(self, c: int, i: int, msg: bytes, own: F32, k: int,
+                want_sum: bool) -> tuple[bytes, F32 | None]:
+        if want_sum:
+            return super().advance(c, i, msg, own, k, want_sum)
+        return self.hop(c, i, msg, own, k), None  # decode + add + encode in one call
 
     def bits(self, n: int) -> tuple[float, ...]:
         return tuple([float(self.cfg.bits)] * n)
@@ -198,7 +240,7 @@ class _CodecChunks(_Chunks):
             raise UsageError(f"chunk segment of {parse(f).d} elements received where "
                              f"{self.sizes[c][i]} were expected")
         return frame.join([qhop.hop(f, own, self.cfg.scheme, self._bits(k),
-                                    derive_seed(self.cfg.seed, self.step, 1, c, i, k))])
+                                    derive_seed(self.cfg.seed, self.step, 1, c, i, k), group=self.group)])
 
 
 class _ScheduledChunks(_CodecChunks):
@@ -215,6 +257,68 @@ class _ScheduledChunks(_CodecChunks):
 
     def bits(self, n: int) -> tuple[float, ...]:
         return self.schedule
+
+
+class _MeasuredChunks(_CodecChunks):
+    """Measured (module doc): hop k's bits from the data. A reduce-scatter message (k < n contributions)
+    carries (spent, C, Q, A): the nominal bits of the frames so far, C = sum_j <P^_{j-1}, x_j> (the
+    decoded incoming partial sum against the hop's own chunk), Q = sum_j (j-1) ||x_j||^2 and
+    A = sum_j ||x_j||^2. For contributions of equal energy and pairwise correlation rho,
+    E <P_{j-1}, x_j> = (j-1) rho ||x||^2 (quantization errors are unbiased and independent of x_j), so
+    C / Q estimates rho from every hop so far; the partial sum about to be quantized has measured
+    weight ||P^_{k-1} + x_k||^2 / (A / k). The all-gather frame (k = n) takes what is left of the budget
+    (the prefixes' bytes deducted from it); its message has no prefix. The first hop has no data and
+    uses aware's schedule for the prior `correlation`."""
+
+    def __init__(self, cfg: Config, step: int, n: int) -> None:
+        super().__init__(cfg, step)
+        self.n = n
+        self.first = aware_bits(cfg.scheme, float(cfg.bits), n, cfg.correlation)[0]
+        self.used: dict[int, list[float]] = {}  # k -> bits this rank chose for its hop-k frames
+
+    def pack(self, c: int, i: int, seg: F32, k: int) -> bytes:
+        if k != 1:
+            raise AssertionError("measured: only the first hop packs without an incoming message")
+        e = float(np.dot(seg.astype(np.float64), seg.astype(np.float64)))
+        self.used.setdefault(1, []).append(self.first)
+        return frame.join_stats((self.first, 0.0, 0.0, e), [self._encode(c, i, seg, 1, self.first)])
+
+    def unpack(self, c: int, i: int, msg: bytes, k: int) -> F32:
+        if k >= self.n:
+            return super().unpack(c, i, msg, k)
+        _, (f,) = frame.split_stats(msg, 1)
+        return self._decode(c, i, f)
+
+    def advance(self, c: int, i: int, msg: bytes, own: F32, k: int,
+                want_sum: bool) -> tuple[bytes, F32 | None]:
+        (spent, cross, q, a), (f,) = frame.split_stats(msg, 1)
+        if spent < 0 or a < 0 or q < 0:
+            raise UsageError("measured: inconsistent partial-sum statistics")
+        work = self._decode(c, i, f)
+        own64 = own.astype(np.float64)
+        e_own = float(np.dot(own64, own64))
+        cross += float(np.dot(work.astype(np.float64), own64))
+        q += (k - 1) * e_own
+        a += e_own
+        work += own
+        w64 = work.astype(np.float64)
+        mean = a / k
+        w_now = float(np.dot(w64, w64)) / mean if mean > 0 else float(k)
+        rho = min(max(cross / q, 0.0), 1.0) if q > 0 else self.cfg.correlation
+        # the prefixes of the n - 1 reduce-scatter messages are paid from the same budget (bits per
+        # coordinate), so that measured sends the bytes aware does, not 16 (n - 1) more per segment
+        overhead = (self.n - 1) * 8.0 * frame.STATS.size / max(work.size, 1)
+        bits = measured_bits(self.cfg.scheme, float(self.cfg.bits), self.n, k, spent + overhead, w_now,
+                             rho)
+        self.used.setdefault(k, []).append(bits)
+        out = self._encode(c, i, work, k, bits)
+        if k == self.n:
+            return frame.join([out]), work
+        return frame.join_stats((spent + bits, cross, q, a), [out]), work
+
+    def bits(self, n: int) -> tuple[float, ...]:
+        """The mean bits this rank chose per hop it quantized (0 where it quantized none)."""
+        return tuple(float(np.mean(self.used[k])) if k in self.used else 0.0 for k in range(1, n + 1))
 
 
 def send_window(t: Transport) -> int:
@@ -268,7 +372,7 @@ def _ring(t: Transport, a: F32, cfg: Config, step: int, rep: _Chunks, want_resid
             msg = rep.pack(c, i, own(c, i), 1)
             out_msgs[g] = msg
             if want_residual:
-                resid[c][i] = own(c, i) - rep.unpack(c, i, msg)
+                resid[c][i] = own(c, i) - rep.unpack(c, i, msg, 1)
 
     def receive(g: int) -> None:
         s, i = divmod(g, m)
@@ -277,26 +381,20 @@ def _ring(t: Transport, a: F32, cfg: Config, step: int, rep: _Chunks, want_resid
             if i >= len(sizes[c]):
                 return
             incoming = t.recv(left, _TAG_RS + _tag(s, i))
-            if isinstance(rep, _CodecChunks) and not want_residual:  # decode + add + encode in one call
-                msg = rep.hop(c, i, incoming, own(c, i), s + 2)
-                work = None
-            else:
-                work = rep.unpack(c, i, incoming)
-                work += own(c, i)
-                msg = rep.pack(c, i, work, s + 2)
+            msg, work = rep.advance(c, i, incoming, own(c, i), s + 2, want_residual)
             out_msgs[g + m] = msg
             dec = None
             if s == n - 2:  # c == (r + 1) % n, owned here: this frame is the chunk's result everywhere
-                dec = place(c, i, rep.unpack(c, i, msg))
+                dec = place(c, i, rep.unpack(c, i, msg, n))
             if want_residual:
                 assert work is not None
-                resid[c][i] = work - (dec if dec is not None else rep.unpack(c, i, msg))
+                resid[c][i] = work - (dec if dec is not None else rep.unpack(c, i, msg, s + 2))
         else:  # all-gather: the frame of chunk (r - t) (t = s - (n - 1)), forwarded unchanged
             c = (r - (s - (n - 1))) % n
             if i >= len(sizes[c]):
                 return
             msg = t.recv(left, _TAG_AG + _tag(s - (n - 1), i))
-            place(c, i, rep.unpack(c, i, msg))
+            place(c, i, rep.unpack(c, i, msg, n))
             if g + m < total:
                 out_msgs[g + m] = msg
 

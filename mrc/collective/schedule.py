@@ -55,10 +55,18 @@ def aware_bits(scheme: str, bits: float, n: int, correlation: float = 0.0) -> tu
     total = 2.0 * (n - 1) * bits
     if scheme == "drive":
         return tuple([1.0] * n)
+    b = allocate(scheme, w, costs, total, min(MIN_BITS, bits))
+    return tuple(round(x, 6) for x in b)
+
+
+def allocate(scheme: str, w: list[float], costs: list[float], total: float, floor: float) -> list[float]:
+    """Bits b_i (multiples of STEP, or whole bits for TurboQuant, each >= `floor` and <= MAX_BITS) that
+    minimise sum_i w_i v(b_i) subject to sum_i costs_i b_i <= total: greedy marginal gain per wire bit,
+    optimal for a separable convex objective. If even the floor costs more than `total`, the floor."""
     integer = scheme.startswith("turboquant")
     step = 1.0 if integer else STEP
-    lo = 1.0 if integer else min(MIN_BITS, bits)
-    b = [lo] * n
+    lo = 1.0 if integer else floor
+    b = [lo] * len(w)
     spent = sum(c * lo for c in costs)
 
     def gain(i: int) -> float:
@@ -67,7 +75,7 @@ def aware_bits(scheme: str, bits: float, n: int, correlation: float = 0.0) -> tu
             return -1.0
         return w[i] * (_v(scheme, b[i]) - _v(scheme, nb)) / (costs[i] * step)
 
-    heap = [(-gain(i), i) for i in range(n)]
+    heap = [(-gain(i), i) for i in range(len(w))]
     heapq.heapify(heap)
     while heap:
         g, i = heapq.heappop(heap)
@@ -78,7 +86,23 @@ def aware_bits(scheme: str, bits: float, n: int, correlation: float = 0.0) -> tu
         b[i] += step
         spent += costs[i] * step
         heapq.heappush(heap, (-gain(i), i))
-    return tuple(round(x, 6) for x in b)
+    return b
+
+
+def measured_bits(scheme: str, bits: float, n: int, k: int, spent: float, w_now: float,
+                  correlation: float) -> float:
+    """The bit width of hop k (k = 2..n contributions; k = n is the all-gather frame) of the `measured`
+    strategy: what is left of the naive budget 2 (n-1) bits after the `spent` nominal bits of hops
+    1..k-1, allocated as `allocate` does over hops k..n, with hop k's weight `w_now` the measured energy
+    of the partial sum it quantizes (in units of the mean contribution's energy) and the later hops'
+    weights the model's for the correlation estimated so far. Because every hop spends from the same
+    remainder and the last takes what is left, the chain's nominal bits equal naive's (to a STEP)."""
+    if scheme == "drive":
+        return 1.0
+    w = [w_now, *weights(n, correlation)[k:]]
+    costs = [1.0] * (n - k) + [float(n - 1)]
+    left = 2.0 * (n - 1) * bits - spent
+    return round(allocate(scheme, w, costs, left, min(MIN_BITS, bits))[0], 6)
 
 
 def model_error(scheme: str, bits_per_hop: tuple[float, ...], correlation: float = 0.0) -> float:

@@ -1,4 +1,4 @@
-"""The compressed-vector wire format (version 1) and the encode/decode entry points.
+"""The compressed-vector wire format (versions 1 and 2) and the encode/decode entry points.
 
 One compressed vector, all integers little-endian::
 
@@ -23,6 +23,15 @@ One compressed vector, all integers little-endian::
                  EDEN/DRIVE/TurboQuant_mse: the indices of each coordinate group (eden.parts order);
                  TurboQuant_prod: the (b-1)-bit indices (b >= 2), then D QJL sign bits
     ..     4     CRC-32 (zlib) of everything before it
+
+Version 2 (grouped scales, `encode(..., group=G)`, EDEN/DRIVE schemes only) is the same layout with
+nscales = D / G > 1 scales, one per block of G consecutive coordinates of the rotated vector (G a power
+of two, MIN_GROUP <= G < D): block j decodes as scales[j] * c (c the unit Lloyd–Max centroids of its
+indices), its scale fitted to that block alone (unbiased: ||y_j||^2 / <y_j, c_j>; biased: the least
+squares multiple). The indices are those of the block-normalised vector z_j = y_j sqrt(G) / ||y_j||,
+in the version-1 section order and masks. The encoder writes version 1 (same bytes as before) unless a
+group smaller than D is asked for; the decoder reads both. Grouped frames are quantized by the numpy
+reference on both backends and choose their rotation count by rule (a) alone (adaptive.py).
 
 Everything random is regenerated from the seed with PCG64(SeedSequence((seed, stream, i))).random_raw:
 stream 1 = the signs of rotation i (rht.py), 2 = the Bernoulli group mask of fractional / b < 1 budgets
@@ -69,6 +78,10 @@ from .rht import MAX_ROTATIONS, FloatArray, next_pow2, rotate, unrotate
 
 MAGIC = b"MRCQ"
 VERSION = 1
+VERSION_GROUPED = 2
+VERSIONS = (VERSION, VERSION_GROUPED)
+GROUPED_SCHEMES = ("eden-unbiased", "eden-biased", "drive")
+MIN_GROUP = 1 << 8
 SCHEMES = {"eden-unbiased": 1, "eden-biased": 2, "drive": 3, "turboquant-mse": 4, "turboquant-prod": 5}
 SCHEME_NAMES = {v: k for k, v in SCHEMES.items()}
 DTYPES: dict[int, np.dtype[Any]] = {1: np.dtype(np.float16), 2: np.dtype(np.float32), 3: np.dtype(np.float64)}
@@ -88,6 +101,7 @@ _SPIKE_RHO = 0.99  # rho(x) of an input with one non-zero coordinate is 1 (up to
 # |G_ij| of the QJL Gaussian is at most sqrt(-2 ln 2^-53) (Box-Muller from 53-bit uniforms)
 _QJL_COEF = math.sqrt(math.pi / 2.0) * math.sqrt(-2.0 * math.log(2.0**-53))
 
+_F32_MAX = float(np.finfo(np.float32).max)
 _FIXED = struct.Struct("<4sBBBBBBHdQQQ")
 _U64 = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
@@ -157,6 +171,11 @@ class Header:
     scales: tuple[float, ...]
     payload_offset: int
     payload_length: int
+    group: int = 0  # coordinates per scale: D for version 1, D / nscales for version 2
+
+    @property
+    def grouped(self) -> bool:
+        return self.group != self.padded
 
 
 def check_bits(scheme: str, bits: float) -> None:
@@ -186,9 +205,11 @@ def _qjl_blocks(padded: int) -> int:
 
 def encode(
     x: npt.ArrayLike, scheme: str, bits: float, *, seed: int | None = None, rotations: int | str = "auto",
-    backend: str | None = None,
+    backend: str | None = None, group: int | None = None,
 ) -> bytes:
-    """Compress an array of any shape (float16/32/64) into one self-describing buffer. `backend`:
+    """Compress an array of any shape (float16/32/64) into one self-describing buffer. `group`: one scale
+    per block of that many rotated coordinates (a power of two >= MIN_GROUP; a version-2 frame when it
+    is below the padded size D, else the ordinary version-1 frame); None: one scale. `backend`:
     'numba' or 'numpy' (same wire format, rounding may differ); None: the process default
     (MRC_QUANT_KERNELS, accel.py).
 
@@ -204,6 +225,7 @@ def encode(
     (out of range), both CodecError, naming the argument and its allowed range."""
     kern = accel.kernels(backend)
     check_bits(scheme, bits)
+    check_group(scheme, group)
     bits = float(bits)
     seed = int.from_bytes(os.urandom(8), "little") if seed is None else check_seed(seed)
     fixed_rot = check_rotations(rotations)
@@ -225,6 +247,13 @@ def encode(
         rot, probe = rotation_count(flat, bits, scheme, padded, rho)
     else:
         rot = fixed_rot
+    if group is not None and group < padded:
+        if probe:
+            rot = 2  # no rule (b) here: a grouped frame takes rule (a)'s count
+        y = np.zeros(padded, cdt)
+        y[:d] = flat
+        y = rotate(y, seed, rot)
+        return _finish_grouped(y, rot, auto, scheme, bits, seed, group, a.dtype, a.shape)
     ny2: float | None = None
     if kern is not None:
         y, ny2 = kern.rotate_from(flat, padded, cdt, seed, rot)  # copy, pad, signs, FWHT: one pass
@@ -236,6 +265,73 @@ def encode(
             y[:d] = flat
         y = rotate(y, seed, rot)
     return finish(y, ny2, rot, probe, auto, scheme, bits, seed, kern, a.dtype, a.shape)
+
+
+def check_group(scheme: str, group: object) -> None:
+    """Raise CodecError unless `group` is None or a power of two >= MIN_GROUP for a grouped scheme."""
+    if group is None:
+        return
+    if not _is_int(group):
+        raise CodecTypeError(f"group must be an integer power of two >= {MIN_GROUP} or None, got "
+                             f"{type(group).__name__} {group!r}")
+    g = int(cast(numbers.Integral, group))
+    if g < MIN_GROUP or g & (g - 1):
+        raise CodecValueError(f"group must be a power of two >= {MIN_GROUP}, got {g}")
+    if scheme not in GROUPED_SCHEMES:
+        raise CodecValueError(f"grouped scales are for {', '.join(GROUPED_SCHEMES)}, not {scheme}")
+
+
+def _finish_grouped(
+    y: FloatArray, rot: int, auto: bool, scheme: str, bits: float, seed: int, group: int,
+    dtype: np.dtype[Any], shape: tuple[int, ...],
+) -> bytes:
+    """The version-2 frame of the rotated vector y: indices of the block-normalised vector (each block
+    of `group` coordinates divided by its own sigma_j = ||y_j|| / sqrt(G)), one scale per block fitted
+    to it. Why per block: a block whose energy differs from the vector's mean (a partial sum's rotated
+    coordinates are Gaussian with one variance only in expectation) gets cells matched to its spread."""
+    cdt = y.dtype
+    padded = y.size
+    nblocks = padded // group
+    if nblocks > 0xFFFF:
+        raise CodecValueError(f"group {group} gives {nblocks} scales for {padded} coordinates "
+                              "(at most 65535)")
+    blocks = y.reshape(nblocks, group).astype(np.float64)
+    e2 = np.einsum("ij,ij->i", blocks, blocks)
+    if not np.all(np.isfinite(e2)) or (cdt == np.float32 and float(e2.sum()) > _F32_MAX):
+        raise CodecError("input has non-finite values (or overflows the compute precision)")
+    sig = np.sqrt(e2 / group)
+    inv = np.divide(1.0, sig, out=np.zeros_like(sig), where=sig > 0)
+    z = (blocks * inv[:, None]).reshape(-1).astype(cdt)
+    sp = eden.split(bits)
+    sections: list[npt.NDArray[np.uint8]] = []
+    idx_parts = []
+    for b, sel in eden.parts(sp, seed, padded):
+        zs = z if sel is None else z.take(sel)
+        idx, _ = eden.nearest(zs, b, 1.0)
+        idx_parts.append(idx)
+        sections.append(bitpack.pack(idx, b))
+    layout = eden.section_sizes(bits, seed, padded)
+    c = eden.reconstruct(layout, idx_parts, 1.0, padded, np.dtype(np.float64)).reshape(nblocks, group)
+    yc = np.einsum("ij,ij->i", blocks, c)
+    cc = np.einsum("ij,ij->i", c, c)
+    if scheme == "eden-biased":
+        scales = np.divide(yc, cc, out=np.zeros_like(yc), where=cc > 0)
+    else:
+        scales = np.divide(e2, yc, out=np.zeros_like(yc), where=yc > 0)
+    scales = np.maximum(scales, 0.0)  # a block with <y, c> <= 0 sends S = 0, as version 1 does
+    payload = b"".join(p.tobytes() for p in sections)
+    head = _FIXED.pack(
+        MAGIC, VERSION_GROUPED, SCHEMES[scheme], DTYPE_CODES[dtype], rot, FLAG_AUTO if auto else 0,
+        len(shape), nblocks, float(bits), seed, math.prod(shape), padded,
+    )
+    body = b"".join((
+        head,
+        struct.pack(f"<{len(shape)}Q", *shape),
+        struct.pack(f"<{nblocks}d", *scales.tolist()),
+        _U64.pack(len(payload)),
+        payload,
+    ))
+    return body + _CRC.pack(crc32(body))
 
 
 def rotation_count(
@@ -358,8 +454,9 @@ def parse(buf: bytes | bytearray | memoryview) -> Header:
     )
     if magic != MAGIC:
         raise CodecError("bad magic: not an MRC compressed vector")
-    if version != VERSION:
-        raise CodecError(f"unsupported codec version {version} (this decoder reads {VERSION})")
+    if version not in VERSIONS:
+        raise CodecError(f"unsupported codec version {version} (this decoder reads "
+                         f"{', '.join(map(str, VERSIONS))})")
     (crc,) = _CRC.unpack_from(mv, n - _CRC.size)
     if crc32(mv[: n - _CRC.size]) != crc:
         raise CodecError("CRC mismatch: buffer corrupted or truncated")
@@ -389,13 +486,24 @@ def parse(buf: bytes | bytearray | memoryview) -> Header:
     off += 8 * nscales
     if not all(math.isfinite(s) for s in scales):
         raise CodecError("non-finite scale")
-    want_scales = 1 + (_qjl_blocks(padded) if scheme == "turboquant-prod" else 0)
-    if nscales != want_scales:
-        raise CodecError(f"{scheme} at D={padded} carries {want_scales} scales, header says {nscales}")
-    if scheme == "turboquant-prod" and any(s < 0 for s in scales[1:]):
-        raise CodecError("negative QJL block norm")
-    if scales[0] < 0:  # every scheme's encoder makes S >= 0 (a non-positive <y, c> gives S = 0)
-        raise CodecError(f"negative scale {scales[0]!r}")
+    group = padded
+    if version == VERSION_GROUPED:
+        if scheme not in GROUPED_SCHEMES:
+            raise CodecError(f"version-2 (grouped) frame of scheme {scheme}")
+        if nscales < 2 or nscales & (nscales - 1) or padded // nscales < MIN_GROUP:
+            raise CodecError(f"{nscales} grouped scales cannot split D={padded} into blocks of >= "
+                             f"{MIN_GROUP}")
+        group = padded // nscales
+        if any(s < 0 for s in scales):
+            raise CodecError("negative block scale")
+    else:
+        want_scales = 1 + (_qjl_blocks(padded) if scheme == "turboquant-prod" else 0)
+        if nscales != want_scales:
+            raise CodecError(f"{scheme} at D={padded} carries {want_scales} scales, header says {nscales}")
+        if scheme == "turboquant-prod" and any(s < 0 for s in scales[1:]):
+            raise CodecError("negative QJL block norm")
+        if scales[0] < 0:  # every scheme's encoder makes S >= 0 (a non-positive <y, c> gives S = 0)
+            raise CodecError(f"negative scale {scales[0]!r}")
     limit = float(np.finfo(compute_dtype(DTYPES[dtype_code])).max)
     if _value_bound(scheme, bits, scales) > limit:
         raise CodecError(f"scale field {max(scales):g} cannot describe finite output: the "
@@ -406,7 +514,7 @@ def parse(buf: bytes | bytearray | memoryview) -> Header:
         raise CodecError(f"payload length {plen} does not match the buffer ({n - off - _CRC.size} bytes)")
     return Header(
         scheme, DTYPES[dtype_code], rot, bool(flags & FLAG_AUTO), bits, seed, tuple(shape), d, padded,
-        tuple(scales), off, plen,
+        tuple(scales), off, plen, group,
     )
 
 
@@ -420,7 +528,7 @@ def _value_bound(scheme: str, bits: float, scales: tuple[float, ...]) -> float:
         return (scales[0] * eden.max_centroid(mse_bits) if mse_bits else 0.0) + qjl
     sp = eden.split(bits)
     widths = [w for w in (sp.lo, sp.hi) if w]
-    return scales[0] * max(eden.max_centroid(w) for w in widths)
+    return max(scales) * max(eden.max_centroid(w) for w in widths)  # grouped: the largest block scale
 
 
 def _check_payload_bounds(h: Header) -> None:
@@ -491,7 +599,7 @@ def _decode(
     sections = []
     pos = 0
     # numba path, EDEN schemes: the sections stay packed, unpacking is fused with the lookup
-    packed = kern is not None and h.scheme != "turboquant-prod"
+    packed = kern is not None and h.scheme != "turboquant-prod" and not h.grouped
     for (b, c), size in zip(counts, sizes, strict=True):
         try:
             chunk = payload[pos : pos + size]
@@ -499,7 +607,11 @@ def _decode(
         except ValueError as e:
             raise CodecError(str(e)) from e
         pos += size
-    if packed and len(layout) == 1 and layout[0][2] is None:  # one section: lookup fused into the FWHT
+    if h.grouped:  # unit centroids, each block times its scale
+        y = eden.reconstruct(layout, sections, 1.0, n, cdt)
+        y = (y.reshape(-1, h.group) * np.asarray(h.scales, cdt)[:, None]).reshape(-1)
+        y = unrotate(y, h.seed, h.rotations) if kern is None else kern.unrotate(y, h.seed, h.rotations)
+    elif packed and len(layout) == 1 and layout[0][2] is None:  # one section: lookup fused into the FWHT
         assert kern is not None
         b = layout[0][0]
         y = np.asarray(kern.unrotate_packed(sections[0], b, eden.scaled_table(b, h.scales[0], cdt), n,

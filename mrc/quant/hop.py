@@ -49,27 +49,31 @@ def default_path() -> str:
     return value or "fused"
 
 
-def three_pass(frame_in: Buffer, own: F32, scheme: str, bits: float, seed: int) -> bytes:
-    """decode, add, encode: the reference the fused path must equal byte for byte."""
+def three_pass(frame_in: Buffer, own: F32, scheme: str, bits: float, seed: int,
+               group: int | None = None) -> bytes:
+    """decode, add, encode: the reference the fused path must equal byte for byte. `group`: the outgoing
+    frame's scale group (codec.encode; None: one scale)."""
     work = np.asarray(codec.decode(frame_in), np.float32)
     if work.size != own.size:
         raise codec.CodecValueError(f"hop: incoming frame holds {work.size} elements, own chunk {own.size}")
     work += own
-    return codec.encode(work, scheme, bits, seed=seed)
+    return codec.encode(work, scheme, bits, seed=seed, group=group)
 
 
 def hop(frame_in: Buffer, own: npt.ArrayLike, scheme: str, bits: float, seed: int,
-        path: str | None = None) -> bytes:
-    """encode(decode(frame_in) + own, scheme, bits, seed=seed), fused where it can be (module doc)."""
+        path: str | None = None, group: int | None = None) -> bytes:
+    """encode(decode(frame_in) + own, scheme, bits, seed=seed, group=group), fused where it can be
+    (module doc). Grouped-scale frames (codec version 2), in or out, always take the three passes: the
+    fused sweep's lookup uses one scale and its output is the one-scale frame."""
     own32 = np.ascontiguousarray(own, dtype=np.float32).reshape(-1)
     which = default_path() if path is None else path
     if which not in PATHS:
         raise ValueError(f"hop path must be one of {', '.join(PATHS)}, got {which!r}")
-    if which == "fused":
+    if which == "fused" and (group is None or group >= next_pow2(max(own32.size, 1))):
         out = _fused(frame_in, own32, scheme, bits, seed)
         if out is not None:
             return out
-    return three_pass(frame_in, own32, scheme, bits, seed)
+    return three_pass(frame_in, own32, scheme, bits, seed, group)
 
 
 def _fused(frame_in: Buffer, own: F32, scheme: str, bits: float, seed: int) -> bytes | None:
@@ -82,7 +86,7 @@ def _fused(frame_in: Buffer, own: F32, scheme: str, bits: float, seed: int) -> b
     h = codec.parse(frame_in)
     n = h.padded
     block = 1 << kern._block_bits(np.dtype(np.float32))
-    if (h.scheme not in _FUSED_SCHEMES or h.dtype != np.float32 or h.rotations != 1 or n <= block
+    if (h.grouped or h.scheme not in _FUSED_SCHEMES or h.dtype != np.float32 or h.rotations != 1 or n <= block
             or h.d != own.size or len(h.shape) != 1 or n != next_pow2(max(own.size, 1))):
         return None
     if n * codec._value_bound(h.scheme, h.bits, h.scales) > float(np.finfo(np.float32).max) / 2:

@@ -148,7 +148,7 @@ def test_rejects_framing_errors(good: bytes) -> None:
     assert "too short" in _reason(good[:20])
     assert "too short" in _reason(b"")
     assert "magic" in _reason(b"XXXX" + good[4:])
-    assert "version" in _reason(good[:4] + b"\x02" + good[5:])
+    assert "version" in _reason(good[:4] + b"\x03" + good[5:])
     assert "CRC" in _reason(good[:-1] + bytes([good[-1] ^ 1]))
     assert "CRC" in _reason(good[:-5] + good[-4:])  # a payload byte lost
 
