@@ -251,6 +251,10 @@ def test_prometheus_scrapes_every_mrcd(tb: dict[str, Any], tmp_path: Path) -> No
             text = r.read().decode()
         for m in METRICS:
             assert f"# TYPE {m.removesuffix('_total')} " in text or f"# TYPE {m} " in text, (t, m)
+        # the live exposition passes the ecosystem's own linter
+        lint = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True,
+                              timeout=60)
+        assert lint.returncode == 0 and not lint.stdout.strip() and not lint.stderr.strip(), (t, lint)
     cfg = (DEPLOY / "prometheus" / "prometheus.yml").read_text()
     cfg = cfg.replace("scrape_interval: 5s", "scrape_interval: 1s")
     default = '["127.0.0.1:9470", "127.0.0.1:9471", "127.0.0.1:9472", "127.0.0.1:9473"]'
