@@ -113,38 +113,30 @@ def _f4(x: Any) -> str:
     return "-" if x is None else f"{x:.4f}"
 
 
+def _report(doc: dict[str, Any], rows: list[dict[str, Any]], columns: list[tuple[str, str]],
+            head: str = "", note: str | None = None) -> str:
+    """The text form every fluid experiment shares: its header line, an optional note, the table of
+    `rows` under `columns` (key, heading), and the footer (wall time, memory, what is not modelled)."""
+    lines = [_head(doc) + head, ""]
+    if note:
+        lines.append(note)
+    return "\n".join([*lines, table(rows, columns), _foot(doc)])
+
+
+def _per_variant(doc: dict[str, Any], fields: dict[str, str]) -> list[dict[str, Any]]:
+    """One row per variant: `fields` maps a column key to the result key shown with 4 decimals, then
+    the variant's wall time."""
+    return [{"v": v, **{k: _f4(r[src]) for k, src in fields.items()}, "wall": f"{r['wall_s']:.1f}"}
+            for v, r in doc["results"].items()]
+
+
 def _render_perm(doc: dict[str, Any]) -> str:
-    rows = [
-        {
-            "v": v,
-            "cap": _f4(r["capacity_fraction"]),
-            "min": _f4(r["flow_fraction_min"]),
-            "p01": _f4(r["flow_fraction_p01"]),
-            "p50": _f4(r["flow_fraction_p50"]),
-            "max": _f4(r["flow_fraction_max"]),
-            "wall": f"{r['wall_s']:.1f}",
-        }
-        for v, r in doc["results"].items()
-    ]
-    return "\n".join(
-        [
-            _head(doc),
-            "",
-            table(
-                rows,
-                [
-                    ("v", "VARIANT"),
-                    ("cap", "OF CAPACITY"),
-                    ("min", "FLOW MIN"),
-                    ("p01", "FLOW P1"),
-                    ("p50", "FLOW P50"),
-                    ("max", "FLOW MAX"),
-                    ("wall", "WALL S"),
-                ],
-            ),
-            _foot(doc),
-        ]
-    )
+    rows = _per_variant(doc, {"cap": "capacity_fraction", "min": "flow_fraction_min",
+                              "p01": "flow_fraction_p01", "p50": "flow_fraction_p50",
+                              "max": "flow_fraction_max"})
+    return _report(doc, rows, [("v", "VARIANT"), ("cap", "OF CAPACITY"), ("min", "FLOW MIN"),
+                               ("p01", "FLOW P1"), ("p50", "FLOW P50"), ("max", "FLOW MAX"),
+                               ("wall", "WALL S")])
 
 
 @fluid_cmd.command("permutation")
@@ -200,33 +192,10 @@ def a2a_cmd(
     doc = fluid_exp.alltoall(fab, _variants(variants), seed, evs, rounds, progress=out.progress)
 
     def render(doc: dict[str, Any]) -> str:
-        rows = [
-            {
-                "v": v,
-                "cap": _f4(r["capacity_fraction"]),
-                "eff": _f4(r["round_efficiency"]),
-                "worst": _f4(r["worst_round_min"]),
-                "wall": f"{r['wall_s']:.1f}",
-            }
-            for v, r in doc["results"].items()
-        ]
-        return "\n".join(
-            [
-                _head(doc),
-                "",
-                table(
-                    rows,
-                    [
-                        ("v", "VARIANT"),
-                        ("cap", "OF CAPACITY"),
-                        ("eff", "ROUND EFFICIENCY"),
-                        ("worst", "WORST ROUND MIN"),
-                        ("wall", "WALL S"),
-                    ],
-                ),
-                _foot(doc),
-            ]
-        )
+        rows = _per_variant(doc, {"cap": "capacity_fraction", "eff": "round_efficiency",
+                                  "worst": "worst_round_min"})
+        return _report(doc, rows, [("v", "VARIANT"), ("cap", "OF CAPACITY"), ("eff", "ROUND EFFICIENCY"),
+                                   ("worst", "WORST ROUND MIN"), ("wall", "WALL S")])
 
     out.emit(doc, render)
 
@@ -266,37 +235,11 @@ def failures_cmd(
         raise UsageError(str(e)) from None
 
     def render(doc: dict[str, Any]) -> str:
-        rows = []
-        for sc in doc["scenarios"]:
-            for v, r in sc["results"].items():
-                rows.append(
-                    {
-                        "sc": sc["scenario"],
-                        "failed": sc["failed"],
-                        "v": v,
-                        "cap": _f4(r["capacity_fraction"]),
-                        "min": _f4(r["flow_fraction_min"]),
-                        "half": f"{r['flows_below_half']:g}",
-                    }
-                )
-        return "\n".join(
-            [
-                _head(doc),
-                "",
-                table(
-                    rows,
-                    [
-                        ("sc", "SCENARIO"),
-                        ("failed", "FAILED"),
-                        ("v", "VARIANT"),
-                        ("cap", "OF CAPACITY"),
-                        ("min", "FLOW MIN"),
-                        ("half", "FLOWS < 1/2"),
-                    ],
-                ),
-                _foot(doc),
-            ]
-        )
+        rows = [{"sc": sc["scenario"], "failed": sc["failed"], "v": v, "cap": _f4(r["capacity_fraction"]),
+                 "min": _f4(r["flow_fraction_min"]), "half": f"{r['flows_below_half']:g}"}
+                for sc in doc["scenarios"] for v, r in sc["results"].items()]
+        return _report(doc, rows, [("sc", "SCENARIO"), ("failed", "FAILED"), ("v", "VARIANT"),
+                                   ("cap", "OF CAPACITY"), ("min", "FLOW MIN"), ("half", "FLOWS < 1/2")])
 
     out.emit(doc, render)
 
@@ -336,35 +279,14 @@ def tail_cmd(
         doc["plot"] = fluid_exp.plot_step_tail(doc, plot_path)
 
     def render(doc: dict[str, Any]) -> str:
-        rows = [
-            {
-                "v": v,
-                "p50": _f4(r["slowdown_p50"]),
-                "p90": _f4(r["slowdown_p90"]),
-                "p99": _f4(r["slowdown_p99"]),
-                "max": _f4(r["slowdown_max"]),
-                "stalled": r["stalled_draws"],
-            }
-            for v, r in doc["results"].items()
-        ]
-        return "\n".join(
-            [
-                _head(doc) + f"; {doc['config']['scenario']}, {doc['config']['draws']} draws",
-                "",
-                "step slowdown = line-rate step time / slowest flow's (ring all-reduce over all hosts)",
-                table(
-                    rows,
-                    [
-                        ("v", "VARIANT"),
-                        ("p50", "P50"),
-                        ("p90", "P90"),
-                        ("p99", "P99"),
-                        ("max", "MAX"),
-                        ("stalled", "STALLED DRAWS"),
-                    ],
-                ),
-                _foot(doc),
-            ]
+        rows = [{"v": v, "p50": _f4(r["slowdown_p50"]), "p90": _f4(r["slowdown_p90"]),
+                 "p99": _f4(r["slowdown_p99"]), "max": _f4(r["slowdown_max"]), "stalled": r["stalled_draws"]}
+                for v, r in doc["results"].items()]
+        return _report(
+            doc, rows, [("v", "VARIANT"), ("p50", "P50"), ("p90", "P90"), ("p99", "P99"), ("max", "MAX"),
+                        ("stalled", "STALLED DRAWS")],
+            head=f"; {doc['config']['scenario']}, {doc['config']['draws']} draws",
+            note="step slowdown = line-rate step time / slowest flow's (ring all-reduce over all hosts)",
         )
 
     out.emit(doc, render)
