@@ -47,6 +47,7 @@ from mrc.dataplane import testbed as tbmod
 from mrc.dataplane.client import socket_path
 from mrc.dataplane.driver import SocketDriver, wait
 from mrc.dataplane.fabric import FabricDataplane, ct_u32
+from mrc.dataplane.protocol import PROTOCOL_VERSION, ErrorKind, ProtocolError, check_version, validate_request
 from mrc.dataplane.udp import mrc_socket
 from mrc.errors import MrcError
 from mrc.topology import Path as TopoPath
@@ -78,12 +79,12 @@ MAX_LOG: Final = 100_000
 MAX_REQUEST_BYTES: Final = 1 << 16
 
 
-class RequestRejected(Exception):
-    """A control-socket line that is not a valid request; `reason` keys the rejection counter."""
+class RequestRejected(ProtocolError):
+    """A control-socket line that is not a request at all (too long, not JSON, not an object, no string
+    `op`): always `bad_request` to the client; `reason` keys the rejection counter."""
 
     def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
+        super().__init__(ErrorKind.BAD_REQUEST, reason, message)
 
 
 def _no_constants(name: str) -> Any:
@@ -805,7 +806,7 @@ class Daemon:
         c = Client(conn, uid)
         self.clients[conn.fileno()] = c
         self.sel.register(conn, selectors.EVENT_READ, c)
-        self._push(c, {"id": 0, "ok": {"mrcd": mrc_version, "host": self.host}})
+        self._push(c, {"id": 0, "ok": {"mrcd": mrc_version, "host": self.host, "protocol": PROTOCOL_VERSION}})
 
     def _client_io(self, c: Client, mask: int) -> None:
         if mask & selectors.EVENT_READ:
@@ -881,12 +882,16 @@ class Daemon:
             with contextlib.suppress(OSError):
                 os.close(c.fds.popleft())
 
-    def _reject(self, c: Client, rid: Any, e: RequestRejected) -> None:
+    def _reject(self, c: Client, rid: Any, e: ProtocolError) -> None:
         self.rejected[e.reason] = self.rejected.get(e.reason, 0) + 1
-        self._push(c, {"id": rid, "error": str(e)})
+        self._push(c, {"id": rid, "error": str(e), "kind": str(e.kind)})
 
     def _request(self, c: Client, line: bytes) -> None:
-        """Answer one request line with exactly one reply; nothing a client sends ends the loop."""
+        """Answer one request line with exactly one reply; nothing a client sends ends the loop.
+
+        The request is checked against the shared schema (`mrc.dataplane.protocol`) before dispatch, so
+        that whatever the handler raises afterwards is either its refusal (MrcError / ValueError:
+        `refused`) or a bug (anything else: `internal`, logged here) -- never the client's bad request."""
         try:
             req = parse_request(line)
         except RequestRejected as e:
@@ -896,24 +901,34 @@ class Daemon:
         if not isinstance(rid, (int, str)) or isinstance(rid, bool):
             rid = None
         op = req["op"]
-        fn = getattr(self, f"op_{op}", None)
-        if fn is None:
-            self._reject(c, rid, RequestRejected("unknown_op", f"unknown operation {op[:64]!r}"))
+        try:
+            validate_request(req)
+        except ProtocolError as e:
+            self._reject(c, rid, e)
             return
+        fn = getattr(self, f"op_{op}")
         try:
             res = fn(c, req)
-            self._push(c, {"id": rid, "ok": res})
-        except (MrcError, ValueError) as e:  # includes a request the operation itself refuses
-            self._reject(c, rid, RequestRejected("invalid", str(e)))
-        except (KeyError, TypeError, IndexError, AttributeError, OverflowError) as e:
-            self._reject(c, rid, RequestRejected("bad_field", f"bad request: {type(e).__name__}: {e}"))
+        except ProtocolError as e:  # a handler's own protocol check (hello's version)
+            self._reject(c, rid, e)
+        except (MrcError, ValueError) as e:  # a valid request the operation declines
+            self._reject(c, rid, ProtocolError(ErrorKind.REFUSED, "invalid", str(e)))
         except Exception as e:  # a handler bug: one error reply, logged, the loop goes on
-            print(f"mrcd: internal error in {op}: {traceback.format_exc()}", file=sys.stderr)
-            self._reject(c, rid, RequestRejected("internal", f"internal error: {type(e).__name__}: {e}"))
+            print(f"mrcd: internal error in op {op}: {type(e).__name__}: {e}\n{traceback.format_exc()}",
+                  file=sys.stderr, end="")
+            self._reject(c, rid, ProtocolError(ErrorKind.INTERNAL, "internal",
+                                               f"internal error in op {op} (mrcd logged it)"))
+        else:
+            self._push(c, {"id": rid, "ok": res})
 
     # -- operations: applications
     def op_hello(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
-        return {"host": self.host, "testbed": self.tb.name, "gid": str(ipaddress.IPv6Address(self.gid)),
+        """mrcd's identity and protocol version; a client whose protocol major differs is refused here,
+        with the versions in the message, rather than failing later on a field it reads differently."""
+        if req.get("protocol") is not None:
+            check_version(req["protocol"], side="client")
+        return {"protocol": PROTOCOL_VERSION, "host": self.host, "testbed": self.tb.name,
+                "gid": str(ipaddress.IPv6Address(self.gid)),
                 "planes": self.topo.planes, "evs": self.evs, "pid": os.getpid(), "version": mrc_version,
                 "peers": [h for h in self.topo.host_names() if h != self.host],
                 "link_rate_bps": self.topo.link.rate_bps}

@@ -14,7 +14,10 @@ application sees. Opening a QP to a peer host::
         c.post_send(qp, wr_id=1, mr=mr, offset=0, length=n, remote_addr=raddr, rkey=rkey, imm=7)
         wc = c.wait_wc(qp, wr_id=1)                       # completions are pushed by mrcd
 
-Errors from mrcd come back as `MrcError` with mrcd's one-line message.
+Errors from mrcd come back as `ProtocolError` (an `MrcError`) with mrcd's one-line message and its
+`kind` (bad_request, unknown_field, refused, internal). Every request is checked against the shared
+schema (`mrc.dataplane.protocol`) before it is sent, so a misspelt field fails here, with the op's field
+list, instead of being silently ignored by mrcd.
 """
 
 from __future__ import annotations
@@ -34,6 +37,16 @@ from pathlib import Path
 from typing import Any, Final
 
 from mrc.errors import MrcError
+
+from .protocol import (
+    OPS,
+    PROTOCOL_VERSION,
+    ErrorKind,
+    ProtocolError,
+    check_response,
+    check_version,
+    validate_request,
+)
 
 MAX_LINE: Final = 1 << 24
 
@@ -92,6 +105,15 @@ def _connect(path: Path, timeout: float) -> socket.socket:
     return sk
 
 
+def _remote_error(doc: dict[str, Any]) -> ProtocolError:
+    """mrcd's error reply as an exception; an mrcd from before error kinds sends none: `refused`."""
+    try:
+        kind = ErrorKind(doc.get("kind", ErrorKind.REFUSED))
+    except ValueError:
+        kind = ErrorKind.REFUSED
+    return ProtocolError(kind, str(kind), str(doc["error"]))
+
+
 class MrcClient:
     """One connection to one host's mrcd. Not thread-safe: one thread per client."""
 
@@ -114,7 +136,13 @@ class MrcClient:
         if first is None or "error" in first:
             self.sk.close()
             raise MrcError(str(first["error"]) if first else f"{self.path}: no greeting from mrcd")
-        hello = self.call("hello")
+        try:
+            hello = self.call("hello", protocol=PROTOCOL_VERSION)
+            if hello.get("protocol") is not None:  # an mrcd from before the versioned protocol sends none
+                check_version(str(hello["protocol"]), side="mrcd")
+        except MrcError:
+            self.sk.close()
+            raise
         self.host: str = hello["host"]
         self.gid: str = hello["gid"]
         self.info = hello
@@ -160,11 +188,18 @@ class MrcClient:
             self.pushes.append(doc)
 
     def call(self, op: str, fds: list[int] | None = None, **args: Any) -> Any:
-        """One request; returns mrcd's answer, raises MrcError with its error line."""
+        """One request; returns mrcd's answer, raises MrcError with its error line.
+
+        The request is validated locally first (`ProtocolError`, nothing sent) and the answer's shape
+        checked against the op's response, with the same schema mrcd uses."""
+        req = {"op": op, **args}
+        validate_request(req)
+        if OPS[op].fds and not fds:
+            raise ProtocolError(ErrorKind.BAD_REQUEST, "bad_field", f"{op}: needs a file descriptor")
         self._id += 1
         rid = self._id
         try:
-            self._send({"id": rid, "op": op, **args}, fds)
+            self._send({"id": rid, **req}, fds)
         except (BrokenPipeError, ConnectionResetError):
             # mrcd refused us and closed: its one line says why
             try:
@@ -172,7 +207,7 @@ class MrcClient:
             except (MrcError, OSError, ValueError):
                 doc = None
             if doc is not None and "error" in doc:
-                raise MrcError(str(doc["error"])) from None
+                raise _remote_error(doc) from None
             raise MrcError(f"{self.path}: mrcd closed the connection") from None
         deadline = time.monotonic() + self.timeout
         while True:
@@ -185,8 +220,10 @@ class MrcClient:
             if doc.get("id") != rid:
                 continue
             if "error" in doc:
-                raise MrcError(str(doc["error"]))
-            return doc.get("ok")
+                raise _remote_error(doc)
+            ok = doc.get("ok")
+            check_response(op, ok)
+            return ok
 
     # -- verbs
     def reg_mr(self, length: int) -> RemoteMr:

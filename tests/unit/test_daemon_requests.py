@@ -56,9 +56,17 @@ BAD_LINES = [
     (b'{"op": "qp_stats", "qpn": 1e400}', "bad_field"),
     (b'{"op": "qp_stats", "qpn": [1]}', "bad_field"),
     (b'{"op": "qp_stats"}', "bad_field"),
+    (b'{"op": "qp_stats", "qpn": -1}', "bad_field"),
+    (b'{"op": "qp_stats", "qpn": true}', "bad_field"),
+    (b'{"op": "qp_stats", "qpn": 1, "qnp": 1}', "unknown_field"),
     (b'{"op": "qp_stats", "qpn": 77}', "invalid"),
     (b"x" * (MAX_REQUEST_BYTES + 1), "too_long"),
 ]
+
+
+KIND = {"unknown_field": "unknown_field", "invalid": "refused"}
+KIND.update({r: "bad_request" for r in ("not_object", "bad_json", "bad_op", "unknown_op", "bad_field",
+                                        "too_long")})
 
 
 @pytest.mark.parametrize(("line", "reason"), BAD_LINES, ids=[f"{r}{i}" for i, (_, r) in enumerate(BAD_LINES)])
@@ -72,22 +80,31 @@ def test_a_bad_line_gets_one_error_and_the_next_request_its_answer(
         daemon._request(c, b'{"id": 9, "op": "qp_show"}')
         r = replies(c)
         assert len(r) == 2 and "error" in r[0] and r[1] == {"id": 9, "ok": []}
+        assert r[0]["kind"] == KIND[reason]
         assert daemon.rejected == {reason: 1}
 
 
-def test_a_handler_bug_is_answered_and_counted_not_raised(
-    daemon: Any, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("exc", [ZeroDivisionError("integer division or modulo by zero"), KeyError("qpn")])
+def test_a_handler_bug_is_internal_logged_and_the_loop_goes_on(
+    daemon: Any, capsys: pytest.CaptureFixture[str], exc: Exception
 ) -> None:
-    daemon.op_boom = lambda c, req: 1 // 0
+    """A handler that raises on a request the schema accepted is mrcd's bug, not the client's bad request
+    (a KeyError used to be answered as `bad_field`)."""
+
+    def boom(c: Client, req: dict[str, Any]) -> None:
+        raise exc
+
+    daemon.op_qp_stats = boom
     a, b = socket.socketpair()
     with a, b:
         c = Client(a, 0)
-        daemon._request(c, b'{"id": "x1", "op": "boom"}')
+        daemon._request(c, b'{"id": "x1", "op": "qp_stats", "qpn": 5}')
         daemon._request(c, b'{"id": [1, 2], "op": "qp_show"}')  # an id that is no id is not echoed
-        assert replies(c) == [{"id": "x1", "error": "internal error: ZeroDivisionError: integer division or "
-                                                    "modulo by zero"}, {"id": None, "ok": []}]
+        assert replies(c) == [{"id": "x1", "error": "internal error in op qp_stats (mrcd logged it)",
+                               "kind": "internal"}, {"id": None, "ok": []}]
     assert daemon.rejected == {"internal": 1}
-    assert "ZeroDivisionError" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"internal error in op qp_stats: {type(exc).__name__}: {exc}" in err
 
 
 def test_an_oversized_line_is_refused_once_and_skipped_to_its_newline(daemon: Any) -> None:

@@ -1,0 +1,277 @@
+"""The shared mrcd protocol (`mrc.dataplane.protocol`): the client and mrcd check the same schema, the
+schema accepts every request the client and mrcctl send today, and an error reply says whose fault it
+is (bad_request, unknown_field, refused, internal). No root, no kernel: mrcd's request path runs on a
+stub daemon behind a real AF_UNIX socket."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import socket
+import threading
+from collections import deque
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from mrc.ctl.daemon import Client, Daemon
+from mrc.dataplane.client import MrcClient
+from mrc.dataplane.protocol import (
+    OPS,
+    PROTOCOL_VERSION,
+    ErrorKind,
+    ProtocolError,
+    check_response,
+    validate_request,
+)
+from mrc.errors import MrcError
+from mrc.transport import Context
+
+GA = bytes.fromhex("fd000000000000000000000000000001")
+
+#: A well-formed answer to each op, shaped as its schema says, for the recording client.
+ANSWERS: dict[str, Any] = {
+    "hello": {"host": "h0", "testbed": "t", "gid": "fd00::1", "planes": 2, "evs": 4, "pid": 1, "version": "x",
+              "peers": ["h2"], "link_rate_bps": 1, "protocol": PROTOCOL_VERSION},
+    "reg_mr": {"handle": 1, "rkey": 2, "addr": 4096, "length": 4096},
+    "create_qp": {"qpn": 256, "peer_gid": "fd00::3"},
+    "qp_stats": {"qpn": 256, "peer": "h2", "time_ns": 1},
+    "qp_show": [], "port_show": [],
+    "ev_show": {"host": "h0", "peers": {}, "denied_links": []},
+    "ev_deny": {"host": "h0", "peer": "h2", "denied": []},
+    "ev_restore": {"host": "h0", "peer": "h2", "restored": []},
+    "port_set": {"host": "h0", "port": 1, "enabled": False},
+    "actions": {"actions": [], "events": []},
+    "stats": {"host": "h0", "engine_drops": {}, "driver": {}, "qps": 0, "controller": {}, "denied_links": []},
+}
+
+
+class Recorder(MrcClient):
+    """An MrcClient whose wire is a list: what it would send is kept, the answer comes from ANSWERS."""
+
+    def __init__(self) -> None:  # no socket, no greeting
+        self.path = Path("recorder")
+        self.timeout = 1.0
+        self._id = 0
+        self._rbuf = bytearray()
+        self.pushes = deque()
+        self._wcs = {}
+        self.mrs = []
+        self.sent: list[dict[str, Any]] = []
+
+    def _send(self, doc: dict[str, Any], fds: list[int] | None = None) -> None:
+        self.sent.append(doc)
+
+    def _read_line(self, timeout: float | None) -> dict[str, Any] | None:
+        doc = self.sent[-1]
+        return {"id": doc["id"], "ok": ANSWERS.get(doc["op"])}
+
+
+def _client_requests() -> list[dict[str, Any]]:
+    """Every request the client library and mrcctl send today, produced by their own code paths."""
+    from mrc.dataplane.client import ClientQp
+
+    c = Recorder()
+    mr = c.reg_mr(4096)
+    qp = c.create_qp("h2")
+    c.create_qp("h2", evs=1, planes=[0], cc="null")
+    c.connect(qp, 300)
+    c.post_send(qp, wr_id=1, mr=mr, offset=0, length=4096, remote_addr=8192, rkey=7)
+    c.post_send(qp, wr_id=2, mr=mr, offset=0, length=0, remote_addr=8192, rkey=7, imm=9)
+    c.post_recv(qp, 3)
+    c.destroy_qp(ClientQp(256, "h2", "fd00::3"))
+    # mrcctl / bench / all-reduce (ctl/cmd_*.py, ctl/bench.py, ctl/allreduce_mrc.py), as they call
+    c.call("qp_stats", qpn=qp.qpn)
+    c.call("actions", since_ns=12345)
+    for state in (None, "denied"):
+        c.call("ev_show", state=state)
+    c.call("ev_deny", peer="h2", evs=[1, 2], plane=None, link=None)
+    c.call("ev_restore", peer="h2", evs=[], plane=0, link="p0l0-p0s0")
+    c.call("port_set", port=1, enabled=False)
+    for op in ("qp_show", "port_show", "stats"):
+        c.call(op)
+    c.call("hello", protocol=PROTOCOL_VERSION)  # as MrcClient.__init__ sends it
+    mr.close()
+    return c.sent
+
+
+def _peer_report(tmp_path: Path) -> dict[str, Any]:
+    """The `link_status` line one mrcd sends another (Daemon.tell_peers), caught on a listening socket."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(tmp_path / "ns-h1.sock"))
+    srv.listen(1)
+    d: Any = SimpleNamespace(access_plane=lambda lk: None, host="h0", socket_file=tmp_path / "ns-h0.sock",
+                             topo=SimpleNamespace(host_names=lambda: ["h0", "h1"]),
+                             tb=SimpleNamespace(ns=lambda h: f"ns-{h}"))
+    Daemon.tell_peers(d, frozenset(("p0l0", "p0s0")), "down")
+    conn, _ = srv.accept()
+    with conn, srv:
+        doc: dict[str, Any] = json.loads(conn.recv(4096))
+    return doc
+
+
+def test_the_schema_accepts_every_request_sent_today(tmp_path: Path) -> None:
+    sent = [*_client_requests(), _peer_report(tmp_path)]
+    for doc in sent:
+        assert validate_request(doc) is OPS[doc["op"]], doc
+    assert {d["op"] for d in sent} == set(OPS)  # every op is exercised by some sender
+
+
+def test_every_daemon_op_has_a_schema_and_every_schema_an_op() -> None:
+    handlers = {n.removeprefix("op_") for n, _ in inspect.getmembers(Daemon, inspect.isfunction)
+                if n.startswith("op_")}
+    assert handlers == set(OPS)
+
+
+def test_a_misspelt_field_fails_in_the_client_naming_it_and_nothing_is_sent() -> None:
+    c = Recorder()
+    with pytest.raises(ProtocolError, match=r"qp_stats: unknown field 'qnp' \(it takes: qpn\)") as e:
+        c.call("qp_stats", qnp=5)
+    assert e.value.kind is ErrorKind.UNKNOWN_FIELD and c.sent == []
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    ({"qpn": "5"}, "field 'qpn' must be an integer in 0..4294967295, got str '5'"),
+    ({"qpn": 5.0}, "field 'qpn' must be an integer"),
+    ({"qpn": True}, "field 'qpn' must be an integer"),
+    ({"qpn": 1 << 32}, "field 'qpn' must be an integer in 0..4294967295"),
+    ({}, "missing field 'qpn'"),
+])
+def test_an_ill_typed_field_is_a_bad_request_naming_field_and_type(args: dict[str, Any], words: str) -> None:
+    with pytest.raises(ProtocolError) as e:
+        Recorder().call("qp_stats", **args)
+    assert e.value.kind is ErrorKind.BAD_REQUEST and words in str(e.value)
+
+
+def test_choices_lists_and_bools_are_checked() -> None:
+    bad: list[dict[str, Any]] = [{"op": "create_qp", "peer": "h2", "cc": "cubic"},
+           {"op": "create_qp", "peer": "h2", "planes": [0, "1"]},
+           {"op": "port_set", "port": 0, "enabled": 1},
+           {"op": "link_status", "link": ["a"], "state": "down"},
+           {"op": "link_status", "link": ["a", "b"], "state": "sideways"},
+           {"op": "no_such_op"}]
+    for req in bad:
+        with pytest.raises(ProtocolError) as e:
+            validate_request(req)
+        assert e.value.kind is ErrorKind.BAD_REQUEST, req
+
+
+def test_a_response_of_the_wrong_shape_is_an_error() -> None:
+    check_response("qp_show", [])
+    check_response("connect", None)
+    for op, value in [("create_qp", {"qpn": 1}), ("qp_show", {}), ("connect", 1), ("port_show", [1])]:
+        with pytest.raises(MrcError, match=op):
+            check_response(op, value)
+
+
+# -- the client against mrcd's real request path (Daemon._request) on a stub daemon
+
+
+@pytest.fixture
+def daemon() -> Any:
+    d: Any = Daemon.__new__(Daemon)
+    d.rejected = {}
+    d.ctx = Context(GA)
+    d.host = "h0"
+    d.gid = GA
+    d.evs = 4
+    d.tb = SimpleNamespace(name="tb")
+    d.topo = SimpleNamespace(planes=2, host_names=lambda: ["h0", "h2"], link=SimpleNamespace(rate_bps=10**8))
+    d.qp_peer = {}
+    d.pinned_qps = set()
+    d.mrs = {}
+    return d
+
+
+@pytest.fixture
+def served(daemon: Any, tmp_path: Path) -> Iterator[Path]:
+    """mrcd's control socket for one connection: greeting, then every line through Daemon._request."""
+    path = tmp_path / "h0.sock"
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(path))
+    srv.listen(1)
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            c = Client(conn, 0)
+            daemon._push(c, {"id": 0, "ok": {"mrcd": "test", "host": "h0", "protocol": PROTOCOL_VERSION}})
+            buf = b""
+            while True:
+                conn.sendall(bytes(c.wbuf))
+                c.wbuf.clear()
+                data = conn.recv(1 << 16)
+                if not data:
+                    return
+                buf += data
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    daemon._request(c, line)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    yield path
+    srv.close()
+    t.join(5)
+
+
+def test_a_handler_bug_reaches_the_client_as_internal_and_mrcd_answers_the_next(
+    daemon: Any, served: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def bug(c: Client, req: dict[str, Any]) -> Any:
+        empty: dict[str, int] = {}
+        return empty["qpn"]  # a KeyError inside the handler: mrcd's bug, not a bad request
+
+    daemon.op_qp_stats = bug
+    with MrcClient(served, timeout=5.0) as c:
+        assert c.info["protocol"] == PROTOCOL_VERSION
+        with pytest.raises(ProtocolError, match=r"^internal error in op qp_stats") as e:
+            c.call("qp_stats", qpn=1)
+        assert e.value.kind is ErrorKind.INTERNAL
+        assert c.call("qp_show") == []
+        with pytest.raises(ProtocolError, match="no QP 7") as e:
+            c.call("connect", qpn=7, peer_qpn=1)
+        assert e.value.kind is ErrorKind.REFUSED
+    assert daemon.rejected == {"internal": 1, "invalid": 1}
+    assert "KeyError: 'qpn'" in capsys.readouterr().err
+
+
+def test_mrcd_refuses_a_client_of_another_major_version(daemon: Any, served: Path) -> None:
+    with MrcClient(served, timeout=5.0) as c:
+        assert c.call("hello", protocol="1.7")["host"] == "h0"  # a newer minor is fine
+        with pytest.raises(ProtocolError, match=r"protocol version mismatch: the client speaks 2\.0 "
+                                                r"\(newer major\), this side speaks 1\.0: upgrade mrcd") as e:
+            c.call("hello", protocol="2.0")
+        assert e.value.kind is ErrorKind.REFUSED
+        with pytest.raises(ProtocolError, match=r"MAJOR\.MINOR") as e:
+            c.call("hello", protocol="two")
+        assert e.value.kind is ErrorKind.BAD_REQUEST
+        assert c.call("qp_show") == []
+    assert daemon.rejected == {"version": 1, "bad_field": 1}
+
+
+def test_the_client_refuses_an_mrcd_of_another_major_version(tmp_path: Path) -> None:
+    path = tmp_path / "new.sock"
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(path))
+    srv.listen(1)
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            conn.sendall(b'{"id":0,"ok":{"mrcd":"9","host":"h0","protocol":"2.0"}}\n')
+            req = json.loads(conn.recv(4096))
+            conn.sendall((json.dumps({"id": req["id"], "ok": {
+                "host": "h0", "testbed": "t", "gid": "fd00::1", "planes": 2, "evs": 4, "pid": os.getpid(),
+                "version": "9", "peers": [], "link_rate_bps": 1, "protocol": "2.0"}}) + "\n").encode())
+            conn.recv(16)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    with srv, pytest.raises(ProtocolError, match=r"the mrcd speaks 2\.0 \(newer major\).*upgrade the client"):
+        MrcClient(path, timeout=5.0)
+    t.join(5)
