@@ -148,12 +148,14 @@ def test_an_ill_typed_field_is_a_bad_request_naming_field_and_type(args: dict[st
 
 
 def test_choices_lists_and_bools_are_checked() -> None:
-    bad: list[dict[str, Any]] = [{"op": "create_qp", "peer": "h2", "cc": "cubic"},
-           {"op": "create_qp", "peer": "h2", "planes": [0, "1"]},
-           {"op": "port_set", "port": 0, "enabled": 1},
-           {"op": "link_status", "link": ["a"], "state": "down"},
-           {"op": "link_status", "link": ["a", "b"], "state": "sideways"},
-           {"op": "no_such_op"}]
+    bad: list[dict[str, Any]] = [
+        {"op": "create_qp", "peer": "h2", "cc": "cubic"},
+        {"op": "create_qp", "peer": "h2", "planes": [0, "1"]},
+        {"op": "port_set", "port": 0, "enabled": 1},
+        {"op": "link_status", "link": ["a"], "state": "down"},
+        {"op": "link_status", "link": ["a", "b"], "state": "sideways"},
+        {"op": "no_such_op"},
+    ]
     for req in bad:
         with pytest.raises(ProtocolError) as e:
             validate_request(req)
