@@ -277,3 +277,17 @@ def test_the_client_refuses_an_mrcd_of_another_major_version(tmp_path: Path) -> 
     with srv, pytest.raises(ProtocolError, match=r"the mrcd speaks 2\.0 \(newer major\).*upgrade the client"):
         MrcClient(path, timeout=5.0)
     t.join(5)
+
+
+def test_the_documented_ops_are_the_schema_ops() -> None:
+    """docs/daemon.md's table of ops is written by hand: it names exactly the ops of the schema."""
+    import re
+    from pathlib import Path
+
+    from mrc.dataplane.protocol import OPS
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "daemon.md").read_text()
+    table = doc[doc.index("| op | fields |", doc.index("## Control protocol")):]
+    rows = [line for line in table[: table.find("\n\n")].splitlines() if line.startswith("| `")]
+    named = {op for row in rows for op in re.findall(r"`([a-z_]+)`", row.split("|")[1])}
+    assert named == set(OPS), (sorted(named - set(OPS)), sorted(set(OPS) - named))
