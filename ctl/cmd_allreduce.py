@@ -62,6 +62,10 @@ def render(doc: dict[str, Any]) -> str:
     )
     if c.get("ranks_per_host", 1) > 1:
         head += f"\nranks per host: {c['ranks_per_host']} on {', '.join(c['hosts'])}"
+    if c.get("hier_hosts"):
+        per = c["ranks"] // c["hier_hosts"]
+        head += (f"\nhierarchical: {c['hier_hosts']} hosts x {per} ranks; WIRE_B = bytes between hosts (the "
+                 "leaders' ring), INTRA_B = within them")
     if c.get("bits_per_hop"):
         head += "\nbits per hop: " + " ".join(f"{b:g}" for b in c["bits_per_hop"])
     rows = []
@@ -73,6 +77,7 @@ def render(doc: dict[str, Any]) -> str:
             "busbw": _g(r["busbw_gbps"], ".4g"),
             "wire": r["wire_bytes"] if r["wire_bytes"] is not None else "-",
             "mrc": r.get("wire_bytes_mrc", "-"),
+            "intra": r.get("intra_host_bytes", "-"),
             "vnmse": _g(r["vnmse"], ".4g"),
             "down": r["failed_link_down"],
             "error": r.get("error", ""),
@@ -94,6 +99,8 @@ def render(doc: dict[str, Any]) -> str:
             ("wire", "WIRE_B"), ("vnmse", "vNMSE"), ("down", "LINK_DOWN"), ("error", "")]
     if c.get("ranks_per_host", 1) > 1:  # some hops stay within a host: show what crossed MRC
         cols.insert(5, ("mrc", "MRC_B"))
+    if c.get("hier_hosts"):
+        cols.insert(5, ("intra", "INTRA_B"))
     return head + "\n" + table(rows, cols)
 
 
@@ -129,6 +136,11 @@ def render(doc: dict[str, Any]) -> str:
 @click.option("--rendezvous", type=click.Choice(["auto", "tcpstore", "file"]), default="auto",
               show_default=True, help="mrc: torch.distributed TCPStore (auto: when torch is importable) or "
               "JSON files in the run directory.")
+@click.option("--hosts", "hier_hosts", type=click.IntRange(1, 1024), default=None, metavar="H",
+              help="inproc: the ranks as H hosts (host-major) running the hierarchical all-reduce: reduce to "
+              "each host's leader, compressed ring between the leaders, broadcast (docs/collective.md).")
+@click.option("--intra", type=click.Choice(("none", *COMPRESSIONS[1:])), default="none", show_default=True,
+              help="--hosts: how ranks send to their leader (none: raw float32; or a scheme at 8 bits).")
 @click.option("--report", "report_path", default=None, metavar="FILE",
               help="Also write the JSON document to FILE (the table still goes to stdout).")
 @json_option
@@ -137,7 +149,7 @@ def allreduce(
     out: Output, ranks: int, size_text: str, bits: float, scheme: str, partial_sums: str, algorithm: str,
     iters: int, dist: str, correlation: float, seed: int, transport: str, ranks_per_host: int | None,
     name: str | None, fail_link: str | None, heal_after: float | None, sample_ms: int, timeout_s: float,
-    rendezvous: str, report_path: str | None,
+    rendezvous: str, hier_hosts: int | None, intra: str, report_path: str | None,
 ) -> None:
     """All-reduce of a float32 buffer across ranks with compressed chunks: time, bandwidth, wire bytes,
     error against the exact mean."""
@@ -147,10 +159,16 @@ def allreduce(
         if fail_link or heal_after or sample_ms or rendezvous != "auto" or ranks_per_host is not None:
             raise UsageError("--fail-link, --heal-after, --sample-ms, --rendezvous and --ranks-per-host need "
                              "--transport mrc")
-        out.progress(f"allreduce: {ranks} ranks, {size} B, {scheme}, {iters} iterations ({transport})")
-        doc = cbench.run(cbench.InProcRunner(), ranks, size, cfg, iters, dist=dist, seed=seed,
-                         progress=out.progress)
+        runner: cbench.Runner = cbench.InProcRunner()
+        if hier_hosts is not None:
+            if ranks % hier_hosts or algorithm != "ring":
+                raise UsageError(f"--hosts {hier_hosts} needs --ranks a multiple of it and --algorithm ring")
+            runner = cbench.HierInProcRunner(hier_hosts, intra)
+        out.progress(f"allreduce: {ranks} ranks, {size} B, {scheme}, {iters} iterations ({runner.name})")
+        doc = cbench.run(runner, ranks, size, cfg, iters, dist=dist, seed=seed, progress=out.progress)
     else:
+        if hier_hosts is not None or intra != "none":
+            raise UsageError("--hosts and --intra run the ranks in this process: --transport inproc")
         doc = _run_mrc(out, ranks, size, cfg, iters, dist, seed, name, fail_link, heal_after, sample_ms,
                        timeout_s, rendezvous, ranks_per_host)
     if report_path is not None:

@@ -48,6 +48,33 @@ class InProcRunner:
         return res, time.perf_counter() - t0, False
 
 
+class HierInProcRunner:
+    """The ranks as `hosts` groups of threads (host-major: rank h * L + r is local rank r of host h) running
+    the hierarchical all-reduce (`hier.allreduce_hier`: reduce to each host's leader, compressed ring
+    between the leaders, broadcast). A rank's `wire_bytes` are its inter-host bytes (what crosses the
+    network); `intra_bytes` what it moved within its host."""
+
+    name = "inproc-hier"
+
+    def __init__(
+        self, hosts: int, intra: str = "none", intra_bits: float = 8.0, timeout_s: float = 300.0
+    ) -> None:
+        self.hosts = hosts
+        self.intra = intra
+        self.intra_bits = intra_bits
+        self.timeout_s = timeout_s
+
+    def run(self, buffers: list[F32], cfg: Config, step: int) -> tuple[list[Result], float, bool]:
+        from .hier import simulate
+
+        t0 = time.perf_counter()
+        res = simulate(buffers, self.hosts, cfg, step, self.intra, self.intra_bits, self.timeout_s)
+        secs = time.perf_counter() - t0
+        out = [Result(r.out, r.inter_bytes, bits_per_hop=r.bits_per_hop) for r in res]
+        self.intra_bytes = sum(r.intra_bytes for r in res)
+        return out, secs, False
+
+
 def make_inputs(n: int, elements: int, dist: str, seed: int, step: int) -> list[F32]:
     """n per-rank gradient buffers: `iid` N(0, I) each; `correlated`: (g + e_i) / sqrt(2) with g shared —
     half of each rank's energy common to all ranks, as data-parallel gradients are."""
@@ -108,6 +135,9 @@ def run(
             "vnmse": vnmse(out, exact),
             "failed_link_down": down,
         }
+        intra = getattr(runner, "intra_bytes", None)
+        if intra is not None:  # a hierarchical run: what stayed within the hosts, apart
+            row["intra_host_bytes"] = intra
         rows.append(row)
         if progress:
             progress(f"iter {it}: {secs * 1e3:.1f} ms  vNMSE {row['vnmse']:.4g}")
@@ -123,12 +153,15 @@ def run(
         "transport": runner.name, "ranks": ranks, "size_bytes": size_bytes, "elements": elements,
         "iters": iters, "warmup": warmup, "dist": dist, "seed": seed, **asdict(cfg),
     }
+    hosts = getattr(runner, "hosts", None)
+    if hosts is not None:
+        config["hier_hosts"] = hosts  # wire_bytes: between hosts; intra_host_bytes: within them
     if cfg.scheme != "none" and cfg.algorithm == "ring":
         from .schedule import aware_bits
 
         config["bits_per_hop"] = (
-            list(aware_bits(cfg.scheme, float(cfg.bits), ranks, cfg.correlation))
+            list(aware_bits(cfg.scheme, float(cfg.bits), hosts or ranks, cfg.correlation))
             if cfg.partial_sums == "aware"
-            else [float(cfg.bits)] * ranks
+            else [float(cfg.bits)] * (hosts or ranks)
         )
     return {"config": config, "iterations": rows, "summary": summary}

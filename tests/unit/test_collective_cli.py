@@ -73,6 +73,30 @@ def test_errors(capsys: pytest.CaptureFixture[str]) -> None:
         assert rc != 0 and "--transport mrc" in json.loads(out)["error"]
 
 
+def test_hierarchical_allreduce_from_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--hosts H`: 8 ranks as 2 hosts x 4 run the hierarchical all-reduce. Only the leaders' 2-rank ring
+    crosses hosts, so the result's error is that of a 2-rank ring (far below the flat 8-rank ring's on
+    the same inputs) and the bytes between hosts are a fraction of the flat ring's; what stays within the
+    hosts is counted apart."""
+    args = ["-j", "allreduce", "--ranks", "8", "--size", "256K", "--iters", "2", "--dist", "correlated"]
+    rc, out, _ = _run(capsys, *args)
+    assert rc == 0
+    flat = json.loads(out)
+    rc, out, _ = _run(capsys, *args, "--hosts", "2")
+    assert rc == 0
+    hier = json.loads(out)
+    assert hier["config"]["transport"] == "inproc-hier" and hier["config"]["hier_hosts"] == 2
+    assert len(hier["config"]["bits_per_hop"]) == 2  # the ring runs over the 2 leaders
+    assert hier["summary"]["mean_vnmse"] < 0.6 * flat["summary"]["mean_vnmse"]
+    assert hier["summary"]["mean_wire_bytes"] < 0.25 * flat["summary"]["mean_wire_bytes"]
+    for r in hier["iterations"]:
+        assert r["intra_host_bytes"] > 0
+    rc, out, _ = _run(capsys, "-j", "allreduce", "--ranks", "8", "--hosts", "3")
+    assert rc != 0 and "multiple" in json.loads(out)["error"]
+    rc, out, _ = _run(capsys, "-j", "allreduce", "--transport", "mrc", "--hosts", "2", "-n", "x")
+    assert rc != 0 and "--transport inproc" in json.loads(out)["error"]
+
+
 def test_report_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = tmp_path / "r.json"
     rc, out, _ = _run(capsys, "allreduce", "--ranks", "2", "--size", "4K", "--iters", "1",
