@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import array
 import contextlib
+import errno
 import ipaddress
 import json
 import mmap
@@ -37,7 +38,6 @@ import time
 import traceback
 from collections import deque
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final
 
@@ -54,27 +54,38 @@ from mrc.topology import Path as TopoPath
 from mrc.transport import (
     Context,
     EvEntry,
-    EvEvent,
     EvMode,
     EvProfile,
     EvState,
     MemoryRegion,
     NsccConfig,
-    ProbeResult,
     QpAttr,
     QueuePair,
     WorkCompletion,
 )
 
+from .controller import (
+    Action,
+    Allow,
+    Controller,
+    Deny,
+    Effect,
+    Link,
+    ModifyPort,
+    QpSample,
+    Routes,
+    SetEvState,
+    SetPath,
+    TellPeer,
+    link_name,
+)
 from .metrics import MetricsServer
 
 DEFAULT_EVS: Final = 64
 SO_PEERCRED_FMT: Final = "3i"
 CTRL_PERIOD_NS: Final = 2_000_000  # controller pass at most every 2 ms
-RESTORE_PROBE_NS: Final = 50_000_000  # probe a denied link every 50 ms
-BUSY_NS: Final = 1_000_000_000  # a QP that sent nothing for this long says nothing about its EVs
-ACCESS_QUIET_NS: Final = 20_000_000  # own access link: failed only once its port received nothing this long
-MAX_LOG: Final = 100_000
+#: how long a `link_status` line to a peer mrcd is retried (its listen backlog full) before it is dropped
+PEER_NOTE_NS: Final = 1_000_000_000
 #: The longest control-socket request line; a longer one is answered with an error and skipped.
 MAX_REQUEST_BYTES: Final = 1 << 16
 
@@ -108,57 +119,23 @@ def parse_request(line: bytes) -> dict[str, Any]:
         raise RequestRejected("bad_op", "bad request: 'op' must be a string")
     return req
 
-Link = frozenset[str]
-
-
-def link_name(lk: Link) -> str:
-    return "-".join(sorted(lk))
-
-
-@dataclass
-class Action:
-    time_ns: int
-    kind: str  # an ActionKind value (Controller.act checks)
-    link: str
-    evs: int
-    detail: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"time_ns": self.time_ns, "kind": self.kind, "link": self.link, "evs": self.evs,
-                "detail": self.detail}
-
-
-class ActionKind(StrEnum):
-    """What the controller does: the closed set behind `Action.kind`, `Controller.counts` and the exporter's
-    `action` label (every value is exported from the first scrape, at 0 until it happens). `Controller.act`
-    refuses any other kind, so a new action cannot go unexported."""
-
-    DENY = "deny"  # EVs through a failed link DENIED (or an operator's `mrcctl ev deny`)
-    REPLACE = "replace"  # REPLACE_EV: EVs of a denied link moved to paths that avoid it
-    RESTORE = "restore"  # a denied link's EVs allowed again (probe answered, peer report, operator)
-    PORT_DOWN = "port_down"  # own plane port disabled (PORT_STATUS to peers)
-    PORT_UP = "port_up"  # own plane port enabled again
-    SUSPECT = "suspect"  # own access link looks failed: held until its port is quiet
-    CLEARED = "cleared"  # a suspicion dropped: its EVs are no longer failed
-    PROBE = "probe"  # one EV of a denied link set ASSUMED_BAD so that the engine probes it
-
-
 @dataclass
 class PeerTable:
-    """EV index -> path toward one peer, and the EXP profile made from it."""
+    """One peer: its address, its EXP EV profile, and the controller's path table toward it (`routes`,
+    read here; only the controller's effects change it)."""
 
     peer: str
     gid: bytes
-    paths: list[TopoPath]  # current: the controller replaces EVs through failed links
     profile: EvProfile
-    orig: list[TopoPath] = field(default_factory=list)  # as computed from the topology
-    by_link: dict[Link, list[int]] = field(default_factory=dict)
+    routes: Routes
 
-    def reindex(self) -> None:
-        self.by_link = {}
-        for i, p in enumerate(self.paths):
-            for a, b in p.links:
-                self.by_link.setdefault(frozenset((a, b)), []).append(i)
+    @property
+    def paths(self) -> list[TopoPath]:
+        return self.routes.paths
+
+    @property
+    def by_link(self) -> dict[Link, list[int]]:
+        return self.routes.by_link
 
 
 @dataclass
@@ -173,374 +150,100 @@ class Client:
     skipping: bool = False  # discarding the rest of an over-long line
 
 
-class Controller:
-    """Failure localisation from EV events (docs/daemon.md, "Controller"): a link all (>= `share`) of
-    whose EVs on QPs that carry traffic are ASSUMED_BAD, with at least `min_bad` of them, while at most
-    `quiet` of the other EVs and of its siblings (same plane and peer, other spine) are, is failed (never
-    a peer's access link: the peer finds its own); every EV
-    through it is DENIED; one EV through it is probed every `RESTORE_PROBE_NS`; a probe that comes back
-    GOOD restores the link."""
+@dataclass
+class PeerNote:
+    """One line on its way to one peer mrcd's control socket (`PeerNotifier`)."""
 
-    def __init__(self, d: Daemon, *, share: float = 0.75, min_bad: int = 2, quiet: float = 0.2) -> None:
-        self.d = d
-        self.share = share
-        self.quiet = quiet
-        self.min_bad = min_bad
-        self.bad: dict[tuple[int, int], int] = {}  # (qpn, ev index) -> time it went bad
-        self.denied: dict[Link, dict[str, list[int]]] = {}
-        self.moved: dict[str, set[int]] = {}  # peer -> EVs off their own path (REPLACE_EV)
-        self.denied_at: dict[Link, int] = {}
-        self.remote: dict[Link, set[str]] = {}  # links denied because these peers' mrcds reported them
-        self.probing: dict[tuple[int, int], Link] = {}  # (qpn, ev index) -> link under test
-        self.next_probe: dict[Link, int] = {}
-        self.ports_down: set[int] = set()
-        # our own access links whose EVs look failed, held back until the port has been silent for
-        # ACCESS_QUIET_NS: plane -> (the port's receive count, since when it has not changed)
-        self.suspect: dict[int, tuple[int | None, int]] = {}
-        self.port_alive: dict[int, int] = {}  # plane -> last time a probe sent through it was answered
-        self.port_probe_fail: dict[int, deque[int]] = {}  # plane -> recent times its probes timed out
-        self.probe_stats: dict[str, int] = {"answered": 0, "timed_out": 0, "rtt_ns_sum": 0, "rtt_ns_max": 0}
-        self.tx_seen: dict[int, tuple[int, int]] = {}  # qpn -> (packets sent, when that last changed)
-        self.log: deque[Action] = deque(maxlen=MAX_LOG)
-        self.events: deque[dict[str, Any]] = deque(maxlen=MAX_LOG)
-        self.counts: dict[str, int] = {}
-        self.event_counts: dict[str, int] = {}
-        self._dirty = False
+    path: str
+    data: bytes
+    deadline: int
+    sock: socket.socket | None = None
+    connected: bool = False
 
-    def act(self, a: Action) -> None:
-        ActionKind(a.kind)  # ValueError for a kind outside the closed set (it would never be exported)
-        self.log.append(a)
-        self.counts[a.kind] = self.counts.get(a.kind, 0) + 1
 
-    def on_events(self, evs: list[EvEvent]) -> None:
-        d = self.d
-        for e in evs:
-            qp = d.ctx.qps.get(e.qpn)
-            peer = d.qp_peer.get(e.qpn)
-            self.event_counts[e.state.name] = self.event_counts.get(e.state.name, 0) + 1
-            self.events.append({"time_ns": e.time_ns, "qpn": e.qpn, "peer": peer, "ev_index": e.ev_index,
-                                "port": e.port, "state": e.state.name, "lost": e.lost,
-                                "drop_count": e.drop_count})
-            if peer is None or qp is None or e.qpn in d.pinned_qps:
-                continue
-            key = (e.qpn, e.ev_index)
-            if e.state == EvState.GOOD and key in self.probing:
-                # the probed path works: so does every denied link on it
-                del self.probing[key]
-                on_path = {frozenset(x) for x in d.peers[peer].paths[e.ev_index].links}
-                self.restore([lk for lk in self.denied if lk in on_path and lk not in self.remote], e.time_ns)
-                continue
-            if e.state == EvState.ASSUMED_BAD:
-                self.bad[key] = e.time_ns
-                self._dirty = True
-            elif e.state == EvState.GOOD and self.bad.pop(key, None) is not None:
-                self._dirty = True  # a verdict held back by siblings' or others' bad EVs may hold now
+class PeerNotifier:
+    """Lines to peer mrcds (the controller's `TellPeer`) on non-blocking AF_UNIX sockets in mrcd's
+    selector, so that no peer can hold up mrcd's loop: `send` only queues; `pump` connects without
+    blocking (a peer whose listen backlog is full, EAGAIN, is retried on later turns); a connected note
+    is written when the selector reports it writable (`on_writable`) and closed once sent. A peer whose
+    socket is missing or refuses, or that stays unreachable for `patience_ns`, is dropped and counted
+    (`tally`: sent / dropped, in mrcd's `stats` as peer_notes)."""
 
-    def on_probe_results(self, results: list[ProbeResult]) -> None:
-        """The engine's probe outcomes: an answered probe sent on port p shows that our plane-p access
-        link carries packets (whatever the EV states say)."""
-        st = self.probe_stats
-        for r in results:
-            if r.ok:
-                self.port_alive[r.port] = max(self.port_alive.get(r.port, 0), r.time_ns)
-                st["answered"] += 1
-                st["rtt_ns_sum"] += r.rtt_ns
-                st["rtt_ns_max"] = max(st["rtt_ns_max"], r.rtt_ns)
+    def __init__(self, sel: selectors.BaseSelector, *, patience_ns: int = PEER_NOTE_NS) -> None:
+        self.sel = sel
+        self.patience_ns = patience_ns
+        self.pending: list[PeerNote] = []  # not connected yet
+        self.tally: dict[str, int] = {"sent": 0, "dropped": 0}
+
+    def send(self, path: str, data: bytes, now: int) -> None:
+        self.pending.append(PeerNote(path, data, now + self.patience_ns))
+
+    def pump(self, now: int) -> None:
+        """Try to connect every pending note once (never blocks)."""
+        keep: list[PeerNote] = []
+        for n in self.pending:
+            if n.sock is None:
+                n.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                n.sock.setblocking(False)
+            err = n.sock.connect_ex(n.path)
+            if err in (0, errno.EISCONN):
+                n.connected = True
+                self.sel.register(n.sock, selectors.EVENT_WRITE, n)
+            elif err in (errno.EAGAIN, errno.EINPROGRESS, errno.EALREADY) and now < n.deadline:
+                keep.append(n)
             else:
-                st["timed_out"] += 1
-                self.port_probe_fail.setdefault(r.port, deque(maxlen=256)).append(r.time_ns)
+                self._drop(n)
+        self.pending = keep
 
-    def forget_qp(self, qpn: int) -> None:
-        for key in [k for k in self.bad if k[0] == qpn]:
-            del self.bad[key]
-        for key in [k for k in self.probing if k[0] == qpn]:
-            del self.probing[key]
-        self.tx_seen.pop(qpn, None)
+    def on_writable(self, n: PeerNote, now: int) -> None:
+        """The note's socket is writable: write what is left of the line; when it is all sent (or the
+        peer failed), close."""
+        assert n.sock is not None
+        try:
+            sent = n.sock.send(n.data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            self._drop(n)
+            return
+        n.data = n.data[sent:]
+        if not n.data:
+            self.tally["sent"] += 1
+            self._close(n)
+        elif now >= n.deadline:
+            self._drop(n)
 
-    def _note_tx(self, now: int) -> None:
-        for q in self.d.qp_peer:
-            qp = self.d.ctx.qps.get(q)
-            if qp is None:
-                continue
-            n = sum(qp.paths.tx_packets)
-            seen = self.tx_seen.get(q)
-            if seen is None or seen[0] != n:
-                self.tx_seen[q] = (n, now if n else -BUSY_NS)
+    def busy(self) -> bool:
+        """Anything still queued or in the selector."""
+        return bool(self.pending) or any(isinstance(k.data, PeerNote) for k in self.sel.get_map().values())
 
-    def busy(self, q: int, now: int) -> bool:
-        """A QP whose EVs tell something: it sent a packet within `BUSY_NS`, or holds an ASSUMED_BAD EV.
-        An idle QP's EVs stay GOOD whatever the fabric does (nothing is sent on them)."""
-        seen = self.tx_seen.get(q)
-        if seen is not None and seen[0] and now - seen[1] < BUSY_NS:
-            return True
-        return any(k[0] == q for k in self.bad)
+    def close(self) -> None:
+        for n in self.pending + [k.data for k in self.sel.get_map().values() if isinstance(k.data, PeerNote)]:
+            self._close(n)
+        self.pending = []
 
-    def tick(self, now: int) -> None:
-        self._note_tx(now)
-        if self._dirty or self.suspect:
-            self._dirty = False
-            self.localise(now)
-        for lk in list(self.denied):
-            if lk in self.remote:
-                continue  # the reporting peer probes it and tells us when it is back
-            if now >= self.next_probe.get(lk, 0):
-                self.next_probe[lk] = now + RESTORE_PROBE_NS
-                self.probe(lk, now)
+    def _close(self, n: PeerNote) -> None:
+        if n.sock is not None:
+            if n.connected:
+                with contextlib.suppress(KeyError, ValueError):
+                    self.sel.unregister(n.sock)
+            n.sock.close()
+            n.sock = None
 
-    def localise(self, now: int) -> None:
-        d = self.d
-        # only QPs that carry traffic: an idle QP's EVs never go bad, and counting them made a failed
-        # link's share (and the other EVs' share) depend on how many idle QPs the host holds
-        active = {q: p for q, p in d.qp_peer.items() if q not in d.pinned_qps and self.busy(q, now)}
-        hosts = set(d.topo.host_names()) - {d.host}
-        candidates: set[Link] = set()
-        for q, i in self.bad:
-            peer = active.get(q)
-            if peer is not None:
-                # never a peer's access link from our losses alone: its EV set is one peer's share of
-                # one plane, which congestion toward that peer (or a stall of it) also makes bad, and
-                # denying it takes the peer's whole port down (PORT_STATUS to everyone). The peer
-                # localises its own access link from its own traffic and tells us.
-                candidates.update(lk for lk in (frozenset(x) for x in d.peers[peer].paths[i].links)
-                                  if not lk & hosts)
-        # all usable EVs of the active QPs: a link failure makes its EVs bad and leaves the others alone;
-        # EVs bad everywhere at once are a stalled or congested host, not a link
-        usable = [(q, i) for q, peer in active.items() for i in range(self.d.evs)
-                  if i not in d.peers[peer].profile.denied]
-        all_bad = sum(1 for k in usable if k in self.bad)
-        per_plane: dict[int, tuple[list[int], list[int]]] = {}  # qpn -> (usable, bad) EVs per plane
-        for q, i in usable:
-            n_use, n_bad = per_plane.setdefault(q, ([0] * d.topo.planes, [0] * d.topo.planes))
-            plane = d.peers[active[q]].paths[i].plane
-            n_use[plane] += 1
-            n_bad[plane] += (q, i) in self.bad
-        failed = []
-        for lk in candidates:
-            if lk in self.denied:
-                continue
-            total = bad = sib_total = sib_bad = 0
-            for q, peer in active.items():
-                t = d.peers[peer]
-                through = [i for i in t.by_link.get(lk, []) if i not in t.profile.denied]
-                if not through:
-                    continue
-                b = sum(1 for i in through if (q, i) in self.bad)
-                total += len(through)
-                bad += b
-                # siblings: the EVs of the same plane(s) toward the same peer that avoid the link (the
-                # other spines). Losses at the plane's access ports (congestion, a late peer) hit them
-                # as much as the link's own EVs; a failed fabric link leaves them alone
-                n_use, n_bad = per_plane[q]
-                planes = {t.paths[i].plane for i in through}
-                sib_total += sum(n_use[p] for p in planes) - len(through)
-                sib_bad += sum(n_bad[p] for p in planes) - b
-            others = len(usable) - total
-            other_share = (all_bad - bad) / others if others else 0.0
-            if (total and bad >= self.min_bad and bad >= self.share * total and other_share <= self.quiet
-                    and sib_bad <= self.quiet * sib_total):
-                failed.append(lk)
-        # the smallest explanation: a link whose EVs are all on another failed link is not failed itself
-        # (a dead access link makes every fabric link of its plane look dead from this host); links with
-        # the same EV set cannot be told apart and are all held failed
-        sets = {lk: {(q, i) for q, peer in active.items() for i in d.peers[peer].by_link.get(lk, [])}
-                for lk in failed}
-        suspect: set[int] = set()
-        for lk in failed:
-            if any(sets[lk] < sets[o] for o in failed if o != lk):
-                continue
-            own = d.access_plane(lk)
-            if own is not None:
-                suspect.add(own)
-                if not self.port_silent(lk, own, now):
-                    continue  # the fabric links of its plane stay explained by it meanwhile
-            self.deny(lk, now)
-        for gone in [p for p in self.suspect if p not in suspect]:
-            del self.suspect[gone]
-            self.act(Action(now, "cleared", link_name(d.access_link(gone)), 0, "its EVs are not failed"))
+    def _drop(self, n: PeerNote) -> None:
+        self.tally["dropped"] += 1
+        self._close(n)
 
-    def port_silent(self, lk: Link, plane: int, now: int) -> bool:
-        """Is our own access link `lk` (plane `plane`) dead? Its EVs all look failed, but so do they when
-        the port is merely late: a plane's queue of this host (or a stall) delays every packet on it, and
-        the engine's per-port loss threshold then retires the plane's EVs toward every peer at once
-        (under make demo's ring load: h1-p1l0, h2-p3l1, h3-p2l1, h0-p3l0, h0-p0l0 in one run, each denied
-        with its port for 60 ms to 4 s). A dead link also stops the port from receiving; a late one does
-        not (data, SACKs, probe replies keep arriving). So the verdict is held until the port has
-        received nothing, and no probe through it has been answered, for `ACCESS_QUIET_NS`, while the
-        engine kept probing it: its probes through the port timed out across at least half the window.
-        (A silent port alone is no proof: when our own mrcd stalls, or sends nothing on the plane, and the
-        peers have nothing for us on it, nothing arrives either.) The receive count is read when the
-        suspicion starts and at the end of each window (32 per-CPU map lookups; every pass would cost
-        the engine's loop most of its time under a long suspicion)."""
-        held = self.suspect.get(plane)
-        if held is None:
-            self.suspect[plane] = (self.d.port_rx_packets(plane), now)
-            self.act(Action(now, "suspect", link_name(lk), 0, f"plane {plane}: held until its port is quiet"))
-            return False
-        if self.port_alive.get(plane, -1) >= held[1]:
-            self.suspect[plane] = (held[0], now)  # a probe through it came back: alive; look again later
-            return False
-        if now - held[1] < ACCESS_QUIET_NS:
-            return False
-        rx = self.d.port_rx_packets(plane)
-        fails = [t for t in self.port_probe_fail.get(plane, ()) if t >= held[1]]
-        if rx != held[0] or not fails or fails[-1] - fails[0] < ACCESS_QUIET_NS // 2:
-            self.suspect[plane] = (rx, now)  # it received, or we did not try: not proven dead; again
-            return False
-        del self.suspect[plane]
-        return True
 
-    def deny(self, lk: Link, now: int, reporter: str | None = None) -> None:
-        d = self.d
-        per_peer: dict[str, list[int]] = {}
-        n = 0
-        for peer, t in d.peers.items():
-            idx = t.by_link.get(lk, [])
-            if idx:
-                t.profile.deny(idx, now)
-                per_peer[peer] = idx
-                n += len(idx)
-                for q, p in d.qp_peer.items():
-                    if p == peer:
-                        for i in idx:
-                            self.bad.pop((q, i), None)
-        self.denied[lk] = per_peer
-        self.denied_at[lk] = now
-        self.next_probe[lk] = now + RESTORE_PROBE_NS
-        self.act(Action(now, "deny", link_name(lk), n, "" if reporter is None else f"reported by {reporter}"))
-        self.replace(lk, now)
-        if reporter is not None:
-            self.remote[lk] = {reporter}
-        else:
-            d.tell_peers(lk, "down")
-        plane = d.access_plane(lk)  # our own access link (found by us or by a peer): PORT_STATUS
-        if plane is not None and plane not in self.ports_down:
-            self.ports_down.add(plane)
-            d.ctx.modify_port(plane, False, now)
-            self.act(Action(now, "port_down", link_name(lk), 0, f"plane {plane}: PORT_STATUS to peers"))
+class _PortRx:
+    """The ports' receive counters as the controller's lazy `port_rx[plane]`: each index is a read of
+    host_ingress's per-CPU counters, done only when the controller asks (while it suspects a port)."""
 
-    def replace(self, lk: Link, now: int) -> None:
-        """REPLACE_EV: every denied EV of `lk` but one (kept DENIED, to probe the link) moves to a path of
-        the same plane that avoids every denied link, and is allowed again: the plane keeps its EVs, so
-        its share of the spraying, while the link is down (an access link leaves no such path)."""
-        d = self.d
-        moved: dict[str, list[int]] = {}
-        for peer, idx in self.denied[lk].items():
-            t = d.peers[peer]
-            keep = idx[:1]
-            for n_alt, i in enumerate(idx[1:]):
-                plane = t.paths[i].plane
-                alts = [p for p in d.topo.paths(d.host, peer, plane=plane)
-                        if not any(p.crosses(*tuple(x)) for x in self.denied)]
-                if not alts:
-                    keep.append(i)
-                    continue
-                alt = sorted(alts, key=lambda p: p.spine or 0)[n_alt % len(alts)]
-                d.fd.set_path(d.host, peer, i, alt)
-                t.paths[i] = alt
-                moved.setdefault(peer, []).append(i)
-                self.moved.setdefault(peer, set()).add(i)
-            self.denied[lk][peer] = keep
-            t.reindex()
-            if peer in moved:
-                t.profile.allow(moved[peer], now)
-        if moved:
-            self.act(Action(now, "replace", link_name(lk), sum(len(v) for v in moved.values())))
+    def __init__(self, d: Daemon) -> None:
+        self.d = d
 
-    def move_back(self) -> int:
-        """Every replaced EV whose own path crosses no denied link goes back to it (after a restore).
-        Per EV, not per link: a replaced EV is held off its path by every denied link on that path, and
-        links restored one at a time (a peer reports p0l0-p0s0 and p0s0-p0l1 back in two messages) must
-        leave no EV behind on the other spine. An EV that a still-denied link keeps DENIED (its probe EV)
-        stays where it is until that link is restored."""
-        d = self.d
-        n = 0
-        for peer, idx in list(self.moved.items()):
-            t = d.peers[peer]
-            held = {i for per in self.denied.values() for i in per.get(peer, [])}
-            back = [i for i in sorted(idx) if i not in held
-                    and not any(t.orig[i].crosses(*tuple(x)) for x in self.denied)]
-            for i in back:
-                d.fd.set_path(d.host, peer, i, t.orig[i])
-                t.paths[i] = t.orig[i]
-                idx.discard(i)
-            if back:
-                t.reindex()
-                n += len(back)
-            if not idx:
-                del self.moved[peer]
-        return n
-
-    def probe(self, lk: Link, now: int) -> None:
-        """Move one EV through the denied link to ASSUMED_BAD on one QP: the engine probes it."""
-        d = self.d
-        for key, other in list(self.probing.items()):
-            if other == lk:  # the previous attempt did not come back: deny it again
-                qp = d.ctx.qps.get(key[0])
-                if qp is not None:
-                    qp.paths.set_state(key[1], EvState.DENIED, now)
-                del self.probing[key]
-        for peer, idx in self.denied[lk].items():
-            for qpn, p in d.qp_peer.items():
-                qp = d.ctx.qps.get(qpn)
-                if p == peer and qp is not None and qpn not in d.pinned_qps and qp.state.name == "RTS":
-                    qp.paths.set_state(idx[0], EvState.ASSUMED_BAD, now)
-                    self.probing[(qpn, idx[0])] = lk
-                    self.counts["probe"] = self.counts.get("probe", 0) + 1
-                    return
-
-    def restore(self, links: list[Link], now: int) -> None:
-        """Allow the EVs of `links` again, except those another still-denied link also covers."""
-        d = self.d
-        gone = {lk: self.denied.pop(lk, {}) for lk in links}
-        for lk in links:
-            self.next_probe.pop(lk, None)
-            self.denied_at.pop(lk, None)
-            for key in [k for k, v in self.probing.items() if v == lk]:
-                del self.probing[key]
-        self.move_back()  # replaced EVs go back to their own paths (unless those cross a denied link)
-        for lk, per_peer in gone.items():
-            n = 0
-            for peer, idx in per_peer.items():
-                still = {i for other in self.denied.values() for i in other.get(peer, [])}
-                ok = [i for i in idx if i not in still]
-                d.peers[peer].profile.allow(ok, now)
-                n += len(ok)
-            self.act(Action(now, "restore", link_name(lk), n))
-            if self.remote.pop(lk, None) is None:
-                d.tell_peers(lk, "up")
-            plane = d.access_plane(lk)
-            if plane is not None and plane in self.ports_down:
-                self.ports_down.discard(plane)
-                d.ctx.modify_port(plane, True, now)
-                self.act(Action(now, "port_up", link_name(lk), 0, f"plane {plane}"))
-
-    def peer_report(self, lk: Link, state: str, reporter: str, now: int) -> str:
-        """A peer's mrcd localised a failed fabric link (or saw it return): our control packets toward
-        it (SACKs, probe replies) must avoid it too."""
-        if state == "down":
-            if lk in self.denied:
-                if lk in self.remote:
-                    self.remote[lk].add(reporter)
-                return "known"
-            self.deny(lk, now, reporter)
-            return "denied"
-        if lk in self.remote:
-            self.remote[lk].discard(reporter)
-            if not self.remote[lk]:
-                self.restore([lk], now)
-                return "restored"
-        return "ignored"
-
-    # -- operator
-    def deny_manual(self, peer: str, indices: list[int], now: int) -> int:
-        self.d.peers[peer].profile.deny(indices, now)
-        self.act(Action(now, "deny", f"manual:{peer}", len(indices)))
-        return len(indices)
-
-    def restore_manual(self, peer: str, indices: list[int], now: int) -> int:
-        self.d.peers[peer].profile.allow(indices, now)
-        self.act(Action(now, "restore", f"manual:{peer}", len(indices)))
-        return len(indices)
+    def __getitem__(self, plane: int) -> int | None:
+        return self.d.port_rx_packets(plane)
 
 
 class Daemon:
@@ -589,11 +292,12 @@ class Daemon:
         self.rejected: dict[str, int] = {}  # control-socket requests refused, by reason
         self.gone_port = [0] * self.topo.planes
         self._next_mr = 1
-        self.controller = Controller(self)
+        self.controller = Controller(self.topo, host, evs)
         self.sock: socket.socket | None = None
         self.driver: SocketDriver | None = None
         self.server: socket.socket | None = None
         self.sel = selectors.DefaultSelector()
+        self.notifier = PeerNotifier(self.sel)
         self.clients: dict[int, Client] = {}
         self.hid = self.fd.ingress.allocate_id("host", f"{self.tb.name}/{host}")
 
@@ -611,18 +315,6 @@ class Daemon:
         return NsccConfig.for_path(500_000, self.topo.planes * buf // 3)
 
     # -- paths
-    def access_plane(self, lk: Link) -> int | None:
-        if self.host not in lk:
-            return None
-        other = next(iter(lk - {self.host}))
-        for p in range(self.topo.planes):
-            if self.topo.leaf_name(p, self.topo.host_leaf(self.host)) == other:
-                return p
-        return None
-
-    def access_link(self, plane: int) -> Link:
-        return frozenset((self.host, self.topo.leaf_name(plane, self.topo.host_leaf(self.host))))
-
     def port_rx_packets(self, plane: int) -> int | None:
         """Packets that arrived on our plane port (host_ingress's per-port counters; None without them).
         Read only while an own access link is suspected (32 per-CPU map lookups)."""
@@ -642,25 +334,13 @@ class Daemon:
         if peer not in self.topo.host_names() or peer == self.host:
             raise MrcError(f"no peer host {peer!r} (hosts: "
                            f"{', '.join(h for h in self.topo.host_names() if h != self.host)})")
-        planes = self.topo.planes
-        by_plane = [sorted(self.topo.paths(self.host, peer, plane=p), key=lambda x: x.spine or 0)
-                    for p in range(planes)]
-        paths = [by_plane[i % planes][(i // planes) % len(by_plane[i % planes])] for i in range(self.evs)]
-        entries = [EvEntry(i, i % planes) for i in range(self.evs)]
+        entries = [EvEntry(i, i % self.topo.planes) for i in range(self.evs)]
         prof = EvProfile(self.ctx.next_ev_profile_id(), entries, mode=EvMode.EXP)
         self.ctx.create_ev_profile(prof)
-        t = PeerTable(peer, self.topo.mrc_address(peer).packed, list(paths), prof, orig=list(paths))
-        t.reindex()
-        for i, p in enumerate(paths):
-            self.fd.set_path(self.host, peer, i, p)
-        for plane in self.controller.ports_down:
-            prof.deny([i for i in range(self.evs) if i % planes == plane])
-        for lk, per in self.controller.denied.items():
-            idx = t.by_link.get(lk, [])
-            if idx:
-                prof.deny(idx)
-                per[peer] = idx
+        effects = self.controller.add_peer(peer)  # its paths, and the DENY of what is already failed
+        t = PeerTable(peer, self.topo.mrc_address(peer).packed, prof, self.controller.routes[peer])
         self.peers[peer] = t
+        self.carry_out(effects)
         return t
 
     # -- lifecycle
@@ -703,6 +383,7 @@ class Daemon:
                     self.fd.delete_path(self.host, peer, i)
         for q in list(self.qp_peer):
             self._disallow(q)
+        self.notifier.close()
         if self.server is not None:
             self.server.close()
             with contextlib.suppress(FileNotFoundError):
@@ -711,22 +392,37 @@ class Daemon:
             self.sock.close()
         self.fd.close()
 
+    # -- the controller's effects
+    def carry_out(self, effects: list[Effect]) -> None:
+        """Carry out the controller's effects, in order: engine changes and path-map writes now (the
+        caller holds the engine lock); `TellPeer` only queued, to be sent by the loop on non-blocking
+        sockets after the lock is released (`PeerNotifier`), so no peer delays a local DENY / REPLACE."""
+        for e in effects:
+            if isinstance(e, Deny):
+                self.peers[e.peer].profile.deny(list(e.evs), e.time_ns)
+            elif isinstance(e, Allow):
+                self.peers[e.peer].profile.allow(list(e.evs), e.time_ns)
+            elif isinstance(e, SetPath):
+                self.fd.set_path(self.host, e.peer, e.ev, e.path)
+            elif isinstance(e, SetEvState):
+                qp = self.ctx.qps.get(e.qpn)
+                if qp is not None:
+                    qp.paths.set_state(e.ev, e.state, e.time_ns)
+            elif isinstance(e, ModifyPort):
+                self.ctx.modify_port(e.plane, e.enabled, e.time_ns)
+            elif isinstance(e, TellPeer):
+                self.tell_peers(e.link, e.state)
+
     def tell_peers(self, lk: Link, state: str) -> None:
-        """Tell the other hosts' mrcds that fabric link `lk` failed / returned (one line on each peer's
-        control socket; on a real fabric this is the controllers' own channel). Access links go by
-        PORT_STATUS instead."""
-        if self.access_plane(lk) is not None:
-            return
+        """Queue, for every other host's mrcd, the line saying that fabric link `lk` failed / returned (a
+        `link_status` request on its control socket; on a real fabric this is the controllers' own
+        channel). Nothing is sent here: the loop does it (`PeerNotifier.pump`) outside the engine lock."""
         msg = (json.dumps({"id": 0, "op": "link_status", "link": sorted(lk), "state": state,
                            "from": self.host}) + "\n").encode()
+        now = time.monotonic_ns()
         for peer in self.topo.host_names():
-            if peer == self.host:
-                continue
-            path = self.socket_file.parent / f"{self.tb.ns(peer)}.sock"
-            with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-                s.settimeout(0.05)
-                s.connect(str(path))
-                s.sendall(msg)
+            if peer != self.host:
+                self.notifier.send(str(self.socket_file.parent / f"{self.tb.ns(peer)}.sock"), msg, now)
 
     def _allow(self, qpn: int) -> None:
         self.fd.allow_qps(self.host, [qpn])
@@ -742,6 +438,7 @@ class Daemon:
         assert drv is not None
         ctx = self.ctx
         ctrl = self.controller
+        port_rx = _PortRx(self)
         next_ctrl = 0
         if ready is not None:
             ready()
@@ -753,12 +450,15 @@ class Daemon:
             if drv.want_write:
                 to = min(to, 0.0005)
             events = wait(to, self.sel.select)
+            notes_io: list[PeerNote] = []
             with lock:
                 udp = False
                 for key, mask in events:  # type: ignore[attr-defined]
                     tag = key.data
                     if tag == "udp":
                         udp = True
+                    elif isinstance(tag, PeerNote):
+                        notes_io.append(tag)
                     elif tag == "listen":
                         self._accept()
                     else:
@@ -768,18 +468,29 @@ class Daemon:
                 now = time.monotonic_ns()
                 evs = ctx.poll_ev_events()
                 if evs:
-                    ctrl.on_events(evs)
+                    self.carry_out(ctrl.on_ev_events(evs))
                 probes = ctx.poll_probe_results()
                 if probes:
                     ctrl.on_probe_results(probes)
                 if now >= next_ctrl:
                     next_ctrl = now + CTRL_PERIOD_NS
-                    ctrl.tick(now)
+                    self.carry_out(ctrl.tick(now, port_rx, self.qp_samples()))
                     drv.flush(now)
                 for c in list(self.clients.values()):
                     if c.wbuf:
                         self._flush_client(c)
                 self.turned = time.monotonic()
+            if notes_io or self.notifier.pending:  # peer notes: outside the engine lock, never blocking
+                now = time.monotonic_ns()
+                for n in notes_io:
+                    self.notifier.on_writable(n, now)
+                self.notifier.pump(now)
+
+    def qp_samples(self) -> dict[int, QpSample]:
+        """The controller's per-pass view of the QPs: packets sent and whether each can carry a probe."""
+        qps = self.ctx.qps
+        return {q: QpSample(sum(qp.paths.tx_packets), qp.state.name == "RTS")
+                for q in self.qp_peer if (qp := qps.get(q)) is not None}
 
     def _deliver_wcs(self) -> None:
         for wc in self.cq.poll(1 << 16):
@@ -975,6 +686,7 @@ class Daemon:
         qp = self.ctx.create_qp(self.cq, ev_profile=profile, cc_profile=cc, attr=self.qp_attr())
         self.qp_peer[qp.qpn] = peer
         self.qp_owner[qp.qpn] = c
+        self.controller.add_qp(qp.qpn, peer, pinned=pinned)
         if pinned:
             self.pinned_qps.add(qp.qpn)
         c.qps.add(qp.qpn)
@@ -1086,13 +798,13 @@ class Daemon:
 
     def op_ev_deny(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
         peer, idx = self._indices(req)
-        return {"host": self.host, "peer": peer, "denied": self.controller.deny_manual(peer, idx,
-                                                                                        time.monotonic_ns())}
+        self.carry_out(self.controller.deny_manual(peer, idx, time.monotonic_ns()))
+        return {"host": self.host, "peer": peer, "denied": len(idx)}
 
     def op_ev_restore(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
         peer, idx = self._indices(req)
-        return {"host": self.host, "peer": peer, "restored": self.controller.restore_manual(peer, idx,
-                                                                                           time.monotonic_ns())}
+        self.carry_out(self.controller.restore_manual(peer, idx, time.monotonic_ns()))
+        return {"host": self.host, "peer": peer, "restored": len(idx)}
 
     def op_port_show(self, c: Client, req: dict[str, Any]) -> list[dict[str, Any]]:
         return [{"host": self.host, "port": p, "ifname": self.port_ifname[p],
@@ -1114,8 +826,9 @@ class Daemon:
         state = str(req["state"])
         if state not in ("down", "up"):
             raise MrcError(f"link_status: state must be down or up, got {state!r}")
-        res = self.controller.peer_report(frozenset((a, b)), state, str(req.get("from", "?")),
-                                          time.monotonic_ns())
+        res, effects = self.controller.on_link_status(frozenset((a, b)), state, str(req.get("from", "?")),
+                                                      time.monotonic_ns())
+        self.carry_out(effects)
         return {"host": self.host, "result": res}
 
     def op_actions(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
@@ -1129,6 +842,7 @@ class Daemon:
                 "qps": len(self.ctx.qps), "controller": dict(self.controller.counts),
                 "ev_events": dict(self.controller.event_counts),
                 "probe_results": dict(self.controller.probe_stats),
+                "peer_notes": dict(self.notifier.tally),
                 "denied_links": sorted(link_name(lk) for lk in self.controller.denied),
                 "dataplane": self.fd._host_stats(self.host, False)}
 

@@ -234,7 +234,7 @@ def _dataplane(h: str, hs: dict[str, Any]) -> Iterator[Metric]:
 
 def _engine(h: str, planes: int, s: EngineSnapshot) -> Iterator[Metric]:
     # imported here: daemon.py imports this module at its top (MetricsServer)
-    from .daemon import ActionKind
+    from .controller import ActionKind
 
     qps = s.qps
     edrops = CounterMetricFamily("mrc_engine_drops_total", "datagrams the engine rejected, by reason",

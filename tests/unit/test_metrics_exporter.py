@@ -25,7 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mrc import topology
 from mrc.ctl import metrics
-from mrc.ctl.daemon import ACCESS_QUIET_NS, RESTORE_PROBE_NS, Action, ActionKind, Controller, Daemon
+from mrc.ctl.controller import ACCESS_QUIET_NS, RESTORE_PROBE_NS, Action, ActionKind, Controller
+from mrc.ctl.daemon import Daemon
 from mrc.ctl.metrics import (
     EGRESS_DROP_REASONS,
     INGRESS_DROP_REASONS,
@@ -81,7 +82,7 @@ def _daemon(tmp: Path) -> Any:
     d.gone, d.gone_c, d.gone_port, d.rejected = {}, {}, [0] * topo.planes, {"bad_json": 2}
     d.started = 1.0
     d.turned = time.monotonic()
-    d.controller = Controller(d)
+    d.controller = Controller(topo, "h0", 64)
     for h in ("h1", "h2", "h3"):
         d.peer_table(h)
     return d
@@ -92,7 +93,16 @@ def _qp(d: Any, peer: str) -> QueuePair:
     qp: QueuePair = d.ctx.create_qp(cq, ev_profile=d.peers[peer].profile)
     qp.connect(d.peers[peer].gid, 0x100)
     d.qp_peer[qp.qpn] = peer
+    d.controller.add_qp(qp.qpn, peer)
     return qp
+
+
+def _events(d: Any, evs: list[EvEvent]) -> None:
+    d.carry_out(d.controller.on_ev_events(evs))
+
+
+def _tick(d: Any, now: int) -> None:
+    d.carry_out(d.controller.tick(now, d.rx, d.qp_samples()))
 
 
 def _scrape(d: Any, **kw: Any) -> tuple[dict[str, Any], str]:
@@ -176,31 +186,31 @@ def test_every_controller_action_is_exported_under_action(tmp_path: Path) -> Non
     qp = _qp(d, "h2")
     through = [i for i in range(64) if i % 4 == 0 and (i // 4) % 2 == 0]
     prof = qp.paths.profile
-    ctl.on_events([EvEvent(1000, prof.profile_id, qp.qpn, i, i, 0, EvState.ASSUMED_BAD, 1) for i in through])
-    ctl.tick(2000)
-    ctl.tick(2000 + RESTORE_PROBE_NS)
+    _events(d, [EvEvent(1000, prof.profile_id, qp.qpn, i, i, 0, EvState.ASSUMED_BAD, 1) for i in through])
+    _tick(d, 2000)
+    _tick(d, 2000 + RESTORE_PROBE_NS)
     (probe,) = {i for per in ctl.denied.values() for i in per.get("h2", [])}
-    ctl.on_events([EvEvent(3000 + RESTORE_PROBE_NS, 1, qp.qpn, probe, probe, 0, EvState.GOOD, 0)])
+    _events(d, [EvEvent(3000 + RESTORE_PROBE_NS, 1, qp.qpn, probe, probe, 0, EvState.GOOD, 0)])
     assert not ctl.denied
     # our own plane-1 access link looks failed while its port still receives: suspect, then cleared
     qps = [_qp(d, p) for p in ("h1", "h2", "h3")]
     t = 10 * RESTORE_PROBE_NS
     for q in qps:
-        ctl.on_events([EvEvent(t, 1, q.qpn, i, i, 1, EvState.ASSUMED_BAD, 1) for i in range(1, 64, 4)])
-    ctl.tick(t)
+        _events(d, [EvEvent(t, 1, q.qpn, i, i, 1, EvState.ASSUMED_BAD, 1) for i in range(1, 64, 4)])
+    _tick(d, t)
     d.rx[1] += 3
-    ctl.tick(t + ACCESS_QUIET_NS)
+    _tick(d, t + ACCESS_QUIET_NS)
     for q in qps:
-        ctl.on_events([EvEvent(t, 1, q.qpn, i, i, 1, EvState.GOOD, 0) for i in range(1, 64, 4)])
-    ctl.tick(t + ACCESS_QUIET_NS + 1)
+        _events(d, [EvEvent(t, 1, q.qpn, i, i, 1, EvState.GOOD, 0) for i in range(1, 64, 4)])
+    _tick(d, t + ACCESS_QUIET_NS + 1)
     # the plane-0 access link really dies: suspect, deny, port_down
     t += 10 * ACCESS_QUIET_NS
     for q in qps:
-        ctl.on_events([EvEvent(t, 1, q.qpn, i, i, 0, EvState.ASSUMED_BAD, 1) for i in range(0, 64, 4)])
-    ctl.tick(t)
+        _events(d, [EvEvent(t, 1, q.qpn, i, i, 0, EvState.ASSUMED_BAD, 1) for i in range(0, 64, 4)])
+    _tick(d, t)
     ctl.on_probe_results([ProbeResult(x, 0, 0, 0, False, -1) for x in range(t, t + ACCESS_QUIET_NS + 1,
                                                                               2_000_000)])
-    ctl.tick(t + ACCESS_QUIET_NS)
+    _tick(d, t + ACCESS_QUIET_NS)
     assert ctl.ports_down == {0}
     fams, _ = _scrape(d)
     got = _actions(fams)
@@ -214,9 +224,9 @@ def test_every_controller_action_is_exported_under_action(tmp_path: Path) -> Non
 def test_action_kinds_are_a_closed_set() -> None:
     """Every kind the controller acts with is an ActionKind (so it is exported), and every ActionKind is
     used; an unknown kind is refused at `act`."""
-    tree = ast.parse((ROOT / "ctl" / "daemon.py").read_text())
+    trees = [ast.parse((ROOT / "ctl" / f).read_text()) for f in ("controller.py", "daemon.py")]
     used: set[str] = set()
-    for node in ast.walk(tree):
+    for node in (n for tree in trees for n in ast.walk(tree)):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Action":
             kind = node.args[1]
             if isinstance(kind, ast.Constant):
@@ -228,7 +238,7 @@ def test_action_kinds_are_a_closed_set() -> None:
               and node.value.attr == "counts" and isinstance(node.slice, ast.Constant)):
             used.add(str(node.slice.value))
     assert used == {k.value for k in ActionKind}
-    ctl = Controller(SimpleNamespace())  # type: ignore[arg-type]
+    ctl = Controller(topology.load(ROOT / "deploy" / "topologies" / "default.toml"), "h0", 64)
     with pytest.raises(ValueError):
         ctl.act(Action(0, "reboot", "h0-p0l0", 0))
     assert not ctl.log and not ctl.counts

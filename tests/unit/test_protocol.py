@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import selectors
 import socket
 import threading
 from collections import deque
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from mrc.ctl.daemon import Client, Daemon
+from mrc.ctl.daemon import Client, Daemon, PeerNotifier
 from mrc.dataplane.client import MrcClient
 from mrc.dataplane.protocol import (
     OPS,
@@ -104,10 +105,15 @@ def _peer_report(tmp_path: Path) -> dict[str, Any]:
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(str(tmp_path / "ns-h1.sock"))
     srv.listen(1)
-    d: Any = SimpleNamespace(access_plane=lambda lk: None, host="h0", socket_file=tmp_path / "ns-h0.sock",
+    sel = selectors.DefaultSelector()
+    d: Any = SimpleNamespace(host="h0", socket_file=tmp_path / "ns-h0.sock", notifier=PeerNotifier(sel),
                              topo=SimpleNamespace(host_names=lambda: ["h0", "h1"]),
                              tb=SimpleNamespace(ns=lambda h: f"ns-{h}"))
-    Daemon.tell_peers(d, frozenset(("p0l0", "p0s0")), "down")
+    Daemon.tell_peers(d, frozenset(("p0l0", "p0s0")), "down")  # queued; mrcd's loop sends it:
+    d.notifier.pump(0)
+    for key, _mask in sel.select(1.0):
+        d.notifier.on_writable(key.data, 0)
+    sel.close()
     conn, _ = srv.accept()
     with conn, srv:
         doc: dict[str, Any] = json.loads(conn.recv(4096))
