@@ -59,7 +59,7 @@ class HierInProcRunner:
     def __init__(
         self, hosts: int, intra: str = "none", intra_bits: float = 8.0, timeout_s: float = 300.0
     ) -> None:
-        self.hosts = hosts
+        self.hier_hosts = hosts
         self.intra = intra
         self.intra_bits = intra_bits
         self.timeout_s = timeout_s
@@ -68,7 +68,7 @@ class HierInProcRunner:
         from .hier import simulate
 
         t0 = time.perf_counter()
-        res = simulate(buffers, self.hosts, cfg, step, self.intra, self.intra_bits, self.timeout_s)
+        res = simulate(buffers, self.hier_hosts, cfg, step, self.intra, self.intra_bits, self.timeout_s)
         secs = time.perf_counter() - t0
         out = [Result(r.out, r.inter_bytes, bits_per_hop=r.bits_per_hop) for r in res]
         self.intra_bytes = sum(r.intra_bytes for r in res)
@@ -153,7 +153,8 @@ def run(
         "transport": runner.name, "ranks": ranks, "size_bytes": size_bytes, "elements": elements,
         "iters": iters, "warmup": warmup, "dist": dist, "seed": seed, **asdict(cfg),
     }
-    hosts = getattr(runner, "hosts", None)
+    # (a runner over testbed hosts has a `hosts` list: the hierarchy's attribute has its own name)
+    hosts: int | None = getattr(runner, "hier_hosts", None)
     if hosts is not None:
         config["hier_hosts"] = hosts  # wire_bytes: between hosts; intra_host_bytes: within them
     if cfg.scheme != "none" and cfg.algorithm == "ring":
