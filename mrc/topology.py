@@ -99,15 +99,21 @@ def delay_problem(us: int) -> str | None:
 # ------------------------------------------------------------------------------------------- errors
 
 
-class TopologyError(ConfigError):
-    """A bad topology: ``FILE:LINE: key: problem`` (``FILE: key: problem`` when the key has no line, as
-    for a missing table or a model built in code). The parts stay readable (`source`, `line`, `key`,
-    `problem`) so `load` can add the line that the model, built from parsed TOML, cannot know."""
+class FileError(ConfigError):
+    """A bad TOML file: ``FILE:LINE: key: problem`` (``FILE: key: problem`` when the key has no line, as
+    for a missing table or a model built in code; ``FILE:LINE: problem`` for a syntax error). The parts
+    stay readable (`source`, `line`, `key`, `problem`) so a loader can add the line that a model, built
+    from parsed TOML, cannot know. Shared by the topology files and the host configuration
+    (`mrc.hostconfig`)."""
 
     def __init__(self, source: str, key: str | None, problem: str, line: int | None = None) -> None:
         self.source, self.key, self.problem, self.line = source, key, problem, line
         where = source if line is None else f"{source}:{line}"
         super().__init__(f"{where}: {problem}" if key is None else f"{where}: {key}: {problem}")
+
+
+class TopologyError(FileError):
+    """A bad topology (`FileError`'s ``FILE:LINE: key: problem``)."""
 
 
 # ------------------------------------------------------------------------------------------- model
@@ -664,31 +670,42 @@ def load(path: str | FsPath) -> Topology:
     ``FILE:LINE: key: problem``: the file, the line of the key (or of its table when the key is
     missing), the key and the problem; syntax errors and bytes that are not UTF-8 give their line too."""
     p = FsPath(path)
-    try:
-        data = p.read_bytes()
-    except OSError as e:
-        raise TopologyError(str(p), None, f"cannot read: {e.strerror or e}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise TopologyError(str(p), None, f"not UTF-8 text: byte {data[e.start]:#04x} at offset {e.start}"
-                            " (TOML files are UTF-8)", line) from None
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        msg = str(e)
-        m = re.search(r" \(at line (\d+), column (\d+)\)$", msg)
-        if m is None:
-            raise TopologyError(str(p), None, f"not valid TOML: {msg}") from None
-        raise TopologyError(str(p), None, f"not valid TOML: {msg[:m.start()]} (column {m.group(2)})",
-                            int(m.group(1))) from None
+    text = read_text(p, TopologyError)
+    doc = parse_toml(text, str(p), TopologyError)
     try:
         return from_dict(doc, source=str(p))
     except TopologyError as e:
         if e.key is None:
             raise
         raise TopologyError(str(p), e.key, e.problem, key_line(key_lines(text), e.key)) from None
+
+
+def read_text(path: FsPath, error: type[FileError] = FileError) -> str:
+    """A TOML file's text; `error` (``FILE: problem``, ``FILE:LINE: problem`` for bytes that are not
+    UTF-8) when it cannot be read or decoded."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise error(str(path), None, f"cannot read: {e.strerror or e}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise error(str(path), None, f"not UTF-8 text: byte {data[e.start]:#04x} at offset {e.start}"
+                    " (TOML files are UTF-8)", line) from None
+
+
+def parse_toml(text: str, source: str, error: type[FileError] = FileError) -> dict[str, Any]:
+    """tomllib's document, or `error` ``FILE:LINE: not valid TOML: ... (column C)``."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        msg = str(e)
+        m = re.search(r" \(at line (\d+), column (\d+)\)$", msg)
+        if m is None:
+            raise error(source, None, f"not valid TOML: {msg}") from None
+        raise error(source, None, f"not valid TOML: {msg[:m.start()]} (column {m.group(2)})",
+                    int(m.group(1))) from None
 
 
 def key_line(lines: Mapping[str, int], key: str) -> int | None:
@@ -713,6 +730,18 @@ def _dotted(raw: str) -> str:
     """A TOML key as the error messages spell it: parts joined by dots, quotes and blanks gone."""
     parts = re.findall(_KEY_PART, raw)
     return ".".join(p[1:-1] if p[:1] in "\"'" else p for p in parts)
+
+
+def _in_arrays(name: str, counts: Mapping[str, int]) -> str:
+    """A header's dotted name with each enclosing array of tables replaced by its current entry
+    (``peer.plane`` -> ``peer[1].plane`` once two ``[[peer]]`` were seen); the last part stays as is."""
+    parts = name.split(".")
+    out = ""
+    for part in parts[:-1]:
+        out = f"{out}.{part}" if out else part
+        if out in counts:
+            out = f"{out}[{counts[out] - 1}]"
+    return f"{out}.{parts[-1]}" if out else parts[-1]
 
 
 def _value_state(value: str) -> tuple[str | None, int]:
@@ -746,7 +775,9 @@ def _value_state(value: str) -> tuple[str | None, int]:
 
 def key_lines(text: str) -> dict[str, int]:
     """Line numbers (1-based) of a TOML document's tables and keys, spelt as the errors spell them:
-    ``topology``, ``topology.planes``, ``hosts`` (its first header), ``hosts[1]``, ``hosts[1].leaf``.
+    ``topology``, ``topology.planes``, ``hosts`` (its first header), ``hosts[1]``, ``hosts[1].leaf``;
+    a table under an entry of an array of tables is spelt under that entry (``[[peer.plane]]`` after the
+    second ``[[peer]]``: ``peer[1].plane[0]``, its keys ``peer[1].plane[0].address``).
     tomllib gives positions for syntax errors only; this scan of the (already valid) text gives them to
     the semantic ones. Lines inside multi-line strings and arrays are skipped; a key written twice
     would have failed to parse, so the first line of each is its only line."""
@@ -765,7 +796,7 @@ def key_lines(text: str) -> dict[str, int]:
             in_string, depth = more_string, more
             continue
         if m := _HEADER_RE.match(line):
-            name = _dotted(m.group(2))
+            name = _in_arrays(_dotted(m.group(2)), counts)
             if m.group(1) == "[[":
                 i = counts.get(name, 0)
                 counts[name] = i + 1
