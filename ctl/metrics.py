@@ -2,11 +2,13 @@
 the host's BPF counter maps and a snapshot of the engine's state at scrape time (nothing is copied into
 Counter objects on the data path).
 
-Why a snapshot: the engine loop holds `Daemon.lock` for each turn, and a scrape that formatted every family
-under that lock stalled the loop for the whole scrape. `MrcCollector.collect` holds the lock only while
-`snapshot` copies the numbers out (plain lists and dicts: C-speed copies, no counting), then counts and
-formats outside it. When the lock cannot be had within `LOCK_TIMEOUT_S` (the loop is stuck in a turn), the
-scrape still answers, with `mrc_up` 0 and without the engine's families, instead of hanging.
+Why a published snapshot: the engine's state belongs to the loop thread alone (no lock). A scrape asks the
+loop for a snapshot (`StatsBoard.request`: a flag and a wake-up of the loop's selector); the loop copies
+the numbers out at the end of its turn (`snapshot`: plain lists and dicts, C-speed copies, no counting) and
+publishes it; the scrape thread counts and formats outside the loop. Copying at every turn instead would
+cost each of thousands of turns a second the copy of every QP, for a scrape a few times a minute. When the
+loop does not publish within `SNAPSHOT_WAIT_S` (it is stuck in a turn), the scrape still answers, with
+`mrc_up` 0 and without the engine's families, instead of hanging.
 
 Names: ``mrc_`` prefix, base units, ``_total`` on counters; labels only from small closed sets (``host``,
 ``plane``, ``port``, ``reason``, ``state``, ``action``, ``program``), except the per-QP gauges
@@ -22,10 +24,10 @@ import platform
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.gc_collector import GCCollector
@@ -39,7 +41,7 @@ from mrc.transport import EvState, QpState
 from mrc.transport.drops import EngineDrop
 
 if TYPE_CHECKING:
-    from .daemon import Daemon
+    from .host_engine import HostEngine
 
 RETX_CAUSES: Final = ("sack", "trim", "timeout", "nack", "rnr", "spurious")
 
@@ -57,8 +59,8 @@ EGRESS_DROP_REASONS: Final = (DropReason.TRUNCATED, DropReason.BAD_VERSION, Drop
 #: mrc_up is 1 only if the engine loop finished a turn within this many seconds (a healthy loop turns at
 #: least every 50 ms: its select times out at 0.05 s).
 UP_STALE_S: Final = 5.0
-#: How long a scrape waits for the engine lock before it answers without the engine's families.
-LOCK_TIMEOUT_S: Final = 1.0
+#: How long a scrape waits for the loop's snapshot before it answers without the engine's families.
+SNAPSHOT_WAIT_S: Final = 1.0
 #: At most this many QPs (the lowest QPNs) get per-QP series; `mrc_qps` counts them all. A host's QPs are
 #: bounded by the ingress allowed-QP map (`abi.QPS_MAX`, 65,536 for a whole fabric), far too many series:
 #: this cap is what bounds the scrape.
@@ -78,12 +80,9 @@ METRICS: Final = (
     "mrc_control_rejected_total",
 )
 
-_DATA_ATTRS: Final = ("serial", "rx_packets", "tx_bytes", "rx_bytes")
-
-
 @dataclass(frozen=True)
 class QpSnapshot:
-    """One QP's numbers, copied out under the engine lock."""
+    """One QP's numbers, copied out by the loop."""
 
     qpn: int
     peer: str
@@ -114,42 +113,94 @@ class EngineSnapshot:
     qps: list[QpSnapshot]
 
 
-def snapshot(d: Daemon) -> EngineSnapshot:
-    """Copy the engine's and the controller's numbers out of `d`. The caller holds `d.lock`; nothing here
-    counts or formats (that is done outside the lock), it only copies lists and dicts."""
-    qp_peer = d.qp_peer
+def snapshot(e: HostEngine, rejected: dict[str, int]) -> EngineSnapshot:
+    """Copy the engine's and the controller's numbers out of `e` (on the loop thread, between turns):
+    nothing here counts or formats (the scrape thread does that), it only copies lists and dicts."""
+    from .host_engine import DATA_ATTRS
+
+    qp_peer = e.qp_peer
     qps = [QpSnapshot(qpn, qp_peer.get(qpn) or "none", qp.state.name.lower(), int(qp.cc.cwnd), int(qp.srtt),
-                      dict(qp.c), {a: int(getattr(qp, a)) for a in _DATA_ATTRS}, list(qp.paths.port_bytes),
+                      dict(qp.c), {a: int(getattr(qp, a)) for a in DATA_ATTRS}, list(qp.paths.port_bytes),
                       list(qp.paths.state), list(qp.paths.ev_port))
-           for qpn, qp in d.ctx.qps.items()]
-    ctl = d.controller
-    return EngineSnapshot(dict(d.ctx.drops), dict(d.rejected), dict(d.gone_c), dict(d.gone),
-                          list(d.gone_port), list(d.ctx.port_enabled), frozenset(ctl.ports_down),
+           for qpn, qp in e.ctx.qps.items()]
+    ctl = e.controller
+    return EngineSnapshot(dict(e.ctx.drops), dict(rejected), dict(e.gone_c), dict(e.gone),
+                          list(e.gone_port), list(e.ctx.port_enabled), frozenset(ctl.ports_down),
                           dict(ctl.event_counts), dict(ctl.counts), len(ctl.denied), qps)
 
 
-def dataplane_attached(d: Daemon) -> dict[str, bool]:
+class StatsBoard:
+    """Where the loop hands an `EngineSnapshot` to scrape threads. `request` (any thread) raises the
+    `wanted` flag, calls `wake` (mrcd: a write to an eventfd in the loop's selector) and waits for the next
+    `publish`; the loop checks `wanted` once per turn (one attribute read) and publishes when it is up.
+    Several scrapes waiting at once are served by the same snapshot."""
+
+    def __init__(self, wake: Callable[[], None] | None = None) -> None:
+        self.wake = wake
+        self.wanted = False
+        self._cond = threading.Condition()
+        self._seq = 0
+        self._snap: EngineSnapshot | None = None
+        self.published = 0
+
+    def publish(self, snap: EngineSnapshot) -> None:
+        with self._cond:
+            self._snap = snap
+            self._seq += 1
+            self.published += 1
+            self.wanted = False
+            self._cond.notify_all()
+
+    def request(self, timeout_s: float) -> EngineSnapshot | None:
+        """A snapshot published after this call, or None when none comes within `timeout_s`."""
+        with self._cond:
+            seq = self._seq
+            self.wanted = True
+        if self.wake is not None:
+            self.wake()
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._seq > seq, timeout_s):
+                return None
+            return self._snap
+
+
+def dataplane_attached(egress: Any, ingress: Any, site: str, host: str) -> dict[str, bool]:
     """host_egress / host_ingress -> whether its record (written by whoever attached it, atomically) still
-    lists an attachment on this host of this testbed. `mrcctl prog detach` removes or rewrites the record,
-    while mrcd's own copy of it, and its map fds, live on: only the file tells."""
+    lists an attachment on `host` of `site` (the testbed). `mrcctl prog detach` removes or rewrites the
+    record, while mrcd's own copy of it, and its map fds, live on: only the file tells."""
     out: dict[str, bool] = {}
-    for kind, prog in (("host_egress", d.fd.egress), ("host_ingress", d.fd.ingress)):
+    for kind, prog in (("host_egress", egress), ("host_ingress", ingress)):
         ok = False
         if prog is not None:
             try:
                 rec = json.loads(prog.record_path.read_text())
             except (OSError, ValueError):
                 rec = {}
-            ok = any(a.get("testbed") == d.tb.name and a.get("node") == d.host
-                     for a in rec.get("attachments", []))
+            ok = any(a.get("testbed") == site and a.get("node") == host for a in rec.get("attachments", []))
         out[kind] = ok
     return out
 
 
+class MetricsSource(Protocol):
+    """What the collector reads: mrcd (ctl/daemon.py) in service, a small object in tests."""
+
+    host: str
+    planes: int
+    started: float  # Unix time of the start
+    turned: float  # time.monotonic() at the end of the loop's last turn (0.0 before the first)
+    board: StatsBoard
+
+    def host_stats(self) -> dict[str, Any]:
+        """The host programs' per-plane counters (`FabricDataplane.host_stats`)."""
+
+    def attached(self) -> dict[str, bool]:
+        """host_egress / host_ingress -> still attached on this host."""
+
+
 class MrcCollector(Collector):
-    def __init__(self, d: Daemon | None = None, *, lock_timeout_s: float = LOCK_TIMEOUT_S) -> None:
+    def __init__(self, d: MetricsSource | None = None, *, wait_s: float = SNAPSHOT_WAIT_S) -> None:
         self.d = d
-        self.lock_timeout_s = lock_timeout_s
+        self.wait_s = wait_s
 
     def describe(self) -> list[Metric]:  # no collect() at registration
         return []
@@ -159,16 +210,11 @@ class MrcCollector(Collector):
         if d is None:
             return
         h = d.host
-        # -- the engine: a snapshot under the lock, taken first and held for the copy only
-        snap: EngineSnapshot | None = None
-        if d.lock.acquire(timeout=self.lock_timeout_s):
-            try:
-                snap = snapshot(d)
-            finally:
-                d.lock.release()
-        # -- BPF maps and program records (no engine lock: separate syscalls, the loop keeps running)
-        hs = d.fd._host_stats(h, False)
-        attached = dataplane_attached(d)
+        # -- the engine: a snapshot published by the loop
+        snap = d.board.request(self.wait_s)
+        # -- BPF maps and program records (separate syscalls from this thread; the loop keeps running)
+        hs = d.host_stats()
+        attached = d.attached()
         age = time.monotonic() - d.turned if d.turned else math.inf
         info = InfoMetricFamily("mrc_build", "mrc version and platform")
         info.add_metric([], {"version": mrc_version, "kernel": platform.release(),
@@ -194,7 +240,7 @@ class MrcCollector(Collector):
         yield start
         yield from _dataplane(h, hs)
         if snap is not None:
-            yield from _engine(h, d.topo.planes, snap)
+            yield from _engine(h, d.planes, snap)
 
 
 def _dataplane(h: str, hs: dict[str, Any]) -> Iterator[Metric]:
@@ -353,7 +399,7 @@ class MetricsServer:
         self.srv.daemon_threads = True
         self.addr = (addr, port)
 
-    def start(self, d: Daemon) -> None:
+    def start(self, d: MetricsSource) -> None:
         self.collector.d = d
         threading.Thread(target=self.srv.serve_forever, name="mrcd-metrics", daemon=True).start()
 

@@ -49,6 +49,8 @@ from .protocol import (
 )
 
 MAX_LINE: Final = 1 << 24
+#: How often a connect to an mrcd whose listen backlog is full is tried again (within the timeout).
+CONNECT_RETRY_S: Final = 0.01
 
 
 def socket_dir() -> Path:
@@ -87,22 +89,33 @@ class ClientQp:
 
 
 def _connect(path: Path, timeout: float) -> socket.socket:
-    sk = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sk.settimeout(timeout)
-    try:
-        sk.connect(str(path))
-    except PermissionError:
-        sk.close()
-        raise MrcError(f"{path}: permission denied: the MRC control socket is root-only "
-                       f"(uid {os.geteuid()})") from None
-    except (FileNotFoundError, ConnectionRefusedError):
-        sk.close()
-        raise MrcError(f"{path}: no mrcd is listening "
-                       "(start it, or 'mrcctl testbed up --with-daemons')") from None
-    except OSError as e:
-        sk.close()
-        raise MrcError(f"{path}: {os.strerror(e.errno or errno.EIO)}") from None
-    return sk
+    """A connected socket to mrcd's control socket. A listener whose backlog is full answers EAGAIN at
+    once (AF_UNIX has no connect in progress, and a socket with a timeout is non-blocking inside): that is
+    retried until `timeout`, so a busy mrcd is waited for and a stopped one is told as such."""
+    deadline = time.monotonic() + timeout
+    while True:
+        sk = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sk.settimeout(timeout)
+        try:
+            sk.connect(str(path))
+            return sk
+        except PermissionError:
+            sk.close()
+            raise MrcError(f"{path}: permission denied: the MRC control socket is root-only "
+                           f"(uid {os.geteuid()})") from None
+        except (FileNotFoundError, ConnectionRefusedError):
+            sk.close()
+            raise MrcError(f"{path}: no mrcd is listening "
+                           "(start it, or 'mrcctl testbed up --with-daemons')") from None
+        except BlockingIOError:
+            sk.close()
+            if time.monotonic() >= deadline:
+                raise MrcError(f"{path}: mrcd accepted no connection within {timeout:g} s (its listen "
+                               "backlog is full: is it stopped or stuck?)") from None
+            time.sleep(CONNECT_RETRY_S)
+        except OSError as e:
+            sk.close()
+            raise MrcError(f"{path}: {os.strerror(e.errno or errno.EIO)}") from None
 
 
 def _remote_error(doc: dict[str, Any]) -> ProtocolError:

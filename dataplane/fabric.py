@@ -285,6 +285,25 @@ class FabricDataplane:
         for q in qpns:
             self.ingress.maps["mrc_allowed_qps"].set(abi.QpKey(hid, q), ct_u32(1))
 
+    def disallow_qp(self, host: str, qpn: int) -> None:
+        """Remove one QP of `host` from the ingress allowed-QP map (nothing when it is not there)."""
+        if self.ingress is None:
+            return
+        hid = self._find_id(self.ingress, "host", host)
+        if hid:
+            self.ingress.maps["mrc_allowed_qps"].delete(abi.QpKey(hid, qpn))
+
+    def port_rx_packets(self, host: str, ifname: str) -> int | None:
+        """Packets host_ingress saw arrive on `host`'s port `ifname` (its per-CPU EV-bucket counters summed;
+        None without the program or the port): one read of EV_BUCKETS per-CPU entries."""
+        if self.ingress is None:
+            return None
+        pid = self._find_id(self.ingress, "port", host, ifname)
+        if not pid:
+            return None
+        m = self.ingress.maps["mrc_ingress_ev"]
+        return sum(int(m.total(ct_u32(pid * abi.EV_BUCKETS + b)).packets) for b in range(abi.EV_BUCKETS))
+
     # -- switch ports
     def _port(self, node: str, ifname: str) -> Port:
         for p in ports(self.topo):
@@ -411,7 +430,7 @@ class FabricDataplane:
         for h in self.topo.host_names():
             if node not in (None, h):
                 continue
-            hosts[h] = self._host_stats(h, ev_buckets)
+            hosts[h] = self.host_stats(h, ev_buckets)
         if self.switch is not None:
             for p in ports(self.topo):
                 if node not in (None, p.node):
@@ -429,7 +448,7 @@ class FabricDataplane:
                     "config": None if cfg is None else _sw_cfg_dict(cfg)}
         return {"testbed": self.name, "hosts": hosts, "ports": switches}
 
-    def _host_stats(self, h: str, ev_buckets: bool) -> dict[str, Any]:
+    def host_stats(self, h: str, ev_buckets: bool = False) -> dict[str, Any]:
         planes: dict[int, dict[str, Any]] = {}
         out: dict[str, Any] = {"planes": planes}
         for p in range(self.topo.planes):
@@ -475,7 +494,7 @@ class FabricDataplane:
     def ingress_drops(self, host: str) -> dict[str, int]:
         """Drops by reason summed over the host's plane ports."""
         out: dict[str, int] = {}
-        for row in self._host_stats(host, False)["planes"].values():
+        for row in self.host_stats(host, False)["planes"].values():
             for k, v in row.get("rx_drops", {}).items():
                 out[k] = out.get(k, 0) + v
         return out

@@ -164,6 +164,61 @@ def test_link_failure_ride_through(tb: dict[str, Any]) -> None:
     assert tbmod.Testbed.load(tb["name"]).down_links() == frozenset()
 
 
+def _long_turns(stats: dict[str, Any]) -> int:
+    """Loop turns of a `stats` reply that took longer than 50 ms (the old blocking connect's timeout)."""
+    hist = stats["loop"]["turn_hist"]
+    return int(hist["le_100ms"] + hist["le_1000ms"] + hist["over"])
+
+
+def test_a_stalled_peer_mrcd_does_not_hold_up_the_local_reaction(tb: dict[str, Any]) -> None:
+    """h3's mrcd stopped (SIGSTOP) with its control socket's listen backlog full, so that a connect() to it
+    would block: h0 localises a failed link under a WRITE to h2 and DENYs / REPLACEs it; its notes to h3
+    wait without blocking and are dropped after their patience, the notes to h1 and h2 are delivered, and
+    no turn of h0's loop took longer than 50 ms meanwhile (a blocking connect would have taken that)."""
+    h3 = tb["daemons"]["h3"]
+    fillers: list[socket.socket] = []
+    with _client(tb, "h0") as c:
+        before = c.call("stats")
+    since = time.monotonic_ns()  # mrcds stamp actions with the same CLOCK_MONOTONIC
+    os.kill(h3["pid"], signal.SIGSTOP)
+    try:
+        for _ in range(4096):  # fill h3's backlog until a connect would block
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.setblocking(False)
+            fillers.append(s)
+            if s.connect_ex(h3["socket"]) != 0:
+                break
+        else:
+            pytest.fail("h3's control socket never refused a connect: its backlog is not bounded")
+        cfg = BenchConfig(tb["name"], "h0", "h2", [96 << 20], fail_link=("p0l0", "p0s0", 0.5), heal_after=1.0)
+        doc = WriteBench(cfg).run()
+        assert doc["bit_exact"]
+        f = doc["failure"]
+        assert f["deny_ms"] is not None and f["restore_ms"] is not None
+        deadline = time.monotonic() + 10
+        while True:  # the notes to h3 (down, then up) are dropped once their patience ran out
+            with _client(tb, "h0") as c:
+                after = c.call("stats")
+                acts = c.call("actions", since_ns=since)["actions"]
+            notes = {k: after["peer_notes"][k] - before["peer_notes"][k] for k in ("sent", "dropped")}
+            done = notes["dropped"] >= 2 and notes["sent"] == 2 * notes["dropped"]
+            if done or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        # every note to h3 (at least the link's down and up) dropped, every one to h1 and h2 delivered
+        assert notes["dropped"] >= 2 and notes["sent"] == 2 * notes["dropped"], notes
+        # h0 alone cannot tell p0l0-p0s0 from p0l1-p0s0 (every path it lost crosses both): either
+        kinds = {a["kind"] for a in acts if a["link"] in ("p0l0-p0s0", "p0l1-p0s0")}
+        assert {"deny", "replace", "restore"} <= kinds, acts
+        assert _long_turns(after) == _long_turns(before), (before["loop"], after["loop"])
+    finally:
+        for s in fillers:
+            s.close()
+        os.kill(h3["pid"], signal.SIGCONT)
+    with _client(tb, "h3") as c:  # h3 serves again
+        assert c.call("hello")["host"] == "h3"
+
+
 def test_a_slowed_link_is_steered_around(tb: dict[str, Any]) -> None:
     """A leaf-spine link of plane 0 at a tenth of its rate, routing unchanged: the transfer completes
     bit-exact and plane 0 carries clearly less than the others (its other spine still works: the slow

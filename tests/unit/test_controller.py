@@ -29,7 +29,7 @@ from mrc.ctl.controller import (
     TellPeer,
     link_name,
 )
-from mrc.ctl.daemon import PeerNotifier
+from mrc.ctl.peer_notes import PeerNotifier
 from mrc.topology import Path as TopoPath
 from mrc.transport import Context, EvEntry, EvEvent, EvMode, EvState, ProbeResult, QueuePair
 from mrc.transport.paths import EvProfile

@@ -12,24 +12,14 @@ from typing import Any
 
 import pytest
 
-from mrc.ctl.daemon import MAX_REQUEST_BYTES, Client, Daemon
-from mrc.transport import Context
+from mrc.ctl.control_server import MAX_REQUEST_BYTES, Client, ControlServer
+from mrc.ctl.operations import Operations
 
-GA = bytes.fromhex("fd000000000000000000000000000001")
 
 
 @pytest.fixture
-def daemon() -> Any:
-    d: Any = Daemon.__new__(Daemon)
-    d.rejected = {}
-    d.ctx = Context(GA)
-    d.host = "h0"
-    d.qp_peer = {}
-    d.pinned_qps = set()
-    d.clients = {}
-    d.sel = selectors.DefaultSelector()
-    d.mrs = {}
-    return d
+def server(mrcd_ops: Operations) -> ControlServer:
+    return ControlServer(selectors.DefaultSelector(), mrcd_ops)
 
 
 def replies(c: Client) -> list[dict[str, Any]]:
@@ -71,43 +61,44 @@ KIND.update({r: "bad_request" for r in ("not_object", "bad_json", "bad_op", "unk
 
 @pytest.mark.parametrize(("line", "reason"), BAD_LINES, ids=[f"{r}{i}" for i, (_, r) in enumerate(BAD_LINES)])
 def test_a_bad_line_gets_one_error_and_the_next_request_its_answer(
-    daemon: Any, line: bytes, reason: str
+    server: ControlServer, line: bytes, reason: str
 ) -> None:
     a, b = socket.socketpair()
     with a, b:
         c = Client(a, 0)
-        daemon._request(c, line)
-        daemon._request(c, b'{"id": 9, "op": "qp_show"}')
+        server.request(c, line)
+        server.request(c, b'{"id": 9, "op": "qp_show"}')
         r = replies(c)
         assert len(r) == 2 and "error" in r[0] and r[1] == {"id": 9, "ok": []}
         assert r[0]["kind"] == KIND[reason]
-        assert daemon.rejected == {reason: 1}
+        assert server.rejected == {reason: 1}
 
 
 @pytest.mark.parametrize("exc", [ZeroDivisionError("integer division or modulo by zero"), KeyError("qpn")])
 def test_a_handler_bug_is_internal_logged_and_the_loop_goes_on(
-    daemon: Any, capsys: pytest.CaptureFixture[str], exc: Exception
+    make_ops: Any, capsys: pytest.CaptureFixture[str], exc: Exception
 ) -> None:
     """A handler that raises on a request the schema accepted is mrcd's bug, not the client's bad request
     (a KeyError used to be answered as `bad_field`)."""
 
-    def boom(c: Client, req: dict[str, Any]) -> None:
-        raise exc
+    class Buggy(Operations):
+        def op_qp_stats(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
+            raise exc
 
-    daemon.op_qp_stats = boom
+    server = ControlServer(selectors.DefaultSelector(), make_ops(Buggy))
     a, b = socket.socketpair()
     with a, b:
         c = Client(a, 0)
-        daemon._request(c, b'{"id": "x1", "op": "qp_stats", "qpn": 5}')
-        daemon._request(c, b'{"id": [1, 2], "op": "qp_show"}')  # an id that is no id is not echoed
+        server.request(c, b'{"id": "x1", "op": "qp_stats", "qpn": 5}')
+        server.request(c, b'{"id": [1, 2], "op": "qp_show"}')  # an id that is no id is not echoed
         assert replies(c) == [{"id": "x1", "error": "internal error in op qp_stats (mrcd logged it)",
                                "kind": "internal"}, {"id": None, "ok": []}]
-    assert daemon.rejected == {"internal": 1}
+    assert server.rejected == {"internal": 1}
     err = capsys.readouterr().err
     assert f"internal error in op qp_stats: {type(exc).__name__}: {exc}" in err
 
 
-def test_an_oversized_line_is_refused_once_and_skipped_to_its_newline(daemon: Any) -> None:
+def test_an_oversized_line_is_refused_once_and_skipped_to_its_newline(server: ControlServer) -> None:
     a, b = socket.socketpair()
     a.setblocking(False)
     with a, b:
@@ -118,26 +109,26 @@ def test_an_oversized_line_is_refused_once_and_skipped_to_its_newline(daemon: An
         while sent < len(huge):  # the client keeps writing; mrcd keeps reading and discarding
             with contextlib.suppress(BlockingIOError):
                 sent += b.send(huge[sent:])
-            daemon._client_io(c, selectors.EVENT_READ)
+            server.on_io(c, selectors.EVENT_READ)
         b.setblocking(True)
         b.sendall(b'\n{"id": 1, "op": "qp_show"}\n')
         for _ in range(10):
-            daemon._client_io(c, selectors.EVENT_READ)
+            server.on_io(c, selectors.EVENT_READ)
             if c.wbuf.count(b"\n") >= 2:
                 break
         r = replies(c)
         assert len(r) == 2 and "longer than" in r[0]["error"] and r[1] == {"id": 1, "ok": []}
-        assert daemon.rejected == {"too_long": 1} and len(c.rbuf) <= MAX_REQUEST_BYTES
+        assert server.rejected == {"too_long": 1} and len(c.rbuf) <= MAX_REQUEST_BYTES
         assert not c.skipping
 
 
-def test_a_client_that_vanishes_mid_line_is_dropped_quietly(daemon: Any) -> None:
+def test_a_client_that_vanishes_mid_line_is_dropped_quietly(server: ControlServer) -> None:
     a, b = socket.socketpair()
     a.setblocking(False)
     c = Client(a, 0)
-    daemon.clients[a.fileno()] = c
+    server.clients[a.fileno()] = c
     b.sendall(b'{"id": 1, "op": "qp_')
-    daemon._client_io(c, selectors.EVENT_READ)
+    server.on_io(c, selectors.EVENT_READ)
     b.close()
-    daemon._client_io(c, selectors.EVENT_READ)
-    assert daemon.clients == {} and a.fileno() < 0 and daemon.rejected == {}
+    server.on_io(c, selectors.EVENT_READ)
+    assert server.clients == {} and a.fileno() < 0 and server.rejected == {}

@@ -2,7 +2,7 @@
 test_controller.py, its BPF side replaced by fixed counters and program records in a temporary folder):
 names, types and label sets; every controller action exported under `action`; per-QP gauges that go away
 with their QP; drops with the plane they happened on (or none); `mrc_up` meaning what it says; the engine
-lock held only for the snapshot; process metrics; `promtool check metrics` clean; and the exported BPF drop
+snapshot published by the loop; process metrics; `promtool check metrics` clean; and the exported BPF drop
 reasons being exactly those the host programs emit."""
 
 from __future__ import annotations
@@ -25,18 +25,21 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mrc import topology
 from mrc.ctl import metrics
-from mrc.ctl.controller import ACCESS_QUIET_NS, RESTORE_PROBE_NS, Action, ActionKind, Controller
-from mrc.ctl.daemon import Daemon
+from mrc.ctl.controller import ACCESS_QUIET_NS, RESTORE_PROBE_NS, Action, ActionKind, Controller, link_name
+from mrc.ctl.host_engine import HostEngine
 from mrc.ctl.metrics import (
     EGRESS_DROP_REASONS,
     INGRESS_DROP_REASONS,
     METRICS,
     UP_STALE_S,
     MrcCollector,
+    StatsBoard,
+    dataplane_attached,
     registry,
+    snapshot,
 )
 from mrc.dataplane.abi import DropReason
-from mrc.transport import Context, EvEvent, EvState, ProbeResult, QpState, QueuePair, WcStatus
+from mrc.transport import EvEvent, EvState, ProbeResult, QpState, QueuePair, WcStatus
 
 ROOT = Path(__file__).resolve().parents[2]
 ALLOWED_LABELS = {"host", "plane", "port", "reason", "state", "action", "program", "qpn", "peer", "version",
@@ -45,10 +48,12 @@ PER_QP = {"mrc_qp_cwnd_bytes", "mrc_qp_srtt_seconds"}
 
 
 class FakeFabric:
-    """The daemon's FabricDataplane: fixed BPF counters, path-map writes recorded, program records on disk."""
+    """The daemon's BPF side: fixed counters, path-map and allowed-QP writes recorded (the engine's
+    `PathWriter`), program records on disk."""
 
     def __init__(self, tmp: Path, planes: int) -> None:
-        self.paths: dict[tuple[str, str, int], Any] = {}
+        self.paths: dict[tuple[str, int], Any] = {}
+        self.allowed: set[int] = set()
         self.planes = {p: {"port": f"p{p}l0", "tx_packets": 10 + p, "tx_bytes": 1000, "rx_packets": 5,
                            "rx_bytes": 500, "rx_ce": 1, "rx_trimmed": 2, "rx_drops": {"foreign_qpn": 4 + p}}
                        for p in range(planes)}
@@ -59,53 +64,68 @@ class FakeFabric:
             prog.record_path.write_text(json.dumps({"attachments": [
                 {"testbed": "tb", "node": h, "ifname": "x"} for h in ("h0", "h1", "h2", "h3")]}))
 
-    def set_path(self, src: str, dst: str, ev: int, path: Any) -> None:
-        self.paths[(src, dst, ev)] = path
+    def set_path(self, peer: str, ev: int, path: Any) -> None:
+        self.paths[(peer, ev)] = path
 
-    def _host_stats(self, host: str, ev_buckets: bool) -> dict[str, Any]:
-        return {"planes": self.planes, "tx_drops": self.tx_drops}
+    def delete_path(self, peer: str, ev: int) -> None:
+        self.paths.pop((peer, ev), None)
 
+    def allow_qp(self, qpn: int) -> None:
+        self.allowed.add(qpn)
 
-def _daemon(tmp: Path) -> Any:
-    topo = topology.load(ROOT / "deploy" / "topologies" / "default.toml")
-    d: Any = Daemon.__new__(Daemon)
-    d.topo, d.host, d.evs = topo, "h0", 64
-    d.tb = SimpleNamespace(name="tb")
-    d.ctx = Context(topo.mrc_address("h0").packed, ports=topo.planes)
-    d.fd = FakeFabric(tmp, topo.planes)
-    d.peers, d.qp_peer, d.pinned_qps, d.qp_owner = {}, {}, set(), {}
-    d.lock = threading.Lock()
-    d.told = []
-    d.tell_peers = lambda lk, state: d.told.append(("-".join(sorted(lk)), state))
-    d.rx = [0] * topo.planes
-    d.port_rx_packets = lambda plane: d.rx[plane]
-    d.gone, d.gone_c, d.gone_port, d.rejected = {}, {}, [0] * topo.planes, {"bad_json": 2}
-    d.started = 1.0
-    d.turned = time.monotonic()
-    d.controller = Controller(topo, "h0", 64)
-    for h in ("h1", "h2", "h3"):
-        d.peer_table(h)
-    return d
+    def disallow_qp(self, qpn: int) -> None:
+        self.allowed.discard(qpn)
 
 
-def _qp(d: Any, peer: str) -> QueuePair:
-    cq = d.ctx.create_cq()
-    qp: QueuePair = d.ctx.create_qp(cq, ev_profile=d.peers[peer].profile)
-    qp.connect(d.peers[peer].gid, 0x100)
-    d.qp_peer[qp.qpn] = peer
-    d.controller.add_qp(qp.qpn, peer)
+class Source:
+    """What the exporter reads (`MetricsSource`), around a real `HostEngine` on the default topology. The
+    loop is this test: a scrape's request is answered at once (`wake` publishes), unless `stuck`."""
+
+    def __init__(self, tmp: Path) -> None:
+        topo = topology.load(ROOT / "deploy" / "topologies" / "default.toml")
+        self.host, self.planes = "h0", topo.planes
+        self.fd = FakeFabric(tmp, topo.planes)
+        self.told: list[tuple[str, str]] = []
+        self.engine = HostEngine(topo, "h0", self.fd, lambda lk, st: self.told.append((link_name(lk), st)))
+        self.rejected = {"bad_json": 2}
+        self.started = 1.0
+        self.turned = time.monotonic()
+        self.stuck = False
+        self.board = StatsBoard(self._turn)
+        self.rx = [0] * topo.planes
+        for h in ("h1", "h2", "h3"):
+            self.engine.peer_table(h)
+
+    def _turn(self) -> None:
+        if not self.stuck:
+            self.board.publish(snapshot(self.engine, self.rejected))
+
+    def host_stats(self) -> dict[str, Any]:
+        return {"planes": self.fd.planes, "tx_drops": self.fd.tx_drops}
+
+    def attached(self) -> dict[str, bool]:
+        return dataplane_attached(self.fd.egress, self.fd.ingress, "tb", self.host)
+
+
+def _daemon(tmp: Path) -> Source:
+    return Source(tmp)
+
+
+def _qp(d: Source, peer: str) -> QueuePair:
+    qp = d.engine.create_qp(peer)
+    qp.connect(d.engine.peers[peer].gid, 0x100)
     return qp
 
 
-def _events(d: Any, evs: list[EvEvent]) -> None:
-    d.carry_out(d.controller.on_ev_events(evs))
+def _events(d: Source, evs: list[EvEvent]) -> None:
+    d.engine.carry_out(d.engine.controller.on_ev_events(evs))
 
 
-def _tick(d: Any, now: int) -> None:
-    d.carry_out(d.controller.tick(now, d.rx, d.qp_samples()))
+def _tick(d: Source, now: int) -> None:
+    d.engine.carry_out(d.engine.controller.tick(now, d.rx, d.engine.qp_samples()))
 
 
-def _scrape(d: Any, **kw: Any) -> tuple[dict[str, Any], str]:
+def _scrape(d: Source, **kw: Any) -> tuple[dict[str, Any], str]:
     text = generate_latest(registry(MrcCollector(d, **kw))).decode()
     return {f.name: f for f in text_string_to_metric_families(text)}, text
 
@@ -120,7 +140,7 @@ def _value(fams: dict[str, Any], family: str, sample: str | None = None, **label
 def test_names_types_and_labels(tmp_path: Path) -> None:
     d = _daemon(tmp_path)
     _qp(d, "h2")
-    d.ctx.drops["unknown_qpn"] = 3
+    d.engine.ctx.drops["unknown_qpn"] = 3
     fams, text = _scrape(d)
     for name in METRICS:
         fam = name.removesuffix("_total")
@@ -166,7 +186,7 @@ def test_drops_carry_their_plane_or_none_and_every_reason_starts_at_zero(tmp_pat
     eng = [s for s in fams["mrc_engine_drops"].samples if s.name.endswith("_total")]
     assert {s.labels["reason"] for s in eng} == {r.value for r in EngineDrop}
     assert all(s.value == 0 for s in eng)
-    d.ctx.receive(b"\x00" * 4, 0)
+    d.engine.ctx.receive(b"\x00" * 4, 0)
     fams, _ = _scrape(d)
     assert _value(fams, "mrc_engine_drops", "mrc_engine_drops_total", reason="truncated") == 1
 
@@ -178,7 +198,7 @@ def _actions(fams: dict[str, Any]) -> dict[str, float]:
 
 def test_every_controller_action_is_exported_under_action(tmp_path: Path) -> None:
     d = _daemon(tmp_path)
-    ctl: Controller = d.controller
+    ctl: Controller = d.engine.controller
     fams, _ = _scrape(d)
     assert _actions(fams) == dict.fromkeys((k.value for k in ActionKind), 0.0)  # all there from the start
     assert all("reason" not in s.labels for s in fams["mrc_controller_actions"].samples)
@@ -255,7 +275,7 @@ def test_per_qp_gauges_follow_the_qps(tmp_path: Path, monkeypatch: pytest.Monkey
     assert _value(fams, "mrc_qp_srtt_seconds", qpn=str(a.qpn), peer="h2") == pytest.approx(250e-6)
     assert not [s for s in fams["mrc_qp_srtt_seconds"].samples if s.labels["qpn"] == str(b.qpn)]  # no sample
     # a destroyed QP's series go; the totals keep what it did
-    d._destroy_qp(a.qpn)
+    d.engine.destroy_qp(a.qpn)
     fams, _ = _scrape(d)
     assert {s.labels["qpn"] for s in fams["mrc_qp_cwnd_bytes"].samples} == {str(b.qpn)}
     assert not fams["mrc_qp_srtt_seconds"].samples
@@ -299,22 +319,49 @@ def test_mrc_up_means_the_loop_runs_and_the_dataplane_is_attached(tmp_path: Path
     assert _value(fams, "mrc_up") == 0 and _value(fams, "mrc_dataplane_attached", program="host_ingress") == 0
 
 
-def test_scrape_holds_the_engine_lock_only_for_the_snapshot(tmp_path: Path) -> None:
+def test_the_engine_families_come_from_the_snapshot_the_loop_published(tmp_path: Path) -> None:
+    d = _daemon(tmp_path)
+    qp = _qp(d, "h2")
+    before = d.board.published
+    fams, _ = _scrape(d)
+    assert d.board.published == before + 1  # one scrape, one snapshot, published by the "loop"
+    assert _value(fams, "mrc_qp_cwnd_bytes", qpn=str(qp.qpn), peer="h2") == qp.cc.cwnd
+    # the loop moves on after publishing: a copy, not a view, was formatted
+    snap = d.board.request(1.0)
+    assert snap is not None
+    qp.cc.cwnd += 4096
+    assert snap.qps[0].cwnd_bytes == qp.cc.cwnd - 4096
+
+
+def test_a_stuck_loop_still_gets_an_answer_without_the_engine(tmp_path: Path) -> None:
+    """A loop stuck inside a turn publishes nothing: the scrape answers after its wait, mrc_up 0, the
+    BPF families there, the engine's absent."""
     d = _daemon(tmp_path)
     _qp(d, "h2")
-    seen = []
-    for fam in MrcCollector(d).collect():
-        seen.append(fam.name)
-        assert not d.lock.locked(), f"engine lock held while {fam.name} is formatted"
-    assert "mrc_controller_actions" in seen and "mrc_qp_cwnd_bytes" in seen
-    # a loop stuck inside a turn (the lock held): the scrape answers, mrc_up 0, no engine families
-    d.lock.acquire()
-    try:
-        fams, _ = _scrape(d, lock_timeout_s=0.01)
-    finally:
-        d.lock.release()
+    d.stuck = True
+    fams, _ = _scrape(d, wait_s=0.01)
     assert _value(fams, "mrc_up") == 0
     assert "mrc_plane_tx_packets" in fams and "mrc_controller_actions" not in fams
+    d.stuck = False
+    fams, _ = _scrape(d)
+    assert _value(fams, "mrc_up") == 1 and "mrc_controller_actions" in fams
+
+
+def test_the_board_serves_a_scrape_from_another_thread(tmp_path: Path) -> None:
+    """As in mrcd: the scrape waits in its thread while the loop (here the main thread) publishes after a
+    turn in which it saw `wanted`; nothing is shared but the board."""
+    d = _daemon(tmp_path)
+    board = StatsBoard()  # no wake: the loop polls `wanted`, as mrcd's does once per turn
+    got: list[Any] = []
+    t = threading.Thread(target=lambda: got.append(board.request(10.0)))
+    t.start()
+    deadline = time.monotonic() + 10
+    while not board.wanted and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert board.wanted
+    board.publish(snapshot(d.engine, d.rejected))
+    t.join(10)
+    assert got and got[0] is not None and got[0].rejected == {"bad_json": 2} and not board.wanted
 
 
 def test_process_and_platform_metrics(tmp_path: Path) -> None:
@@ -329,7 +376,7 @@ def test_promtool_check_metrics_is_clean(tmp_path: Path) -> None:
     d = _daemon(tmp_path)
     for peer in ("h1", "h2"):
         _qp(d, peer).srtt = 100_000
-    d.ctx.drops["unknown_qpn"] = 1
+    d.engine.ctx.drops["unknown_qpn"] = 1
     _, text = _scrape(d)
     r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True,
                        timeout=60)

@@ -14,12 +14,13 @@ import threading
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from mrc.ctl.daemon import Client, Daemon, PeerNotifier
+from mrc.ctl.control_server import Client, ControlServer, push
+from mrc.ctl.operations import Operations
+from mrc.ctl.peer_notes import PeerNotifier, link_status_line
 from mrc.dataplane.client import MrcClient
 from mrc.dataplane.protocol import (
     OPS,
@@ -30,7 +31,6 @@ from mrc.dataplane.protocol import (
     validate_request,
 )
 from mrc.errors import MrcError
-from mrc.transport import Context
 
 GA = bytes.fromhex("fd000000000000000000000000000001")
 
@@ -106,13 +106,12 @@ def _peer_report(tmp_path: Path) -> dict[str, Any]:
     srv.bind(str(tmp_path / "ns-h1.sock"))
     srv.listen(1)
     sel = selectors.DefaultSelector()
-    d: Any = SimpleNamespace(host="h0", socket_file=tmp_path / "ns-h0.sock", notifier=PeerNotifier(sel),
-                             topo=SimpleNamespace(host_names=lambda: ["h0", "h1"]),
-                             tb=SimpleNamespace(ns=lambda h: f"ns-{h}"))
-    Daemon.tell_peers(d, frozenset(("p0l0", "p0s0")), "down")  # queued; mrcd's loop sends it:
-    d.notifier.pump(0)
+    notifier = PeerNotifier(sel)
+    line = link_status_line(frozenset(("p0l0", "p0s0")), "down", "h0")
+    notifier.send(str(tmp_path / "ns-h1.sock"), line, 0)
+    notifier.pump(0)  # queued; mrcd's loop sends it:
     for key, _mask in sel.select(1.0):
-        d.notifier.on_writable(key.data, 0)
+        notifier.on_writable(key.data, 0)
     sel.close()
     conn, _ = srv.accept()
     with conn, srv:
@@ -128,7 +127,7 @@ def test_the_schema_accepts_every_request_sent_today(tmp_path: Path) -> None:
 
 
 def test_every_daemon_op_has_a_schema_and_every_schema_an_op() -> None:
-    handlers = {n.removeprefix("op_") for n, _ in inspect.getmembers(Daemon, inspect.isfunction)
+    handlers = {n.removeprefix("op_") for n, _ in inspect.getmembers(Operations, inspect.isfunction)
                 if n.startswith("op_")}
     assert handlers == set(OPS)
 
@@ -179,35 +178,20 @@ def test_a_response_of_the_wrong_shape_is_an_error() -> None:
 # -- the client against mrcd's real request path (Daemon._request) on a stub daemon
 
 
-@pytest.fixture
-def daemon() -> Any:
-    d: Any = Daemon.__new__(Daemon)
-    d.rejected = {}
-    d.ctx = Context(GA)
-    d.host = "h0"
-    d.gid = GA
-    d.evs = 4
-    d.tb = SimpleNamespace(name="tb")
-    d.topo = SimpleNamespace(planes=2, host_names=lambda: ["h0", "h2"], link=SimpleNamespace(rate_bps=10**8))
-    d.qp_peer = {}
-    d.pinned_qps = set()
-    d.mrs = {}
-    return d
-
-
-@pytest.fixture
-def served(daemon: Any, tmp_path: Path) -> Iterator[Path]:
-    """mrcd's control socket for one connection: greeting, then every line through Daemon._request."""
+def _serve(ops: Operations, tmp_path: Path) -> Iterator[tuple[Path, ControlServer]]:
+    """mrcd's control server for one connection on a real AF_UNIX socket: greeting, then every line
+    through `ControlServer.request`."""
     path = tmp_path / "h0.sock"
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(str(path))
     srv.listen(1)
+    server = ControlServer(selectors.DefaultSelector(), ops)
 
     def serve() -> None:
         conn, _ = srv.accept()
         with conn:
             c = Client(conn, 0)
-            daemon._push(c, {"id": 0, "ok": {"mrcd": "test", "host": "h0", "protocol": PROTOCOL_VERSION}})
+            push(c, {"id": 0, "ok": ops.greeting()})
             buf = b""
             while True:
                 conn.sendall(bytes(c.wbuf))
@@ -218,24 +202,32 @@ def served(daemon: Any, tmp_path: Path) -> Iterator[Path]:
                 buf += data
                 while b"\n" in buf:
                     line, buf = buf.split(b"\n", 1)
-                    daemon._request(c, line)
+                    server.request(c, line)
 
     t = threading.Thread(target=serve, daemon=True)
     t.start()
-    yield path
+    yield path, server
     srv.close()
     t.join(5)
 
 
-def test_a_handler_bug_reaches_the_client_as_internal_and_mrcd_answers_the_next(
-    daemon: Any, served: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    def bug(c: Client, req: dict[str, Any]) -> Any:
+@pytest.fixture
+def served(mrcd_ops: Operations, tmp_path: Path) -> Iterator[tuple[Path, ControlServer]]:
+    yield from _serve(mrcd_ops, tmp_path)
+
+
+class _BuggyOps(Operations):
+    def op_qp_stats(self, c: Client, req: dict[str, Any]) -> Any:
         empty: dict[str, int] = {}
         return empty["qpn"]  # a KeyError inside the handler: mrcd's bug, not a bad request
 
-    daemon.op_qp_stats = bug
-    with MrcClient(served, timeout=5.0) as c:
+
+def test_a_handler_bug_reaches_the_client_as_internal_and_mrcd_answers_the_next(
+    make_ops: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gen = _serve(make_ops(_BuggyOps), tmp_path)
+    path, server = next(gen)
+    with MrcClient(path, timeout=5.0) as c:
         assert c.info["protocol"] == PROTOCOL_VERSION
         with pytest.raises(ProtocolError, match=r"^internal error in op qp_stats") as e:
             c.call("qp_stats", qpn=1)
@@ -244,12 +236,14 @@ def test_a_handler_bug_reaches_the_client_as_internal_and_mrcd_answers_the_next(
         with pytest.raises(ProtocolError, match="no QP 7") as e:
             c.call("connect", qpn=7, peer_qpn=1)
         assert e.value.kind is ErrorKind.REFUSED
-    assert daemon.rejected == {"internal": 1, "invalid": 1}
+    assert server.rejected == {"internal": 1, "invalid": 1}
     assert "KeyError: 'qpn'" in capsys.readouterr().err
+    next(gen, None)
 
 
-def test_mrcd_refuses_a_client_of_another_major_version(daemon: Any, served: Path) -> None:
-    with MrcClient(served, timeout=5.0) as c:
+def test_mrcd_refuses_a_client_of_another_major_version(served: tuple[Path, ControlServer]) -> None:
+    path, server = served
+    with MrcClient(path, timeout=5.0) as c:
         assert c.call("hello", protocol="1.7")["host"] == "h0"  # a newer minor is fine
         with pytest.raises(ProtocolError, match=r"protocol version mismatch: the client speaks 2\.0 "
                                                 r"\(newer major\), this side speaks 1\.0: upgrade mrcd") as e:
@@ -259,7 +253,7 @@ def test_mrcd_refuses_a_client_of_another_major_version(daemon: Any, served: Pat
             c.call("hello", protocol="two")
         assert e.value.kind is ErrorKind.BAD_REQUEST
         assert c.call("qp_show") == []
-    assert daemon.rejected == {"version": 1, "bad_field": 1}
+    assert server.rejected == {"version": 1, "bad_field": 1}
 
 
 def test_the_client_refuses_an_mrcd_of_another_major_version(tmp_path: Path) -> None:

@@ -1,0 +1,281 @@
+"""mrcd's control socket: accept (root only), read request lines, answer each with exactly one reply, push
+work completions, and drop a client with everything it owned. Which operations exist and what they do is
+the handler's business (`Handler`: mrcd's `Operations`); this module only frames, validates and dispatches.
+
+Why separate: the framing rules (line limit, JSON without NaN, the shared schema of
+`mrc.dataplane.protocol`, refused vs internal errors) are the same for every operation and are tested on
+their own, with a small handler, without an engine.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import json
+import mmap
+import os
+import selectors
+import socket
+import struct
+import sys
+import traceback
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Final, Protocol
+
+from mrc.dataplane.protocol import ErrorKind, ProtocolError, validate_request
+from mrc.errors import MrcError
+from mrc.transport import MemoryRegion
+
+SO_PEERCRED_FMT: Final = "3i"
+#: The longest control-socket request line; a longer one is answered with an error and skipped.
+MAX_REQUEST_BYTES: Final = 1 << 16
+#: How long a dropped client's unsent replies may take to go out before its socket is closed.
+DROP_FLUSH_S: Final = 1.0
+
+
+class RequestRejected(ProtocolError):
+    """A control-socket line that is not a request at all (too long, not JSON, not an object, no string
+    `op`): always `bad_request` to the client; `reason` keys the rejection counter."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(ErrorKind.BAD_REQUEST, reason, message)
+
+
+def _no_constants(name: str) -> Any:
+    raise RequestRejected("bad_json", f"bad request: {name} is not a JSON number")
+
+
+def parse_request(line: bytes) -> dict[str, Any]:
+    """One request line -> its object, or RequestRejected: JSON (no NaN/Infinity, nesting within the
+    parser's limits), an object, with a string `op`."""
+    if len(line) > MAX_REQUEST_BYTES:
+        raise RequestRejected("too_long", f"bad request: longer than {MAX_REQUEST_BYTES} bytes")
+    try:
+        req = json.loads(line, parse_constant=_no_constants)
+    except RecursionError:
+        raise RequestRejected("bad_json", "bad request: nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise RequestRejected("bad_json", f"bad request: not JSON ({e})") from None
+    if not isinstance(req, dict):
+        raise RequestRejected("not_object", "bad request: a request is a JSON object")
+    if not isinstance(req.get("op"), str):
+        raise RequestRejected("bad_op", "bad request: 'op' must be a string")
+    return req
+
+
+@dataclass
+class Client:
+    """One control-socket connection and what it owns (its QPs and memory regions go when it goes)."""
+
+    sock: socket.socket
+    uid: int
+    rbuf: bytearray = field(default_factory=bytearray)
+    fds: deque[int] = field(default_factory=deque)  # SCM_RIGHTS fds not consumed yet (reg_mr)
+    qps: set[int] = field(default_factory=set)
+    mrs: dict[int, tuple[MemoryRegion, mmap.mmap]] = field(default_factory=dict)
+    wbuf: bytearray = field(default_factory=bytearray)
+    skipping: bool = False  # discarding the rest of an over-long line
+
+
+Operation = Callable[[Client, dict[str, Any]], Any]
+
+
+class Handler(Protocol):
+    def greeting(self) -> dict[str, Any]:
+        """The first line's `ok` document (who answers, which protocol)."""
+
+    def operation(self, op: str) -> Operation:
+        """The handler of a validated `op` (the schema guarantees it exists)."""
+
+    def client_gone(self, c: Client) -> None:
+        """Release what the client owned (its QPs, memory regions)."""
+
+
+def push(c: Client, doc: dict[str, Any]) -> None:
+    """Queue one line for the client (sent by `ControlServer.flush`)."""
+    c.wbuf += (json.dumps(doc, separators=(",", ":")) + "\n").encode()
+
+
+class ControlServer:
+    """The listening socket and its clients, in the daemon's selector (`listen` registers the socket with
+    this server as its key data, each client with its `Client`)."""
+
+    def __init__(self, sel: selectors.BaseSelector, handler: Handler, *, log: IO[str] | None = None) -> None:
+        self.sel = sel
+        self.handler = handler
+        self.log = log
+        self.sock: socket.socket | None = None
+        self.path: Path | None = None
+        self.clients: dict[int, Client] = {}
+        self.rejected: dict[str, int] = {}  # requests refused, by reason (mrc_control_rejected_total)
+
+    def listen(self, path: Path) -> None:
+        """Bind `path` (mode 0600 from the start: root only) and listen without blocking."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            srv.bind(str(path))
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o600)
+        srv.listen(64)
+        srv.setblocking(False)
+        self.sock, self.path = srv, path
+        self.sel.register(srv, selectors.EVENT_READ, self)
+
+    def close(self) -> None:
+        for c in list(self.clients.values()):
+            self.drop(c)
+        if self.sock is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self.sel.unregister(self.sock)
+            self.sock.close()
+            self.sock = None
+            if self.path is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    self.path.unlink()
+
+    def accept(self) -> None:
+        assert self.sock is not None
+        try:
+            conn, _ = self.sock.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize(SO_PEERCRED_FMT))
+        _pid, uid, _gid = struct.unpack(SO_PEERCRED_FMT, cred)
+        if uid != 0:
+            with contextlib.suppress(OSError):
+                conn.sendall((json.dumps({"id": 0, "error": f"permission denied: the MRC control socket is "
+                                          f"root-only (uid {uid})"}) + "\n").encode())
+            conn.close()
+            return
+        conn.setblocking(False)
+        self.attach(conn, uid)
+
+    def attach(self, conn: socket.socket, uid: int) -> Client:
+        """Serve an accepted, non-blocking connection: greet it and watch it."""
+        c = Client(conn, uid)
+        self.clients[conn.fileno()] = c
+        self.sel.register(conn, selectors.EVENT_READ, c)
+        push(c, {"id": 0, "ok": self.handler.greeting()})
+        return c
+
+    def on_io(self, c: Client, mask: int) -> None:
+        if mask & selectors.EVENT_READ:
+            try:
+                data, anc, _f, _a = c.sock.recvmsg(1 << 20, socket.CMSG_SPACE(16 * 4))
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data = b""
+                anc = []
+            for level, kind, value in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    a = array.array("i")
+                    a.frombytes(value[: len(value) - len(value) % a.itemsize])
+                    c.fds.extend(a)
+            if not data:
+                self.drop(c)
+                return
+            self.feed(c, data)
+
+    def feed(self, c: Client, data: bytes) -> None:
+        """Bytes read from `c`: answer every complete line; an over-long line is refused once and its
+        tail skipped."""
+        c.rbuf += data
+        while True:
+            i = c.rbuf.find(b"\n")
+            if i < 0:
+                if len(c.rbuf) > MAX_REQUEST_BYTES and not c.skipping:
+                    self.reject(c, None, RequestRejected(
+                        "too_long", f"bad request: longer than {MAX_REQUEST_BYTES} bytes"))
+                    c.skipping = True
+                if c.skipping:
+                    c.rbuf.clear()
+                break
+            line = bytes(c.rbuf[:i])
+            del c.rbuf[: i + 1]
+            if c.skipping:  # the tail of a line already refused
+                c.skipping = False
+                continue
+            self.request(c, line)
+            if c.sock.fileno() < 0:
+                return
+
+    def flush(self) -> None:
+        """Send what every client has queued, as far as its socket takes it now."""
+        for c in list(self.clients.values()):
+            if c.wbuf:
+                self._flush_client(c)
+
+    def _flush_client(self, c: Client) -> None:
+        try:
+            n = c.sock.send(c.wbuf)
+            del c.wbuf[:n]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            # the peer stopped reading (e.g. a one-line link_status sender): what it sent is still read
+            # and handled; the read side sees its EOF and drops it
+            c.wbuf.clear()
+
+    def drop(self, c: Client) -> None:
+        if c.sock.fileno() >= 0:
+            with contextlib.suppress(Exception):
+                self.sel.unregister(c.sock)
+            self.clients.pop(c.sock.fileno(), None)
+            with contextlib.suppress(OSError):
+                c.sock.setblocking(True)
+                c.sock.settimeout(DROP_FLUSH_S)
+                if c.wbuf:
+                    c.sock.sendall(c.wbuf)
+            c.sock.close()
+        self.handler.client_gone(c)
+        while c.fds:
+            with contextlib.suppress(OSError):
+                os.close(c.fds.popleft())
+
+    def reject(self, c: Client, rid: Any, e: ProtocolError) -> None:
+        self.rejected[e.reason] = self.rejected.get(e.reason, 0) + 1
+        push(c, {"id": rid, "error": str(e), "kind": str(e.kind)})
+
+    def request(self, c: Client, line: bytes) -> None:
+        """Answer one request line with exactly one reply; nothing a client sends ends the loop.
+
+        The request is checked against the shared schema (`mrc.dataplane.protocol`) before dispatch, so
+        that whatever the handler raises afterwards is either its refusal (MrcError / ValueError:
+        `refused`) or a bug (anything else: `internal`, logged) -- never the client's bad request."""
+        try:
+            req = parse_request(line)
+        except RequestRejected as e:
+            self.reject(c, None, e)
+            return
+        rid = req.get("id")
+        if not isinstance(rid, (int, str)) or isinstance(rid, bool):
+            rid = None
+        op = req["op"]
+        try:
+            validate_request(req)
+        except ProtocolError as e:
+            self.reject(c, rid, e)
+            return
+        fn = self.handler.operation(op)
+        try:
+            res = fn(c, req)
+        except ProtocolError as e:  # a handler's own protocol check (hello's version)
+            self.reject(c, rid, e)
+        except (MrcError, ValueError) as e:  # a valid request the operation declines
+            self.reject(c, rid, ProtocolError(ErrorKind.REFUSED, "invalid", str(e)))
+        except Exception as e:  # a handler bug: one error reply, logged, the loop goes on
+            print(f"mrcd: internal error in op {op}: {type(e).__name__}: {e}\n{traceback.format_exc()}",
+                  file=self.log or sys.stderr, end="")
+            self.reject(c, rid, ProtocolError(ErrorKind.INTERNAL, "internal",
+                                              f"internal error in op {op} (mrcd logged it)"))
+        else:
+            push(c, {"id": rid, "ok": res})

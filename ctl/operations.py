@@ -1,0 +1,253 @@
+"""mrcd's control-socket operations: the `op_*` handlers of the protocol's ops (`mrc.dataplane.protocol.OPS`,
+docs/daemon.md "Control protocol") over the host's `HostEngine`, plus what belongs to clients: which
+client owns which QP (its work completions are pushed to it) and the memory regions it registered.
+
+The `ControlServer` frames, validates and dispatches; a handler here may assume a request that passed the
+schema, raises MrcError / ValueError to refuse it, and anything else is a bug (`internal`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import mmap
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from mrc import __version__ as mrc_version
+from mrc.dataplane.protocol import PROTOCOL_VERSION, check_version
+from mrc.errors import MrcError
+from mrc.transport import EvState, MemoryRegion, QueuePair, WorkCompletion
+
+from .control_server import Client, Operation, push
+from .controller import Action, link_name
+from .host_engine import HostEngine
+
+
+def _no_io_stats() -> dict[str, Any]:
+    return {}
+
+
+class Operations:
+    """The `Handler` of mrcd's `ControlServer`."""
+
+    def __init__(self, engine: HostEngine, *, site: str, port_ifname: list[str], link_rate_bps: int,
+                 io_stats: Callable[[], dict[str, Any]] = _no_io_stats) -> None:
+        self.e = engine
+        self.site = site  # the testbed's name, or the host configuration file's
+        self.port_ifname = port_ifname
+        self.link_rate_bps = link_rate_bps
+        self.io_stats = io_stats  # driver, peer notes and dataplane counters, for op_stats
+        self.qp_owner: dict[int, Client] = {}
+        self.mrs: dict[int, MemoryRegion] = {}
+        self._next_mr = 1
+
+    # -- Handler
+    def greeting(self) -> dict[str, Any]:
+        return {"mrcd": mrc_version, "host": self.e.host, "protocol": PROTOCOL_VERSION}
+
+    def operation(self, op: str) -> Operation:
+        fn: Operation = getattr(self, f"op_{op}")
+        return fn
+
+    def client_gone(self, c: Client) -> None:
+        for q in list(c.qps):
+            self._destroy_qp(q)
+        c.qps.clear()
+        for h, (mr, mm) in list(c.mrs.items()):
+            self.e.ctx.dereg_mr(mr)
+            self.mrs.pop(h, None)
+            with contextlib.suppress(BufferError):
+                mm.close()
+        c.mrs.clear()
+
+    def deliver_wcs(self) -> None:
+        """Push every completion of the host's CQ to the client that owns its QP."""
+        for wc in self.e.cq.poll(1 << 16):
+            owner = self.qp_owner.get(wc.qp_num)
+            if owner is not None:
+                push(owner, wc_doc(wc))
+
+    # -- operations: applications
+    def op_hello(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
+        """mrcd's identity and protocol version; a client whose protocol major differs is refused here,
+        with the versions in the message, rather than failing later on a field it reads differently."""
+        if req.get("protocol") is not None:
+            check_version(req["protocol"], side="client")
+        return {"protocol": PROTOCOL_VERSION, "host": self.e.host, "testbed": self.site,
+                "gid": str(ipaddress.IPv6Address(self.e.gid)),
+                "planes": self.e.planes, "evs": self.e.evs, "pid": os.getpid(), "version": mrc_version,
+                "peers": self.e.peer_names(), "link_rate_bps": self.link_rate_bps}
+
+    def op_reg_mr(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
+        if not c.fds:
+            raise MrcError("reg_mr: no file descriptor came with the request")
+        fd = c.fds.popleft()
+        try:
+            length = int(req["length"])
+            mm = mmap.mmap(fd, length)
+        finally:
+            os.close(fd)
+        mr = self.e.ctx.reg_mr(mm)
+        h = self._next_mr
+        self._next_mr += 1
+        self.mrs[h] = mr
+        c.mrs[h] = (mr, mm)
+        return {"handle": h, "rkey": mr.rkey, "addr": mr.addr, "length": length}
+
+    def op_create_qp(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
+        peer = str(req["peer"])
+        evs, planes = req.get("evs"), req.get("planes")
+        qp = self.e.create_qp(peer, evs=None if evs is None else int(evs),
+                              planes=None if planes is None else [int(p) for p in planes],
+                              null_cc=req.get("cc") == "null")
+        self.qp_owner[qp.qpn] = c
+        c.qps.add(qp.qpn)
+        return {"qpn": qp.qpn, "peer_gid": str(ipaddress.IPv6Address(self.e.peers[peer].gid))}
+
+    def _qp(self, c: Client | None, req: dict[str, Any]) -> QueuePair:
+        qpn = int(req["qpn"])
+        qp = self.e.ctx.qps.get(qpn)
+        if qp is None or (c is not None and qpn not in c.qps):
+            raise MrcError(f"no QP {qpn} of this client")
+        return qp
+
+    def op_connect(self, c: Client, req: dict[str, Any]) -> None:
+        qp = self._qp(c, req)
+        qp.connect(self.e.peers[self.e.qp_peer[qp.qpn]].gid, int(req["peer_qpn"]))
+
+    def op_destroy_qp(self, c: Client, req: dict[str, Any]) -> None:
+        qp = self._qp(c, req)
+        c.qps.discard(qp.qpn)
+        self._destroy_qp(qp.qpn)
+
+    def _destroy_qp(self, qpn: int) -> None:
+        self.e.destroy_qp(qpn)
+        self.qp_owner.pop(qpn, None)
+
+    def op_post_send(self, c: Client, req: dict[str, Any]) -> None:
+        qp = self._qp(c, req)
+        h = int(req["mr"])
+        if h not in c.mrs:
+            raise MrcError(f"no memory region {h} of this client")
+        imm = req.get("imm")
+        qp.post_send(int(req["wr_id"]), c.mrs[h][0], int(req["offset"]), int(req["length"]),
+                     int(req["remote_addr"]), int(req["rkey"]), imm=None if imm is None else int(imm))
+
+    def op_post_recv(self, c: Client, req: dict[str, Any]) -> None:
+        self._qp(c, req).post_recv(int(req["wr_id"]))
+
+    # -- operations: operator
+    def op_qp_stats(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
+        qp = self._qp(None, req)
+        return {"qpn": qp.qpn, "peer": self.e.qp_peer.get(qp.qpn), "time_ns": time.monotonic_ns(),
+                **qp.stats()}
+
+    def op_qp_show(self, c: Client, req: dict[str, Any]) -> list[dict[str, Any]]:
+        out = []
+        for qpn, qp in sorted(self.e.ctx.qps.items()):
+            st = qp.paths.state
+            out.append({"host": self.e.host, "qpn": qpn, "peer": self.e.qp_peer.get(qpn),
+                        "state": qp.state.name,
+                        "peer_qpn": getattr(qp, "peer_qpn", None), "cwnd": qp.cc.cwnd, "srtt_ns": qp.srtt,
+                        "inflight": qp.inflight, "data_tx": qp.serial, "data_rx": qp.rx_packets,
+                        "evs": {s.name.lower(): sum(1 for x in st if x == int(s)) for s in EvState},
+                        "restricted": qpn in self.e.pinned_qps})
+        return out
+
+    def op_ev_show(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
+        want = req.get("state")
+        peers = {}
+        live = self.e.ctx.qps
+        for peer, t in sorted(self.e.peers.items()):
+            qps = [q for q, p in self.e.qp_peer.items() if p == peer and q not in self.e.pinned_qps]
+            rows = []
+            for i, path in enumerate(t.paths):
+                if i in t.profile.denied:
+                    state = "DENIED"
+                else:
+                    states = {EvState(live[q].paths.state[i]).name for q in qps if q in live}
+                    state = "ASSUMED_BAD" if "ASSUMED_BAD" in states else ("GOOD" if states or not qps else
+                                                                            "UNKNOWN")
+                    if "DENIED" in states and "ASSUMED_BAD" not in states:
+                        state = "DENIED"
+                if want and state.lower() != str(want).lower():
+                    continue
+                rows.append({"ev_index": i, "port": i % self.e.planes, "plane": path.plane,
+                             "spine": path.spine, "via": "-".join(path.hops[1:-1]), "state": state})
+            peers[peer] = rows
+        return {"host": self.e.host, "peers": peers,
+                "denied_links": sorted(link_name(lk) for lk in self.e.controller.denied)}
+
+    def _indices(self, req: dict[str, Any]) -> tuple[str, list[int]]:
+        peer = str(req["peer"])
+        t = self.e.peer_table(peer)
+        idx: list[int] = []
+        if req.get("evs"):
+            idx = [int(i) for i in req["evs"]]
+        if req.get("plane") is not None:
+            idx += [i for i, p in enumerate(t.paths) if p.plane == int(req["plane"])]
+        if req.get("link"):
+            a, b = str(req["link"]).split("-", 1) if "-" in str(req["link"]) else (req["link"], "")
+            idx += t.by_link.get(frozenset((a, b)), [])
+        if not idx:
+            raise MrcError("nothing selected: give EV indices, a plane or a link A-B")
+        for i in idx:
+            if not 0 <= i < self.e.evs:
+                raise MrcError(f"EV index {i} out of range 0..{self.e.evs - 1}")
+        return peer, sorted(set(idx))
+
+    def op_ev_deny(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
+        peer, idx = self._indices(req)
+        self.e.carry_out(self.e.controller.deny_manual(peer, idx, time.monotonic_ns()))
+        return {"host": self.e.host, "peer": peer, "denied": len(idx)}
+
+    def op_ev_restore(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
+        peer, idx = self._indices(req)
+        self.e.carry_out(self.e.controller.restore_manual(peer, idx, time.monotonic_ns()))
+        return {"host": self.e.host, "peer": peer, "restored": len(idx)}
+
+    def op_port_show(self, c: Client, req: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"host": self.e.host, "port": p, "ifname": self.port_ifname[p],
+                 "enabled": self.e.ctx.port_enabled[p],
+                 "failed": p in self.e.controller.ports_down} for p in range(self.e.planes)]
+
+    def op_port_set(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
+        p = int(req["port"])
+        if not 0 <= p < self.e.planes:
+            raise MrcError(f"no port {p} (ports 0..{self.e.planes - 1})")
+        enabled = bool(req["enabled"])
+        self.e.ctx.modify_port(p, enabled, time.monotonic_ns())
+        self.e.controller.act(Action(time.monotonic_ns(), "port_up" if enabled else "port_down",
+                                   self.port_ifname[p], 0, "operator"))
+        return {"host": self.e.host, "port": p, "enabled": enabled}
+
+    def op_link_status(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
+        a, b = (str(x) for x in req["link"])
+        state = str(req["state"])
+        if state not in ("down", "up"):
+            raise MrcError(f"link_status: state must be down or up, got {state!r}")
+        res, effects = self.e.controller.on_link_status(frozenset((a, b)), state, str(req.get("from", "?")),
+                                                      time.monotonic_ns())
+        self.e.carry_out(effects)
+        return {"host": self.e.host, "result": res}
+
+    def op_actions(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
+        since = int(req.get("since_ns", 0))
+        return {"actions": [a.to_dict() for a in self.e.controller.log if a.time_ns >= since],
+                "events": [e for e in self.e.controller.events if e["time_ns"] >= since]}
+
+    def op_stats(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
+        ctl = self.e.controller
+        return {"host": self.e.host, "engine_drops": dict(self.e.ctx.drops), "qps": len(self.e.ctx.qps),
+                "controller": dict(ctl.counts), "ev_events": dict(ctl.event_counts),
+                "probe_results": dict(ctl.probe_stats),
+                "denied_links": sorted(link_name(lk) for lk in ctl.denied), **self.io_stats()}
+
+
+def wc_doc(wc: WorkCompletion) -> dict[str, Any]:
+    return {"push": "wc", "qpn": wc.qp_num, "wr_id": wc.wr_id, "status": wc.status.name,
+            "opcode": wc.opcode.name, "byte_len": wc.byte_len, "imm": wc.imm_data,
+            "time_ns": time.monotonic_ns()}
