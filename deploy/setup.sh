@@ -19,7 +19,10 @@ SYSPY=/usr/bin/python3
 #   iperf3               kernel TCP baseline in benchmarks
 #   prometheus           metrics scrape and rule checks (promtool)
 #   python3-venv         the virtualenv module for the system Python
-APT_PKGS=(python3-bpfcc python3-venv linux-headers-amd64 bpftool iproute2 ethtool tcpdump tshark iperf3 prometheus)
+#   systemd              systemd-analyze: the unit's verify and security tests (absent from minimal images
+#                        and containers; installing it starts nothing there)
+APT_PKGS=(python3-bpfcc python3-venv linux-headers-amd64 bpftool iproute2 ethtool tcpdump tshark iperf3 prometheus
+          systemd)
 
 say() { printf 'setup: %s\n' "$*"; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }

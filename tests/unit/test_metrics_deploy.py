@@ -3,7 +3,8 @@ metric and label value the Grafana dashboard and the alert rules reference is on
 dashboard is structurally sound (ids, layout, data source, one unit per panel) and its install script
 puts the provisioning where it says; every alert has a description and a runbook section and is tested
 by `promtool test rules` (firing and not firing); Prometheus' own checker accepts the scrape config and the
-rules; the systemd unit detaches on stop. The exporter itself: test_metrics_exporter.py.
+rules. The exporter itself: test_metrics_exporter.py; the systemd unit and deploy/install.sh:
+test_systemd_unit.py.
 
 The YAML files are read with regular expressions (PyYAML is no dependency of mrc): their layout is the
 one written here, and promtool parses them for real."""
@@ -236,10 +237,3 @@ def test_grafana_install_script_puts_the_provisioning_in_place(tmp_path: Path) -
     bad = subprocess.run(["sh", str(GRAFANA / "install.sh"), "--provisioning", str(prov), "--dashboards",
                           "relative/dir"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "absolute" in bad.stderr
-
-
-def test_systemd_unit_detaches_on_stop() -> None:
-    unit = (DEPLOY / "systemd" / "mrcd.service").read_text()
-    assert "ExecStopPost=/usr/bin/mrcctl prog detach --all" in unit
-    assert "After=network-online.target" in unit and "Wants=network-online.target" in unit
-    assert "CAP_BPF" in unit and "CAP_NET_ADMIN" in unit and "Type=simple" in unit
