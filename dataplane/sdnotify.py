@@ -7,9 +7,10 @@ systemd also passes ``$WATCHDOG_USEC`` (and ``$WATCHDOG_PID``, the process it is
 ``WATCHDOG=1`` at least that often.
 
 Every function here is a no-op returning False when the service was not started by systemd
-(``$NOTIFY_SOCKET`` unset), and none of them ever raises because of the socket: a daemon must not die
-because the notify socket went away (systemd restarted, the socket file removed, the queue full). They
-return True when the datagram was handed to the kernel.
+(``$NOTIFY_SOCKET`` unset) or when called in a child forked (without exec) from the service, and none
+of them ever raises because of the socket: a daemon must not die because the notify socket went away
+(systemd restarted, the socket file removed, the queue full). They return True when the datagram was
+handed to the kernel.
 
     from mrc.dataplane import sdnotify
     sdnotify.ready("serving /run/mrc/h0.sock")     # READY=1 + STATUS=...
@@ -28,6 +29,19 @@ from collections.abc import Callable
 from typing import Final
 
 SEND_TIMEOUT_S: Final = 0.25  # a full receive queue must not stall the caller's loop for long
+
+# A child forked without exec (pyroute2's namespace helpers, multiprocessing) inherits the parent's
+# signal handlers and would send the parent's STOPPING=1 when it is terminated: it never speaks.
+# (systemd's NotifyAccess=main refuses it anyway, with a warning in the journal each time.)
+_forked_child = False
+
+
+def _after_fork_in_child() -> None:
+    global _forked_child
+    _forked_child = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _address(raw: str) -> str | bytes | None:
@@ -48,9 +62,10 @@ def _one_line(text: str) -> str:
 
 def notify(state: str) -> bool:
     """Send `state` (newline-separated ``KEY=VALUE`` assignments, sent as they are) to ``$NOTIFY_SOCKET``.
-    False, with nothing sent, when it is unset or unusable; False when the send fails; never raises."""
+    False, with nothing sent, when it is unset or unusable, or in a forked child of the process that
+    imported this module; False when the send fails; never raises."""
     raw = os.environ.get("NOTIFY_SOCKET")
-    if not raw:
+    if not raw or _forked_child:
         return False
     addr = _address(raw)
     if addr is None:

@@ -71,6 +71,20 @@ def test_abstract_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
         sk.close()
 
 
+def test_forked_child_never_notifies(notify_sock: socket.socket) -> None:
+    """A child forked without exec inherited the parent's handlers: its ready()/stopping() are no-ops."""
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only when every call was refused
+        try:
+            os._exit(0 if not (sdnotify.stopping() or sdnotify.ready() or sdnotify.watchdog()) else 1)
+        finally:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert _nothing_queued(notify_sock)
+    assert sdnotify.ready() is True  # the parent still speaks
+
+
 def test_unset_sends_nothing(notify_sock: socket.socket, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NOTIFY_SOCKET")
     assert sdnotify.notify("READY=1") is False
