@@ -1,18 +1,50 @@
-"""mrcctl's side of the control socket: find the testbed's mrcds and ask them (docs/daemon.md)."""
+"""mrcctl's side of the control socket: find the mrcds meant and ask them (docs/daemon.md).
+
+On a testbed, every host's mrcd (``--name``, ``--host``). On a real host, the one local mrcd started from
+its configuration file: the socket in ``$MRC_SOCKET``, else the default ``/run/mrc/mrcd.sock`` when no
+testbed is up; its host is the name it gives (`LOCAL` stands for the testbed name then)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from pathlib import Path
+from typing import Any, Final
 
 from mrc.dataplane import testbed as tbmod
 from mrc.dataplane.client import MrcClient, socket_path
 from mrc.errors import MrcError
+from mrc.hostconfig import DEFAULT_SOCKET
+
+#: The "testbed" of a local mrcd on a real host.
+LOCAL: Final = ""
+
+
+def local_socket(name: str | None = None) -> Path | None:
+    """The local mrcd's socket when mrcctl should talk to it: $MRC_SOCKET, or (no testbed named and none
+    up) the default socket when it exists."""
+    env = os.environ.get("MRC_SOCKET")
+    if env:
+        return Path(env)
+    if name is None and not tbmod.names() and Path(DEFAULT_SOCKET).exists():
+        return Path(DEFAULT_SOCKET)
+    return None
 
 
 def hosts(name: str | None, host: str | None) -> tuple[str, list[str]]:
-    """The testbed meant and the hosts to ask: `host`, or every host whose mrcd socket exists."""
+    """The testbed meant and the hosts to ask: `host`, or every host whose mrcd socket exists (a real
+    host: the local mrcd's own host)."""
+    sock = local_socket(name)
+    if sock is not None:
+        with MrcClient(sock, timeout=10.0) as c:
+            me = str(c.info["host"])
+        if host is not None and host != me:
+            raise MrcError(f"{sock}: this mrcd serves host {me}, not {host}")
+        return LOCAL, [me]
+    if name is None and not tbmod.names():
+        raise MrcError(f"no testbed is up and no local mrcd ({DEFAULT_SOCKET} absent, $MRC_SOCKET unset): "
+                       "start mrcd (mrcd --config FILE) or bring a testbed up (mrcctl testbed up)")
     tb = tbmod.Testbed.load(tbmod.resolve_name(name))
     names = tb.topo.host_names()
     if host is not None:
@@ -27,7 +59,11 @@ def hosts(name: str | None, host: str | None) -> tuple[str, list[str]]:
 
 @contextmanager
 def client(name: str, host: str) -> Iterator[MrcClient]:
-    c = MrcClient.for_host(tbmod.Testbed.load(name).ns(host), timeout=10.0)
+    sock = local_socket() if name == LOCAL else None
+    if name == LOCAL and sock is None:
+        raise MrcError("no local mrcd socket ($MRC_SOCKET or /run/mrc/mrcd.sock)")
+    c = MrcClient(sock, timeout=10.0) if sock is not None else MrcClient.for_host(
+        tbmod.Testbed.load(name).ns(host), timeout=10.0)
     try:
         yield c
     finally:

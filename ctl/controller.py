@@ -11,6 +11,7 @@ keep equal to the engine's (it is the only writer of both)."""
 
 from __future__ import annotations
 
+import ipaddress
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -168,6 +169,51 @@ class _Qp:
     pinned: bool  # a restricted QP (its own profile): left alone
 
 
+class FabricView(Protocol):
+    """What the controller (and mrcd's `HostEngine`) know of the fabric from one host: a testbed's
+    topology (`TopologyView`) or a host configuration file's peers and paths (ctl/site.py)."""
+
+    host: str
+    planes: int
+
+    def peer_names(self) -> list[str]:
+        """Every other host this one has paths to."""
+
+    def plane_paths(self, peer: str, plane: int) -> list[TopoPath]:
+        """The paths toward `peer` on `plane`, in EV order (the first is EV `plane`'s)."""
+
+    def access_link(self, plane: int) -> Link:
+        """This host's own link on `plane` (to its leaf, or back to back the wire)."""
+
+    def address(self, host: str) -> ipaddress.IPv6Address:
+        """The MRC address of `host` (this one or a peer)."""
+
+
+class TopologyView:
+    """A testbed topology seen from `host`."""
+
+    def __init__(self, topo: Topology, host: str) -> None:
+        self.topo = topo
+        self.host = host
+        self.planes = topo.planes
+
+    def peer_names(self) -> list[str]:
+        return [h for h in self.topo.host_names() if h != self.host]
+
+    def plane_paths(self, peer: str, plane: int) -> list[TopoPath]:
+        return sorted(self.topo.paths(self.host, peer, plane=plane), key=lambda x: x.spine or 0)
+
+    def access_link(self, plane: int) -> Link:
+        return frozenset((self.host, self.topo.leaf_name(plane, self.topo.host_leaf(self.host))))
+
+    def address(self, host: str) -> ipaddress.IPv6Address:
+        return self.topo.mrc_address(host)
+
+
+def fabric_view(fabric: Topology | FabricView, host: str) -> FabricView:
+    return TopologyView(fabric, host) if isinstance(fabric, Topology) else fabric
+
+
 class Controller:
     """Failure localisation from EV events (docs/daemon.md, "Controller"): a link all (>= `share`) of
     whose EVs on QPs that carry traffic are ASSUMED_BAD, with at least `min_bad` of them, while at most
@@ -176,9 +222,10 @@ class Controller:
     through it is DENIED; one EV through it is probed every `RESTORE_PROBE_NS`; a probe that comes back
     GOOD restores the link."""
 
-    def __init__(self, topo: Topology, host: str, evs: int, *, share: float = 0.75, min_bad: int = 2,
-                 quiet: float = 0.2) -> None:
-        self.topo = topo
+    def __init__(self, fabric: Topology | FabricView, host: str, evs: int, *, share: float = 0.75,
+                 min_bad: int = 2, quiet: float = 0.2) -> None:
+        self.fabric = fabric_view(fabric, host)
+        self.planes = self.fabric.planes
         self.host = host
         self.evs = evs
         self.share = share
@@ -219,22 +266,20 @@ class Controller:
         """The plane of `lk` when it is one of our own access links, else None."""
         if self.host not in lk:
             return None
-        other = next(iter(lk - {self.host}))
-        for p in range(self.topo.planes):
-            if self.topo.leaf_name(p, self.topo.host_leaf(self.host)) == other:
+        for p in range(self.planes):
+            if self.fabric.access_link(p) == lk:
                 return p
         return None
 
     def access_link(self, plane: int) -> Link:
-        return frozenset((self.host, self.topo.leaf_name(plane, self.topo.host_leaf(self.host))))
+        return self.fabric.access_link(plane)
 
     def add_peer(self, peer: str) -> list[Effect]:
         """The path table toward `peer`: EV index i is plane ``i mod planes``, ``(i div planes)``-th path
         of that plane (by spine). Effects: every EV's path, then the DENY of the EVs that a port already
         down or a link already denied covers."""
-        planes = self.topo.planes
-        by_plane = [sorted(self.topo.paths(self.host, peer, plane=p), key=lambda x: x.spine or 0)
-                    for p in range(planes)]
+        planes = self.planes
+        by_plane = [self.fabric.plane_paths(peer, p) for p in range(planes)]
         paths = [by_plane[i % planes][(i // planes) % len(by_plane[i % planes])] for i in range(self.evs)]
         r = Routes(peer, list(paths), list(paths))
         r.reindex()
@@ -358,8 +403,8 @@ class Controller:
         # only QPs that carry traffic: an idle QP's EVs never go bad, and counting them made a failed
         # link's share (and the other EVs' share) depend on how many idle QPs the host holds
         active = {q: x.peer for q, x in self.qps.items() if not x.pinned and self.busy(q, now)}
-        hosts = set(self.topo.host_names()) - {self.host}
-        planes = self.topo.planes
+        hosts = set(self.fabric.peer_names())
+        planes = self.planes
         candidates: set[Link] = set()
         for q, i in self.bad:
             peer = active.get(q)
@@ -498,7 +543,7 @@ class Controller:
             keep = idx[:1]
             for n_alt, i in enumerate(idx[1:]):
                 plane = t.paths[i].plane
-                alts = [p for p in self.topo.paths(self.host, peer, plane=plane)
+                alts = [p for p in self.fabric.plane_paths(peer, plane)
                         if not any(p.crosses(*tuple(x)) for x in self.denied)]
                 if not alts:
                     keep.append(i)

@@ -39,22 +39,21 @@ from pathlib import Path
 from typing import Any, Final
 
 from mrc import __version__ as mrc_version
-from mrc.dataplane import netns
+from mrc import hostconfig
+from mrc.dataplane import netns, sdnotify
 from mrc.dataplane import testbed as tbmod
-from mrc.dataplane.client import socket_path
 from mrc.dataplane.driver import SocketDriver, wait
-from mrc.dataplane.fabric import FabricDataplane
 from mrc.dataplane.udp import mrc_socket
 from mrc.errors import MrcError
-from mrc.topology import Path as TopoPath
-from mrc.transport import NsccConfig, QpAttr
+from mrc.hostconfig import HostConfigError
 
 from .control_server import Client, ControlServer
 from .controller import Link
 from .host_engine import DEFAULT_EVS, HostEngine
-from .metrics import MetricsServer, StatsBoard, dataplane_attached, snapshot
+from .metrics import MetricsServer, StatsBoard, snapshot
 from .operations import Operations
 from .peer_notes import PeerNote, PeerNotifier, link_status_line
+from .site import ConfigSite, Site, TestbedSite
 
 CTRL_PERIOD_NS: Final = 2_000_000  # controller pass at most every 2 ms
 #: The loop's select timeout when nothing is due: also how stale `mrc_engine_loop_age_seconds` gets idle.
@@ -90,80 +89,43 @@ class TurnStats:
                                                                                         strict=True))}
 
 
-class FabricPaths:
-    """The `PathWriter` of one testbed host: its entries in the host programs' path and allowed-QP maps."""
-
-    def __init__(self, fd: FabricDataplane, host: str) -> None:
-        self.fd = fd
-        self.host = host
-
-    def set_path(self, peer: str, ev: int, path: TopoPath) -> None:
-        self.fd.set_path(self.host, peer, ev, path)
-
-    def delete_path(self, peer: str, ev: int) -> None:
-        with contextlib.suppress(MrcError, OSError):
-            self.fd.delete_path(self.host, peer, ev)
-
-    def allow_qp(self, qpn: int) -> None:
-        self.fd.allow_qps(self.host, [qpn])
-
-    def disallow_qp(self, qpn: int) -> None:
-        with contextlib.suppress(MrcError, OSError):
-            self.fd.disallow_qp(self.host, qpn)
-
-
 class _PortRx:
     """The ports' receive counters as the controller's lazy `port_rx[plane]`: each index is a read of
     host_ingress's per-CPU counters, done only when the controller asks (while it suspects a port)."""
 
-    def __init__(self, d: Daemon) -> None:
-        self.d = d
+    def __init__(self, site: Site) -> None:
+        self.site = site
 
     def __getitem__(self, plane: int) -> int | None:
-        return self.d.fd.port_rx_packets(self.d.host, self.d.port_ifname[plane])
+        return self.site.port_rx_packets(plane)
 
 
 class Daemon:
-    """mrcd on a testbed host: the `HostEngine` on the host's MRC socket (`SocketDriver`), the control
-    socket (`ControlServer` + `Operations`), peer notes (`PeerNotifier`), the metrics' snapshot
-    (`StatsBoard`), all in one selector loop on one thread (the metrics server's thread only waits for
-    the published snapshot and reads BPF counters)."""
+    """mrcd: the `HostEngine` on the host's MRC socket (`SocketDriver`), the control socket
+    (`ControlServer` + `Operations`), peer notes (`PeerNotifier`), the metrics' snapshot (`StatsBoard`),
+    all in one selector loop on one thread (the metrics server's thread only waits for the published
+    snapshot and reads BPF counters). Where it runs (a testbed host, or a real host from its configuration
+    file) is its `Site` (ctl/site.py)."""
 
-    def __init__(self, testbed: str, host: str, *, evs: int = DEFAULT_EVS, socket_file: Path | None = None,
-                 metrics: MetricsServer | None = None, seed: int = 0, reorder_ns: int = 2_000_000,
-                 probe_timeout_ns: int = 20_000_000) -> None:
-        self.tb = tbmod.Testbed.load(testbed)
-        self.topo = self.tb.topo
-        if host not in self.topo.host_names():
-            hosts = ", ".join(self.topo.host_names())
-            raise MrcError(f"testbed {testbed}: no host {host!r} (hosts: {hosts})")
-        if evs < self.topo.planes:
-            raise MrcError(f"--evs {evs}: need at least one EV per plane ({self.topo.planes})")
-        self.host = host
-        self.planes = self.topo.planes
-        self.ns = self.tb.ns(host)
-        self.reorder_ns = reorder_ns
-        self.probe_timeout_ns = probe_timeout_ns
-        self.socket_file = socket_file or socket_path(self.ns)
+    def __init__(self, site: Site, *, metrics: MetricsServer | None = None, seed: int = 0) -> None:
+        self.site = site
+        self.host = site.host
+        self.planes = site.fabric.planes
+        self.ns = site.ns
+        self.socket_file = site.socket_file
         self.metrics = metrics
         self.started = time.time()
         #: time.monotonic() at the end of the loop's last turn (0.0 before the first): mrc_up and
         #: mrc_engine_loop_age_seconds say how long ago the engine last ran (ctl/metrics.py)
         self.turned = 0.0
         self.stop = False
-        self.fd = FabricDataplane.open(testbed)
-        if self.fd.egress is None or self.fd.ingress is None:
-            raise MrcError(f"testbed {testbed}: host_egress/host_ingress not attached (mrcctl prog attach)")
-        self.fd.ingress.allocate_id("host", f"{self.tb.name}/{host}")
-        leaf = self.topo.host_leaf(host)
-        self.port_ifname = [self.topo.link_between(host, self.topo.leaf_name(p, leaf)).a_ifname
-                            for p in range(self.topo.planes)]
         self.sel = selectors.DefaultSelector()
         self.notifier = PeerNotifier(self.sel)
-        self.engine = HostEngine(self.topo, host, FabricPaths(self.fd, host), self.tell_peers, evs=evs,
-                                 seed=seed or os.getpid(), nscc=self._nscc(), qp_attr=self.qp_attr())
-        self.ops = Operations(self.engine, site=self.tb.name, port_ifname=self.port_ifname,
-                              link_rate_bps=self.topo.link.rate_bps, io_stats=self._io_stats)
+        self.engine = HostEngine(site.fabric, site.host, site.paths, self.tell_peers, evs=site.evs,
+                                 seed=seed or os.getpid(), nscc=site.nscc, null_cc_default=site.nscc is None,
+                                 qp_attr=site.qp_attr)
+        self.ops = Operations(self.engine, site=site.name, port_ifname=site.port_ifname,
+                              link_rate_bps=max(site.port_rate_bps), io_stats=self._io_stats)
         self.server = ControlServer(self.sel, self.ops)
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.sel.register(self._wake_fd, selectors.EVENT_READ, "wake")
@@ -172,25 +134,12 @@ class Daemon:
         self.sock: socket.socket | None = None
         self.driver: SocketDriver | None = None
 
-    def qp_attr(self) -> QpAttr:
-        """QP attributes for this testbed: an ACK timeout of 1.024 us x 2^15 = 33.6 ms, a reordering
-        tolerance of `reorder_ns` and a probe timeout of `probe_timeout_ns` (the engines run in Python
-        processes that share two CPUs: a SACK or a probe reply can be late by milliseconds without any
-        loss; docs/daemon.md)."""
-        return QpAttr(timeout=15, reorder_ns=self.reorder_ns, probe_timeout_ns=self.probe_timeout_ns)
-
-    def _nscc(self) -> NsccConfig:
-        # the testbed's fabric: per plane a link of link.rate; the host's window covers about half of the
-        # plane queues' buffers together, so the queues ECN-mark but rarely drop (docs/daemon.md)
-        buf = self.topo.link.buffer_bytes
-        return NsccConfig.for_path(500_000, self.topo.planes * buf // 3)
-
     # -- what the metrics read (ctl/metrics.py MetricsSource)
     def host_stats(self) -> dict[str, Any]:
-        return self.fd.host_stats(self.host)
+        return self.site.host_stats()
 
     def attached(self) -> dict[str, bool]:
-        return dataplane_attached(self.fd.egress, self.fd.ingress, self.tb.name, self.host)
+        return self.site.attached()
 
     def _wake(self) -> None:
         """Called from a scrape thread: make the loop's select return now."""
@@ -200,16 +149,15 @@ class Daemon:
     def _io_stats(self) -> dict[str, Any]:
         assert self.driver is not None
         return {"driver": self.driver.stats(), "peer_notes": dict(self.notifier.tally),
-                "loop": self.turn_stats.to_dict(), "dataplane": self.fd.host_stats(self.host)}
+                "loop": self.turn_stats.to_dict(), "dataplane": self.site.host_stats()}
 
     # -- lifecycle
     def start(self) -> None:
         for h in self.engine.peer_names():
             self.engine.peer_table(h)
-        self.sock = mrc_socket(self.ns, str(self.topo.mrc_address(self.host)), rcvbuf=32 << 20)
-        pmap = {self.fd.ifindex(self.host, ifn): p for p, ifn in enumerate(self.port_ifname)}
-        self.driver = SocketDriver(self.engine.ctx, self.sock, pmap,
-                                   port_rate_bps=[self.topo.link.rate_bps] * self.topo.planes)
+        self.sock = mrc_socket(self.ns, str(self.site.fabric.address(self.host)), rcvbuf=32 << 20)
+        self.driver = SocketDriver(self.engine.ctx, self.sock, self.site.ifindex_plane(),
+                                   port_rate_bps=list(self.site.port_rate_bps))
         self.sel.register(self.sock, selectors.EVENT_READ, "udp")
         self.server.listen(self.socket_file)
         if self.metrics is not None:
@@ -227,7 +175,7 @@ class Daemon:
         with contextlib.suppress(KeyError, ValueError, OSError):
             self.sel.unregister(self._wake_fd)
             os.close(self._wake_fd)
-        self.fd.close()
+        self.site.close()
 
     def tell_peers(self, lk: Link, state: str) -> None:
         """Queue, for every other host's mrcd, the line saying that fabric link `lk` failed / returned (a
@@ -236,7 +184,9 @@ class Daemon:
         msg = link_status_line(lk, state, self.host)
         now = time.monotonic_ns()
         for peer in self.engine.peer_names():
-            self.notifier.send(str(self.socket_file.parent / f"{self.tb.ns(peer)}.sock"), msg, now)
+            path = self.site.peer_socket(peer)
+            if path is not None:
+                self.notifier.send(path, msg, now)
 
     # -- main loop
     def run(self, ready: Any = None) -> None:
@@ -247,7 +197,7 @@ class Daemon:
         ctrl = engine.controller
         server = self.server
         board = self.board
-        port_rx = _PortRx(self)
+        port_rx = _PortRx(self.site)
         turns = self.turn_stats
         next_ctrl = 0
         if ready is not None:
@@ -318,67 +268,121 @@ def _positive_us(value: str) -> int:
     return n
 
 
+def _log(msg: str) -> None:
+    print(f"mrcd: {msg}", file=sys.stderr, flush=True)
+
+
+def _check_config(path: str) -> int:
+    """`mrcd --check-config FILE`: validate and print what would be installed; changes nothing, needs no
+    root."""
+    try:
+        cfg = hostconfig.load(path)
+    except HostConfigError as e:
+        print(f"mrcd: error: {e}", file=sys.stderr)
+        return e.exit_code
+    print("\n".join(hostconfig.describe(cfg)))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="mrcd",
-                                 description="MRC controller daemon for one host (docs/daemon.md).")
+                                 description="MRC controller daemon for one host (docs/daemon.md; on a real "
+                                             "host from its configuration file: docs/deploy.md).")
     ap.add_argument("-V", "--version", action="version", version=f"mrcd {mrc_version}")
+    where = ap.add_mutually_exclusive_group(required=True)
+    where.add_argument("--config", metavar="FILE", help="start from this host configuration file")
+    where.add_argument("--check-config", metavar="FILE",
+                       help="validate FILE and print what mrcd would install; change nothing")
+    where.add_argument("--host", help="the testbed host this mrcd serves (e.g. h0)")
     ap.add_argument("--testbed", default=None, help="testbed name (default: the only one up)")
-    ap.add_argument("--host", required=True, help="the host this mrcd serves (e.g. h0)")
-    ap.add_argument("--evs", type=int, default=DEFAULT_EVS, help="EVs per peer (split over the planes)")
+    ap.add_argument("--evs", type=int, default=DEFAULT_EVS, help="EVs per peer (split over the planes; "
+                    "testbed only, a configuration file has [engine] evs)")
     ap.add_argument("--reorder-us", type=_positive_us, default=2000,
-                    help="QP reordering tolerance (microseconds)")
+                    help="QP reordering tolerance (microseconds; testbed only)")
     ap.add_argument("--probe-timeout-us", type=_positive_us, default=20000,
-                    help="a path probe without reply after this long failed (microseconds)")
-    ap.add_argument("--metrics", type=_addr, default=None, metavar="ADDR:PORT", help="serve /metrics here")
-    ap.add_argument("--socket", type=Path, default=None, help="control socket (default /run/mrc/<host>.sock)")
+                    help="a path probe without reply after this long failed (microseconds; testbed only)")
+    ap.add_argument("--metrics", type=_addr, default=None, metavar="ADDR:PORT",
+                    help="serve /metrics here (default: the file's [metrics], else none)")
+    ap.add_argument("--socket", type=Path, default=None,
+                    help="control socket (default: the file's [control] socket, or /run/mrc/<host>.sock)")
     ap.add_argument("--ready-fd", type=int, default=None, help="write 'ready\\n' to this fd when serving")
     ap.add_argument("--no-netns", action="store_true",
                     help="stay in the current network namespace (default: move into the host's after "
                          "binding the metrics address here, so 'testbed down' ends mrcd with its namespace)")
     args = ap.parse_args(argv)
+    if args.check_config is not None:
+        return _check_config(args.check_config)
     if os.geteuid() != 0:
         print("mrcd: error: needs root (CAP_NET_ADMIN, CAP_BPF)", file=sys.stderr)
         return 1
     d: Daemon | None = None
+    site: Site | None = None
+    stopping = False
 
     def _stop(signum: int, _frame: Any) -> None:
+        nonlocal stopping
+        if not stopping:
+            stopping = True
+            sdnotify.stopping()
         if d is not None:
             d.stop = True
+        else:  # still setting up: end the setup (its cleanup runs on the way out)
+            raise SystemExit(1)
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGHUP, _stop)
     metrics: MetricsServer | None = None
     try:
-        name = tbmod.resolve_name(args.testbed)
-        if args.metrics is not None:
-            metrics = MetricsServer(*args.metrics)
-        if not args.no_netns:
-            netns.enter_for_exec(tbmod.Testbed.load(name).ns(args.host))
-        d = Daemon(name, args.host, evs=args.evs, socket_file=args.socket, metrics=metrics,
-                   reorder_ns=args.reorder_us * 1000, probe_timeout_ns=args.probe_timeout_us * 1000)
+        if args.config is not None:
+            cfg = hostconfig.load(args.config)
+            maddr = args.metrics or cfg.metrics
+            if maddr is not None:
+                metrics = MetricsServer(*maddr)
+            site = ConfigSite(cfg, socket_file=args.socket, log=_log)
+        else:
+            name = tbmod.resolve_name(args.testbed)
+            if args.metrics is not None:
+                metrics = MetricsServer(*args.metrics)
+            if not args.no_netns:
+                netns.enter_for_exec(tbmod.Testbed.load(name).ns(args.host))
+            site = TestbedSite(name, args.host, evs=args.evs, socket_file=args.socket,
+                               reorder_ns=args.reorder_us * 1000,
+                               probe_timeout_ns=args.probe_timeout_us * 1000)
+        d = Daemon(site, metrics=metrics)
         d.start()
+    except HostConfigError as e:
+        print(f"mrcd: error: {e}", file=sys.stderr)
+        sdnotify.status(f"error: {e}")
+        return e.exit_code
     except (MrcError, OSError) as e:
         print(f"mrcd: error: {e}", file=sys.stderr)
+        sdnotify.status(f"error: {e}")
         if d is not None:
             d.close()
-        elif metrics is not None:
-            metrics.srv.server_close()
+        else:
+            if site is not None:
+                site.close()
+            if metrics is not None:
+                metrics.srv.server_close()
         return 1
+    daemon = d
 
     def ready() -> None:
-        print(f"mrcd: {d.host} serving {d.socket_file}"
-              + (f", metrics on {args.metrics[0]}:{args.metrics[1]}" if args.metrics else ""),
-              file=sys.stderr)
+        maddr = metrics.addr if metrics is not None else None
+        _log(f"{daemon.host} serving {daemon.socket_file}"
+             + (f", metrics on {maddr[0]}:{maddr[1]}" if maddr else ""))
         if args.ready_fd is not None:
             with contextlib.suppress(OSError):
                 os.write(args.ready_fd, b"ready\n")
                 os.close(args.ready_fd)
+        sdnotify.ready(f"{daemon.host}: serving {daemon.socket_file}")
+        sdnotify.start_watchdog(lambda: daemon.turned)
 
     try:
-        d.run(ready)
+        daemon.run(ready)
     finally:
-        d.close()
+        daemon.close()
     return 0
 
 

@@ -35,6 +35,7 @@ from .controller import (
     Controller,
     Deny,
     Effect,
+    FabricView,
     Link,
     ModifyPort,
     QpSample,
@@ -42,6 +43,7 @@ from .controller import (
     SetEvState,
     SetPath,
     TellPeer,
+    fabric_view,
 )
 
 DEFAULT_EVS: Final = 64
@@ -81,34 +83,36 @@ class PeerTable:
 
 
 class HostEngine:
-    def __init__(self, topo: Topology, host: str, paths: PathWriter, tell: Callable[[Link, str], None], *,
-                 evs: int = DEFAULT_EVS, seed: int = 1, nscc: NsccConfig | None = None,
-                 qp_attr: QpAttr | None = None, cq_depth: int = 1 << 20) -> None:
-        if evs < topo.planes:
-            raise MrcError(f"--evs {evs}: need at least one EV per plane ({topo.planes})")
-        self.topo = topo
+    def __init__(self, fabric: Topology | FabricView, host: str, paths: PathWriter,
+                 tell: Callable[[Link, str], None], *, evs: int = DEFAULT_EVS, seed: int = 1,
+                 nscc: NsccConfig | None = None, null_cc_default: bool = False, qp_attr: QpAttr | None = None,
+                 cq_depth: int = 1 << 20) -> None:
+        self.fabric = fabric_view(fabric, host)
+        if evs < self.fabric.planes:
+            raise MrcError(f"--evs {evs}: need at least one EV per plane ({self.fabric.planes})")
         self.host = host
-        self.planes = topo.planes
+        self.planes = self.fabric.planes
+        self.null_cc_default = null_cc_default  # the file's `cc = "none"`: every QP without NSCC
         self.evs = evs
         self.paths = paths
         self.tell = tell
         self.qp_attr = qp_attr or QpAttr()
-        self.gid = topo.mrc_address(host).packed
-        self.ctx = Context(self.gid, ports=topo.planes, seed=seed, name=host)
+        self.gid = self.fabric.address(host).packed
+        self.ctx = Context(self.gid, ports=self.planes, seed=seed, name=host)
         self.cq: CompletionQueue = self.ctx.create_cq(cq_depth)
         self.cc_nscc: int = self.ctx.create_cc_profile(nscc or NsccConfig())
         self.cc_null: int = self.ctx.create_cc_profile(None)
-        self.controller = Controller(topo, host, evs)
+        self.controller = Controller(self.fabric, host, evs)
         self.peers: dict[str, PeerTable] = {}
         self.qp_peer: dict[int, str] = {}
         self.pinned_qps: set[int] = set()  # QPs on a restricted profile of their own
         # counters of destroyed QPs, so that the exported totals never go down
         self.gone: dict[str, int] = {}
         self.gone_c: dict[str, int] = {}
-        self.gone_port = [0] * topo.planes
+        self.gone_port = [0] * self.planes
 
     def peer_names(self) -> list[str]:
-        return [h for h in self.topo.host_names() if h != self.host]
+        return self.fabric.peer_names()
 
     def peer_table(self, peer: str) -> PeerTable:
         """The path table toward `peer`, made on first use (its EV profile, the controller's paths, and
@@ -116,13 +120,13 @@ class HostEngine:
         t = self.peers.get(peer)
         if t is not None:
             return t
-        if peer not in self.topo.host_names() or peer == self.host:
+        if peer not in self.peer_names():
             raise MrcError(f"no peer host {peer!r} (hosts: {', '.join(self.peer_names())})")
         entries = [EvEntry(i, i % self.planes) for i in range(self.evs)]
         prof = EvProfile(self.ctx.next_ev_profile_id(), entries, mode=EvMode.EXP)
         self.ctx.create_ev_profile(prof)
         effects = self.controller.add_peer(peer)
-        t = PeerTable(peer, self.topo.mrc_address(peer).packed, prof, self.controller.routes[peer])
+        t = PeerTable(peer, self.fabric.address(peer).packed, prof, self.controller.routes[peer])
         self.peers[peer] = t
         self.carry_out(effects)
         return t
@@ -171,7 +175,7 @@ class HostEngine:
             keep_evs = set(chosen)
             profile.deny([i for i in range(self.evs) if i not in keep_evs])
             pinned = True
-        cc = self.cc_null if null_cc else self.cc_nscc
+        cc = self.cc_null if null_cc or self.null_cc_default else self.cc_nscc
         qp = self.ctx.create_qp(self.cq, ev_profile=profile, cc_profile=cc, attr=self.qp_attr)
         self.qp_peer[qp.qpn] = peer
         self.controller.add_qp(qp.qpn, peer, pinned=pinned)

@@ -39,6 +39,8 @@ TC_EGRESS_PARENT: Final = "ffff:fff3"
 XDP_FLAGS_UPDATE_IF_NOEXIST: Final = 1
 XDP_FLAGS_DRV_MODE: Final = 4
 XDP_FLAGS_SKB_MODE: Final = 2
+#: XDP attach modes: native (in the driver; veth has it) or generic (in the stack, any device)
+XDP_MODES: Final = {"native": XDP_FLAGS_DRV_MODE, "generic": XDP_FLAGS_SKB_MODE}
 SO_NETNS_COOKIE: Final = 71
 
 
@@ -312,8 +314,15 @@ class Program:
         crash half-way still leaves something `detach_everything()` can remove."""
         if self.prog_fd < 0:
             raise MrcError(f"{self.name} was opened from its pins: only its loader attaches it")
+        xdp_mode = str(meta.pop("xdp_mode", "native"))
+        if xdp_mode not in XDP_MODES:
+            raise MrcError(f"XDP mode must be one of {', '.join(XDP_MODES)}, got {xdp_mode!r}")
         att = {"netns": ns, "ifname": ifname, "hook": self.spec.hook, "prog_name": self.kind,
                "prog_id": self.record.get("prog_id"), "created_clsact": False, **meta}
+        if self.spec.hook == "xdp":
+            att["xdp_mode"] = xdp_mode
+        if ns == netns.HERE:
+            att["netns_inode"] = list(netns.own_inode())
         self.record["attachments"].append(att)
         self.save()
         ours = False  # whether anything at the hook is ours to undo if this fails half-way
@@ -327,7 +336,7 @@ class Program:
                 if self.spec.hook == "xdp":
                     try:
                         ipr.link("set", index=idx, xdp_fd=self.prog_fd,
-                                 xdp_flags=XDP_FLAGS_DRV_MODE | XDP_FLAGS_UPDATE_IF_NOEXIST)
+                                 xdp_flags=XDP_MODES[xdp_mode] | XDP_FLAGS_UPDATE_IF_NOEXIST)
                     except Exception as e:
                         if getattr(e, "code", None) == errno.EBUSY:
                             raise MrcError(f"{ns}/{ifname} already has an XDP program "
@@ -419,8 +428,8 @@ def _detach_one(att: dict[str, Any]) -> None:
     """Undo one attachment (idempotent; a namespace or interface that is gone is fine). Only what is
     ours goes: an XDP program only if it is the recorded one, a clsact only if we created it (else just
     our filter), a device and rule only if we made them."""
-    ns = att["netns"]
-    if not netns.exists(ns):
+    ns = attachment_netns(att)
+    if ns is None or not netns.exists(ns):
         return
     with contextlib.closing(netns.ipr(ns)) as ipr:
         found = ipr.link_lookup(ifname=att["ifname"])
@@ -431,7 +440,8 @@ def _detach_one(att: dict[str, Any]) -> None:
                 kid = xdp.get_attr("IFLA_XDP_PROG_ID") if xdp is not None else None
                 if kid and (att.get("prog_id") is None or kid == att["prog_id"]):
                     with contextlib.suppress(Exception):
-                        ipr.link("set", index=idx, xdp_fd=-1, xdp_flags=XDP_FLAGS_DRV_MODE)
+                        ipr.link("set", index=idx, xdp_fd=-1,
+                                 xdp_flags=XDP_MODES[att.get("xdp_mode", "native")])
             elif att.get("created_dev"):
                 with contextlib.suppress(Exception):
                     ipr.link("del", index=idx)  # takes its clsact and routes along
@@ -449,6 +459,15 @@ def _detach_one(att: dict[str, Any]) -> None:
         if rule:
             with contextlib.suppress(Exception):
                 ipr.rule("del", family=socket.AF_INET6, **rule)
+
+
+def attachment_netns(att: dict[str, Any]) -> str | None:
+    """The namespace of a recorded attachment as seen from here: a name, HERE, or None when it was made in
+    an unnamed namespace that is not the caller's (nothing here can reach it safely)."""
+    ino = att.get("netns_inode")
+    if att["netns"] == netns.HERE and ino is not None:
+        return netns.name_of((int(ino[0]), int(ino[1])))
+    return str(att["netns"])
 
 
 def _unpin(pdir: Path) -> None:
@@ -576,9 +595,9 @@ def detach_everything(testbed: str | None = None) -> dict[str, Any]:
 
 def kernel_view(att: dict[str, Any]) -> dict[str, Any]:
     """What the kernel has at an attachment's hook now: program id and name, or nothing."""
-    ns = att["netns"]
+    ns = attachment_netns(att)
     out: dict[str, Any] = {"present": False, "prog_id": None, "prog_name": None}
-    if not netns.exists(ns):
+    if ns is None or not netns.exists(ns):
         return out
     with contextlib.closing(netns.ipr(ns)) as ipr:
         found = ipr.link_lookup(ifname=att["ifname"])

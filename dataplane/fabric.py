@@ -31,7 +31,7 @@ from mrc.topology import Path as TopoPath
 from mrc.topology import Topology
 from mrc.wire.ip import mac6
 
-from . import abi, netns
+from . import abi, counters, netns
 from . import testbed as tbmod
 from .bpf import Program, netns_cookie, open_programs, program, records
 from .testbed import Testbed
@@ -294,15 +294,10 @@ class FabricDataplane:
             self.ingress.maps["mrc_allowed_qps"].delete(abi.QpKey(hid, qpn))
 
     def port_rx_packets(self, host: str, ifname: str) -> int | None:
-        """Packets host_ingress saw arrive on `host`'s port `ifname` (its per-CPU EV-bucket counters summed;
-        None without the program or the port): one read of EV_BUCKETS per-CPU entries."""
+        """Packets host_ingress saw arrive on `host`'s port `ifname` (None without the program or port)."""
         if self.ingress is None:
             return None
-        pid = self._find_id(self.ingress, "port", host, ifname)
-        if not pid:
-            return None
-        m = self.ingress.maps["mrc_ingress_ev"]
-        return sum(int(m.total(ct_u32(pid * abi.EV_BUCKETS + b)).packets) for b in range(abi.EV_BUCKETS))
+        return counters.rx_packets(self.ingress, self._find_id(self.ingress, "port", host, ifname))
 
     # -- switch ports
     def _port(self, node: str, ifname: str) -> Port:
@@ -453,42 +448,11 @@ class FabricDataplane:
         out: dict[str, Any] = {"planes": planes}
         for p in range(self.topo.planes):
             ifname = self.topo.link_between(h, self.topo.leaf_name(p, self.topo.host_leaf(h))).a_ifname
-            row: dict[str, Any] = {"port": ifname}
-            if self.egress is not None:
-                pid = self._find_id(self.egress, "port", h, ifname)
-                c = self.egress.maps["mrc_egress_tx"].total(ct_u32(pid)) if pid else abi.Counter()
-                row["tx_packets"], row["tx_bytes"] = c.packets, c.bytes
-            if self.ingress is not None:
-                pid = self._find_id(self.ingress, "port", h, ifname)
-                tot = abi.EvCounters()
-                buckets = []
-                drops: dict[str, int] = {}
-                if pid:
-                    for bkt in range(abi.EV_BUCKETS):
-                        c2 = self.ingress.maps["mrc_ingress_ev"].total(ct_u32(pid * abi.EV_BUCKETS + bkt))
-                        for f in ("packets", "bytes", "ce", "trimmed"):
-                            setattr(tot, f, getattr(tot, f) + getattr(c2, f))
-                        if ev_buckets and c2.packets:
-                            buckets.append({"bucket": bkt, "packets": c2.packets, "bytes": c2.bytes,
-                                            "ce": c2.ce, "trimmed": c2.trimmed})
-                    for r in abi.DropReason:
-                        d = self.ingress.maps["mrc_ingress_drops"].total(ct_u32(pid * abi.DROP_MAX + r))
-                        if d.packets:
-                            drops[r.label] = d.packets
-                row.update(rx_packets=tot.packets, rx_bytes=tot.bytes, rx_ce=tot.ce, rx_trimmed=tot.trimmed,
-                           rx_drops=drops)
-                if ev_buckets:
-                    row["ev_buckets"] = buckets
-            planes[p] = row
+            epid = self._find_id(self.egress, "port", h, ifname) if self.egress is not None else None
+            ipid = self._find_id(self.ingress, "port", h, ifname) if self.ingress is not None else None
+            planes[p] = counters.port_row(ifname, self.egress, epid, self.ingress, ipid, ev_buckets)
         if self.egress is not None:
-            hid = self._find_id(self.egress, "host", h)
-            drops = {}
-            if hid:
-                for r in abi.DropReason:
-                    d = self.egress.maps["mrc_egress_drops"].total(ct_u32(hid * abi.DROP_MAX + r))
-                    if d.packets:
-                        drops[r.label] = d.packets
-            out["tx_drops"] = drops
+            out["tx_drops"] = counters.tx_drops(self.egress, self._find_id(self.egress, "host", h))
         return out
 
     def ingress_drops(self, host: str) -> dict[str, int]:

@@ -17,10 +17,32 @@ from typing import Any
 from pyroute2 import netns as _netns
 
 NETNS_RUN_DIR = Path("/run/netns")
+#: The caller's own network namespace, where a name is expected: what mrcd on a real host (or started with
+#: `ip netns exec`) works in. Records of what was made there also keep its inode (`own_inode`), so that
+#: another process, in another namespace, never mistakes its own namespace for it (`resolve`).
+HERE = ""
 
 
 def exists(name: str) -> bool:
-    return (NETNS_RUN_DIR / name).exists()
+    return name == HERE or (NETNS_RUN_DIR / name).exists()
+
+
+def own_inode() -> tuple[int, int]:
+    """(device, inode) of the calling thread's network namespace."""
+    st = os.stat("/proc/thread-self/ns/net")
+    return (st.st_dev, st.st_ino)
+
+
+def name_of(ino: tuple[int, int]) -> str | None:
+    """The namespace with inode `ino` as a name this module takes: HERE when it is the caller's, the
+    /run/netns name when it has one, else None (unreachable by name)."""
+    if own_inode() == ino:
+        return HERE
+    if NETNS_RUN_DIR.is_dir():
+        for entry in sorted(NETNS_RUN_DIR.iterdir()):
+            if inode(entry.name) == ino:
+                return entry.name
+    return None
 
 
 def listing() -> list[str]:
@@ -85,6 +107,9 @@ def kill_processes(names: Iterable[str], grace_s: float = 2.0) -> list[int]:
 @contextlib.contextmanager
 def entered(name: str) -> Iterator[None]:
     """Run the body with the *current thread* inside namespace ``name`` (setns is per thread)."""
+    if name == HERE:
+        yield
+        return
     back = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
     try:
         _netns.setns(name, flags=0)
@@ -111,6 +136,8 @@ def get_sysctl(name: str, key: str) -> str:
 
 def socket_in(name: str, family: int, kind: int, proto: int = 0) -> socket.socket:
     """A socket that lives in namespace ``name`` (it stays there after the thread leaves)."""
+    if name == HERE:
+        return socket.socket(family, kind, proto)
     with entered(name):
         return socket.socket(family, kind, proto)
 
@@ -123,7 +150,9 @@ def enter_for_exec(name: str) -> None:
 
 
 def ipr(name: str) -> Any:
-    """A pyroute2 IPRoute bound to namespace ``name``."""
+    """A pyroute2 IPRoute bound to namespace ``name`` (HERE: the caller's)."""
     from pyroute2 import IPRoute
 
+    if name == HERE:
+        return IPRoute()
     return IPRoute(netns=name, flags=0)

@@ -1,0 +1,199 @@
+"""Where one mrcd runs: what its `Daemon` needs from the place, in two kinds.
+
+* `TestbedSite`: a host namespace of a testbed (``mrcd --testbed NAME --host H``): identity, ports and
+  paths from the testbed's topology, the dataplane the testbed attached (`FabricDataplane`), peers'
+  control sockets next to its own (they get the controller's `link_status` notes).
+* `ConfigSite`: a real host (``mrcd --config FILE``): identity, ports and paths from the host
+  configuration file (`mrc.hostconfig`), the dataplane mrcd installs itself (`HostDataplane`) and removes
+  on stop. Peers' mrcds run on other machines: their control sockets are out of reach, so no
+  `link_status` notes are sent; each mrcd localises failures from its own traffic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from mrc import hostconfig
+from mrc.dataplane import netns
+from mrc.dataplane import testbed as tbmod
+from mrc.dataplane.client import socket_path
+from mrc.dataplane.fabric import FabricDataplane
+from mrc.dataplane.host import HostDataplane, site_name
+from mrc.errors import MrcError
+from mrc.hostconfig import HostConfig
+from mrc.topology import Path as TopoPath
+from mrc.transport import NsccConfig, QpAttr
+
+from .controller import FabricView, Link, TopologyView
+from .host_engine import DEFAULT_EVS, PathWriter
+from .metrics import dataplane_attached
+
+
+class Site(Protocol):
+    name: str  # the testbed's name, or host:<name> (hello's "testbed", the programs' records)
+    host: str
+    fabric: FabricView
+    ns: str  # where the MRC socket lives (netns.HERE: the process's own namespace)
+    socket_file: Path
+    port_ifname: list[str]
+    port_rate_bps: list[int]
+    evs: int
+    qp_attr: QpAttr
+    nscc: NsccConfig | None  # None: QPs without congestion control
+    paths: PathWriter
+
+    def ifindex_plane(self) -> dict[int, int]:
+        """Plane port ifindex -> plane (the driver's arrival port)."""
+
+    def host_stats(self) -> dict[str, Any]: ...
+
+    def attached(self) -> dict[str, bool]: ...
+
+    def port_rx_packets(self, plane: int) -> int | None: ...
+
+    def peer_socket(self, peer: str) -> str | None:
+        """The control socket of `peer`'s mrcd, where a `link_status` note reaches it (None: none)."""
+
+    def close(self) -> None: ...
+
+
+class FabricPaths:
+    """The `PathWriter` of one testbed host: its entries in the host programs' path and allowed-QP maps."""
+
+    def __init__(self, fd: FabricDataplane, host: str) -> None:
+        self.fd = fd
+        self.host = host
+
+    def set_path(self, peer: str, ev: int, path: TopoPath) -> None:
+        self.fd.set_path(self.host, peer, ev, path)
+
+    def delete_path(self, peer: str, ev: int) -> None:
+        with contextlib.suppress(MrcError, OSError):
+            self.fd.delete_path(self.host, peer, ev)
+
+    def allow_qp(self, qpn: int) -> None:
+        self.fd.allow_qps(self.host, [qpn])
+
+    def disallow_qp(self, qpn: int) -> None:
+        with contextlib.suppress(MrcError, OSError):
+            self.fd.disallow_qp(self.host, qpn)
+
+
+class TestbedSite:
+    __test__ = False  # not a pytest class
+
+    def __init__(self, testbed: str, host: str, *, evs: int = DEFAULT_EVS, socket_file: Path | None = None,
+                 reorder_ns: int = 2_000_000, probe_timeout_ns: int = 20_000_000) -> None:
+        self.tb = tbmod.Testbed.load(testbed)
+        topo = self.tb.topo
+        if host not in topo.host_names():
+            raise MrcError(f"testbed {testbed}: no host {host!r} (hosts: {', '.join(topo.host_names())})")
+        if evs < topo.planes:
+            raise MrcError(f"--evs {evs}: need at least one EV per plane ({topo.planes})")
+        self.name = self.tb.name
+        self.host = host
+        self.fabric: FabricView = TopologyView(topo, host)
+        self.ns = self.tb.ns(host)
+        self.socket_file = socket_file or socket_path(self.ns)
+        self.evs = evs
+        # an ACK timeout of 1.024 us x 2^15 = 33.6 ms, reordering and probe tolerances of milliseconds:
+        # the engines run in Python processes that share two CPUs, a SACK or a probe reply can be late by
+        # milliseconds without any loss (docs/daemon.md)
+        self.qp_attr = QpAttr(timeout=15, reorder_ns=reorder_ns, probe_timeout_ns=probe_timeout_ns)
+        # per plane a link of link.rate; the host's window covers about half of the plane queues' buffers
+        # together, so the queues ECN-mark but rarely drop (docs/daemon.md)
+        self.nscc: NsccConfig | None = NsccConfig.for_path(500_000, topo.planes * topo.link.buffer_bytes // 3)
+        self.fd = FabricDataplane.open(testbed)
+        if self.fd.egress is None or self.fd.ingress is None:
+            self.fd.close()
+            raise MrcError(f"testbed {testbed}: host_egress/host_ingress not attached (mrcctl prog attach)")
+        self.fd.ingress.allocate_id("host", f"{self.tb.name}/{host}")
+        leaf = topo.host_leaf(host)
+        self.port_ifname = [topo.link_between(host, topo.leaf_name(p, leaf)).a_ifname
+                            for p in range(topo.planes)]
+        self.port_rate_bps = [topo.link.rate_bps] * topo.planes
+        self.paths: PathWriter = FabricPaths(self.fd, host)
+
+    def ifindex_plane(self) -> dict[int, int]:
+        return {self.fd.ifindex(self.host, ifn): p for p, ifn in enumerate(self.port_ifname)}
+
+    def host_stats(self) -> dict[str, Any]:
+        return self.fd.host_stats(self.host)
+
+    def attached(self) -> dict[str, bool]:
+        return dataplane_attached(self.fd.egress, self.fd.ingress, self.tb.name, self.host)
+
+    def port_rx_packets(self, plane: int) -> int | None:
+        return self.fd.port_rx_packets(self.host, self.port_ifname[plane])
+
+    def peer_socket(self, peer: str) -> str | None:
+        return str(self.socket_file.parent / f"{self.tb.ns(peer)}.sock")
+
+    def close(self) -> None:
+        self.fd.close()
+
+
+class ConfigView:
+    """A host configuration file's fabric seen from its host (`FabricView`)."""
+
+    def __init__(self, cfg: HostConfig) -> None:
+        self.cfg = cfg
+        self.host = cfg.fabric_host
+        self.planes = len(cfg.planes)
+
+    def peer_names(self) -> list[str]:
+        return self.cfg.peer_names()
+
+    def plane_paths(self, peer: str, plane: int) -> list[TopoPath]:
+        return hostconfig.plane_paths(self.cfg, peer, plane)
+
+    def access_link(self, plane: int) -> Link:
+        """The first hop of the plane's paths (every path of a plane leaves by the same port)."""
+        peers = self.cfg.peer_names()
+        if not peers:
+            return frozenset((self.host, f"p{plane}:port"))
+        return frozenset(self.plane_paths(peers[0], plane)[0].hops[:2])
+
+    def address(self, host: str) -> ipaddress.IPv6Address:
+        return self.cfg.mrc_address if host == self.host else self.cfg.peer(host).mrc_address
+
+
+class ConfigSite:
+    def __init__(self, cfg: HostConfig, *, socket_file: Path | None = None,
+                 log: Callable[[str], None] | None = None) -> None:
+        self.cfg = cfg
+        self.name = site_name(cfg)
+        self.host = cfg.fabric_host
+        self.fabric: FabricView = ConfigView(cfg)
+        self.ns = netns.HERE
+        self.socket_file = socket_file or cfg.socket
+        self.evs = cfg.engine.evs
+        self.qp_attr = hostconfig.qp_attr(cfg)
+        self.nscc: NsccConfig | None = hostconfig.nscc_config(cfg)
+        self.hd = HostDataplane(cfg, log=log)
+        self.hd.install()
+        self.port_ifname = [p.ifname for p in self.hd.ports]
+        self.port_rate_bps = [p.rate_bps for p in self.hd.ports]
+        self.paths: PathWriter = self.hd
+
+    def ifindex_plane(self) -> dict[int, int]:
+        return {p.ifindex: p.plane for p in self.hd.ports}
+
+    def host_stats(self) -> dict[str, Any]:
+        return self.hd.host_stats()
+
+    def attached(self) -> dict[str, bool]:
+        return self.hd.attached()
+
+    def port_rx_packets(self, plane: int) -> int | None:
+        return self.hd.port_rx_packets(plane)
+
+    def peer_socket(self, peer: str) -> str | None:
+        return None
+
+    def close(self) -> None:
+        self.hd.close()

@@ -1,0 +1,121 @@
+"""mrcd from a host configuration file, the parts that need no root: `--check-config` (validate, print
+what would be installed, change nothing; a bad file is exit 2 with FILE:LINE: key: problem), the
+controller on a configuration file's fabric (`ConfigView`: access links, paths, a failed spine link denied
+and its EVs replaced on the other spine), and mrcctl's choice of the local mrcd."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mrc import hostconfig
+from mrc.ctl import api
+from mrc.ctl.controller import Controller, Deny, SetPath
+from mrc.ctl.daemon import main as mrcd_main
+from mrc.ctl.site import ConfigView
+from mrc.errors import MrcError
+from mrc.transport import EvEvent, EvState
+
+ROOT = Path(__file__).resolve().parents[2]
+B2B = ROOT / "deploy" / "mrcd.example.toml"
+
+CLOS = """
+[host]
+name = "ma"
+mrc_address = "fd00:0:0:1::1"
+mrc_prefix = "fd00::/48"
+
+[[plane]]
+interface = "eth1"
+address = "fc00:0:100::1/64"
+gateway = "fc00:0:100::2"
+
+[[plane]]
+interface = "eth2"
+address = "fc00:0:200::1/64"
+gateway = "fc00:0:200::2"
+
+[fabric]
+shape = "clos"
+
+[[peer]]
+name = "mc"
+mrc_address = "fd00:0:0:3::1"
+
+[[peer.plane]]
+address = "fc00:0:101::1"
+paths = [[0x0100, 0x0110, 0x0101, 0x0103], [0x0100, 0x0111, 0x0101, 0x0103]]
+
+[[peer.plane]]
+address = "fc00:0:201::1"
+paths = [[0x0200, 0x0210, 0x0201, 0x0203], [0x0200, 0x0211, 0x0201, 0x0203]]
+
+[engine]
+evs = 8
+"""
+
+
+def test_check_config_prints_the_plan_and_needs_no_root(capsys: pytest.CaptureFixture[str]) -> None:
+    assert mrcd_main(["--check-config", str(B2B)]) == 0
+    out = capsys.readouterr().out
+    for plane in range(4):
+        assert f"plane {plane}: interface eth{plane + 1}" in out
+    assert "peer gpu2" in out and "mrc0: host_egress" in out
+
+
+def test_check_config_names_file_line_and_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(B2B.read_text().replace('interface = "eth2"', 'interfaec = "eth2"'))
+    assert mrcd_main(["--check-config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    line = next(i for i, t in enumerate(bad.read_text().splitlines(), 1) if "interfaec" in t)
+    assert f"{bad}:{line}: plane[1].interfaec: unknown key" in err and "interface" in err
+
+
+def test_config_and_testbed_modes_exclude_each_other(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        mrcd_main(["--config", str(B2B), "--host", "h0"])
+    assert e.value.code == 2 and "not allowed with" in capsys.readouterr().err
+
+
+def test_config_view_gives_the_controller_its_fabric(tmp_path: Path) -> None:
+    cfg = hostconfig.loads(CLOS, "clos.toml")
+    view = ConfigView(cfg)
+    assert view.planes == 2 and view.peer_names() == ["mc"]
+    assert view.access_link(0) == frozenset(("ma", "p0:0100"))
+    assert view.access_link(1) == frozenset(("ma", "p1:0200"))
+    ctl = Controller(view, "ma", 8)
+    effects = ctl.add_peer("mc")
+    paths = [e.path for e in effects if isinstance(e, SetPath)]
+    assert len(paths) == 8 and {p.plane for p in paths} == {0, 1}
+    assert {p.spine for p in paths if p.plane == 0} == {0, 1}  # EVs spread over both spines of a plane
+    # plane 0's spine 0 (uSID 0x0110) fails: its EVs go ASSUMED_BAD on a busy QP; the controller denies
+    # the link and moves all but one of them to spine 1
+    ctl.add_qp(7, "mc")
+    via = [i for i, p in enumerate(paths) if p.plane == 0 and p.spine == 0]
+    now = 10_000_000
+    out = ctl.on_ev_events([EvEvent(now, 1, 7, i, i, 0, EvState.ASSUMED_BAD, 1) for i in via])
+    for t in range(5):
+        out += ctl.tick(now + t * 2_000_000, [None, None], {7: _sample(100 + t)})
+    denied = [e for e in out if isinstance(e, Deny)]
+    assert denied and set(denied[0].evs) == set(via)
+    moved = [e for e in out if isinstance(e, SetPath)]
+    assert moved and all(e.path.plane == 0 and e.path.spine == 1 for e in moved)
+    assert {a.kind for a in ctl.log} >= {"deny", "replace"}
+
+
+def _sample(tx: int) -> object:
+    from mrc.ctl.controller import QpSample
+
+    return QpSample(tx, True)
+
+
+def test_mrcctl_talks_to_the_socket_it_is_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MRC_RUN_DIR", str(tmp_path))
+    monkeypatch.delenv("MRC_SOCKET", raising=False)
+    assert api.local_socket() is None or api.local_socket() == Path(hostconfig.DEFAULT_SOCKET)
+    monkeypatch.setenv("MRC_SOCKET", str(tmp_path / "none.sock"))
+    assert api.local_socket() == tmp_path / "none.sock"
+    with pytest.raises(MrcError, match="no mrcd is listening"):
+        api.hosts(None, None)
