@@ -11,7 +11,7 @@ import pytest
 
 from mrc import hostconfig
 from mrc.ctl import api
-from mrc.ctl.controller import Controller, Deny, SetPath
+from mrc.ctl.controller import Controller, Deny, QpSample, SetPath
 from mrc.ctl.daemon import main as mrcd_main
 from mrc.ctl.site import ConfigView
 from mrc.errors import MrcError
@@ -105,9 +105,7 @@ def test_config_view_gives_the_controller_its_fabric(tmp_path: Path) -> None:
     assert {a.kind for a in ctl.log} >= {"deny", "replace"}
 
 
-def _sample(tx: int) -> object:
-    from mrc.ctl.controller import QpSample
-
+def _sample(tx: int) -> QpSample:
     return QpSample(tx, True)
 
 
