@@ -120,11 +120,13 @@ def torch_available() -> bool:
 
 class MrcTransport:
     """One rank's `Transport` over its host's mrcd. `hosts[i]` is rank i's testbed host (peer name for
-    create_qp); `ns` is this rank's host namespace (its mrcd's control socket). It carries the messages to
+    create_qp); `ns` is this rank's host namespace (its mrcd's control socket, `client.socket_path(ns)`;
+    `socket` names the control socket itself instead, e.g. on a real host). It carries the messages to
     and from the ranks on other hosts (one QP each); ranks on the same host are `RankTransport`'s."""
 
     def __init__(self, store: Store, rank: int, hosts: list[str], ns: str, slot_bytes: int, *,
-                 slots: int = 2, timeout_s: float = 120.0, prefix: str = "mrc-ar") -> None:
+                 slots: int = 2, timeout_s: float = 120.0, prefix: str = "mrc-ar",
+                 socket: str | Path | None = None) -> None:
         n = len(hosts)
         if not 0 <= rank < n:
             raise MrcError(f"rank {rank} outside 0..{n - 1}")
@@ -136,7 +138,8 @@ class MrcTransport:
         self.timeout_s = timeout_s
         # the ranks on other hosts (co-located ranks go through `RankTransport`'s intra-host carrier)
         self.peers = [p for p in range(n) if p != rank and hosts[p] != hosts[rank]]
-        self.client = MrcClient.for_host(ns, timeout=timeout_s)
+        self.client = (MrcClient(socket, timeout=timeout_s) if socket is not None
+                       else MrcClient.for_host(ns, timeout=timeout_s))
         try:
             self._setup(store, hosts, prefix)
         except BaseException:
@@ -302,7 +305,8 @@ class RankTransport:
     posted over each (the ring's wire bytes, split by carrier)."""
 
     def __init__(self, store: Store, rank: int, hosts: list[str], ns: str, slot_bytes: int, *,
-                 slots: int = 2, timeout_s: float = 120.0, prefix: str = "mrc-ar") -> None:
+                 slots: int = 2, timeout_s: float = 120.0, prefix: str = "mrc-ar",
+                 socket: str | Path | None = None) -> None:
         self._rank, self._n = rank, len(hosts)
         self.slots = slots
         self.mrc_bytes = 0
@@ -314,7 +318,7 @@ class RankTransport:
         try:
             if any(h != hosts[rank] for h in hosts):
                 self.mrc = MrcTransport(store, rank, hosts, ns, slot_bytes, slots=slots, timeout_s=timeout_s,
-                                        prefix=prefix)
+                                        prefix=prefix, socket=socket)
         except BaseException:
             self.local.close()
             raise
