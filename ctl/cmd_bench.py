@@ -22,6 +22,7 @@ from mrc import units
 from mrc.dataplane import testbed as tbmod
 from mrc.errors import MrcError
 
+from . import bench_remote
 from .bench import BenchConfig, WriteBench, incast, parse_fail_link
 from .cmd_testbed import name_option
 from .output import Output, json_option, table
@@ -29,7 +30,7 @@ from .output import Output, json_option, table
 
 @click.group()
 def bench() -> None:
-    """Benchmarks over the testbed's mrcds: write, incast."""
+    """Benchmarks over mrcds: write, incast (a testbed), serve (real hosts)."""
 
 
 def _size(v: str, what: str) -> int:
@@ -72,9 +73,36 @@ def _render(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _render_remote(doc: dict[str, Any]) -> str:
+    planes = sorted({p for r in doc["rows"] for p in r["plane_gbps"]}, key=int)
+    rows = [{**r, **{f"p{p}": r["plane_gbps"].get(p) for p in planes}} for r in doc["rows"]]
+    cols = [("bytes", "#bytes"), ("iters", "#iterations"), ("bw_peak_gbps", "BW peak[Gb/s]"),
+            ("bw_avg_gbps", "BW average[Gb/s]"), ("msg_rate", "MsgRate[/s]")]
+    cols += [(f"p{p}", f"plane{p}[Gb/s]") for p in planes]
+    return "\n".join([table(rows, cols), "",
+                      f"{doc['src']} -> {doc['dst']} (server {doc['server']}): bit-exact: "
+                      f"{'yes' if doc['bit_exact'] else 'NO'}"])
+
+
 @bench.command()
-@click.option("--src", required=True, help="Source host (runs the requester QP).")
-@click.option("--dst", required=True, help="Destination host.")
+@click.option("--listen", default=f"[::]:{bench_remote.DEFAULT_PORT}", show_default=True,
+              metavar="ADDR:PORT|PATH", help="Where `bench write --server` clients connect.")
+@click.option("--once", is_flag=True, help="Serve one client, then exit.")
+@click.pass_obj
+def serve(out: Output, listen: str, once: bool) -> None:
+    """Serve WRITE benchmarks of other machines through this host's mrcd (perftest's server side).
+
+    The destination of `mrcctl bench write --server ADDR:PORT` on a real host: each client gets a QP and
+    a memory region here, and the digest of what landed in it."""
+    n = bench_remote.serve(listen, once=once, log=out.progress)
+    out.progress(f"bench serve: {n} client(s) served")
+
+
+@bench.command()
+@click.option("--src", default=None, help="Source host (runs the requester QP; testbed).")
+@click.option("--dst", default=None, help="Destination host (testbed).")
+@click.option("--server", default=None, metavar="ADDR:PORT|PATH",
+              help="Real hosts: the destination's `mrcctl bench serve` (the source is this host's mrcd).")
 @click.option("--size", "-s", default=None, metavar="BYTES", help="One message size (e.g. 256M).")
 @click.option("-b", "min_size", default=None, metavar="BYTES", help="Smallest size of a sweep.")
 @click.option("-e", "max_size", default=None, metavar="BYTES", help="Largest size of a sweep.")
@@ -93,7 +121,8 @@ def _render(doc: dict[str, Any]) -> str:
 @name_option
 @json_option
 @click.pass_obj
-def write(out: Output, src: str, dst: str, size: str | None, min_size: str | None, max_size: str | None,
+def write(out: Output, src: str | None, dst: str | None, server: str | None, size: str | None,
+          min_size: str | None, max_size: str | None,
           factor: int, iters: int, planes: str | None, evs: int | None, fail_link: str | None,
           fail_mode: str, heal_after: float | None, baseline: str | None, seed: int, jsonl: bool,
           name: str | None) -> None:
@@ -122,6 +151,17 @@ def write(out: Output, src: str, dst: str, size: str | None, min_size: str | Non
             raise click.BadParameter(f"{planes!r}: expected a list like 0,2", param_hint="--planes") from None
     if heal_after is not None and fail_link is None:
         raise click.UsageError("--heal-after needs --fail-link")
+    if server is not None:
+        if fail_link or baseline:
+            raise click.UsageError("--fail-link and --baseline need a testbed (not --server)")
+        out.progress(f"bench write -> {server}: sizes {sizes}, {iters} iteration(s)")
+        doc = bench_remote.write(server, sizes, iters=iters, evs=evs, planes=plane_list, seed=seed)
+        out.emit(doc, _render_remote)
+        if not doc["bit_exact"]:
+            raise MrcError("the destination buffer differs from the source (not bit-exact)")
+        return
+    if src is None or dst is None:
+        raise click.UsageError("give --src and --dst (a testbed), or --server (real hosts)")
     cfg = BenchConfig(tbmod.resolve_name(name), src, dst, sizes, iters=iters, planes=plane_list, evs=evs,
                       fail_link=parse_fail_link(fail_link) if fail_link else None, heal_after=heal_after,
                       baseline=baseline, fail_mode=fail_mode, seed=seed)

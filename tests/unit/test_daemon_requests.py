@@ -16,7 +16,6 @@ from mrc.ctl.control_server import MAX_REQUEST_BYTES, Client, ControlServer
 from mrc.ctl.operations import Operations
 
 
-
 @pytest.fixture
 def server(mrcd_ops: Operations) -> ControlServer:
     return ControlServer(selectors.DefaultSelector(), mrcd_ops)
