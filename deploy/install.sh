@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install mrcd on a real host (run as root): the systemd unit, the host configuration, the Prometheus
-# target and rule files and the Grafana provisioning (docs/deploy_systemd.md).
+# target and rule files and the Grafana provisioning (docs/deploy.md, "systemd").
 #
 #   deploy/install.sh [--root DIR] [--prefix DIR] [--dry-run] [--uninstall [--purge]]
 #                     [--no-prometheus] [--no-grafana] [--prometheus-url URL]
@@ -12,7 +12,7 @@
 #   /etc/prometheus/mrc/mrcd-targets.yml   a file_sd target: this host's mrcd ([metrics] address)
 #   /etc/prometheus/mrc/mrc.rules.yml      the alert rules (deploy/prometheus/mrc.rules.yml)
 #   Grafana provisioning               deploy/grafana/install.sh (data source, provider, dashboard)
-#   /usr/share/doc/mrc/                docs/deploy.md, deploy_systemd.md, daemon.md (the unit's Documentation=)
+#   /usr/share/doc/mrc/                docs/deploy.md, daemon.md (the unit's Documentation=)
 #
 # mrcd is $MRCD, else PREFIX/bin/mrcd with --prefix (a virtualenv), else `command -v mrcd`; mrcctl is
 # $MRCCTL, else mrcd's sibling, else `command -v mrcctl`. --root DIR writes every file under DIR (a DESTDIR;
@@ -129,7 +129,7 @@ if [ "$uninstall" = 1 ]; then
   if systemd_pid1 && systemctl cat mrcd.service >/dev/null 2>&1; then
     run systemctl disable --now mrcd.service
   fi
-  remove "$UNIT" "$DOC_DIR/deploy.md" "$DOC_DIR/deploy_systemd.md" "$DOC_DIR/daemon.md"
+  remove "$UNIT" "$DOC_DIR/deploy.md" "$DOC_DIR/daemon.md"
   [ ! -d "$root$DOC_DIR" ] || run rmdir --ignore-fail-on-non-empty "$root$DOC_DIR"
   if [ "$with_prom" = 1 ]; then
     remove "$PROM_DIR/mrcd-targets.yml" "$PROM_DIR/mrc.rules.yml"
@@ -209,7 +209,7 @@ else
 fi
 
 # the documents the unit's Documentation= names (systemctl help mrcd)
-for d in deploy.md deploy_systemd.md daemon.md; do
+for d in deploy.md daemon.md; do
   if [ -f "$DOCS_SRC/$d" ]; then put 0644 "$DOC_DIR/$d" < "$DOCS_SRC/$d"; fi
 done
 

@@ -1,4 +1,4 @@
-"""deploy/systemd/mrcd.service and deploy/install.sh (docs/deploy_systemd.md).
+"""deploy/systemd/mrcd.service and deploy/install.sh (docs/deploy.md, "systemd").
 
 The unit: `systemd-analyze verify` clean once ExecStart= names this environment's mrcd (the shipped
 file names /usr/local/bin/mrcd, pip's place for a system-wide install), its `systemd-analyze security`
