@@ -73,6 +73,84 @@ class Scraper:
                 self.proc.wait()
 
 
+class PrometheusScraper:
+    """Debian's Prometheus server itself, scraping the URLs every `every_s` (what the issue's "a
+    Prometheus scrape every 100 ms" means), on a temporary config and TSDB. Its own scrape statistics
+    (`scrape_duration_seconds`, `up`) are read from its API at the end."""
+
+    def __init__(self, urls: list[str], every_s: float) -> None:
+        self.urls = urls
+        self.every_s = every_s
+        self.result: dict[str, Any] = {}
+
+    def __enter__(self) -> PrometheusScraper:
+        import socket as so
+        import tempfile
+
+        self.dir = tempfile.mkdtemp(prefix="mrc-scrape-")
+        targets = [u.removeprefix("http://").removesuffix("/metrics") for u in self.urls]
+        ms = max(1, int(self.every_s * 1000))
+        cfg = (f"global:\n  scrape_interval: {ms}ms\n  scrape_timeout: {ms}ms\n"
+               f"scrape_configs:\n  - job_name: mrcd\n    static_configs:\n      - targets: {targets!r}\n")
+        with open(f"{self.dir}/prometheus.yml", "w") as f:
+            f.write(cfg)
+        with so.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.t0 = time.time()
+        self.proc = subprocess.Popen(["prometheus", f"--config.file={self.dir}/prometheus.yml",
+                                      f"--storage.tsdb.path={self.dir}/tsdb",
+                                      f"--web.listen-address=127.0.0.1:{self.port}"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # Prometheus hands discovered targets to its scrapers ~5 s after start: wait until every target
+        # has been scraped once, so the measured arm is scraped from its first moment
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if len(self._query("up")) == len(self.urls):
+                    break
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.2)
+        else:
+            self.__exit__()
+            raise SystemExit("bench/scrape_cost.py: Prometheus did not start scraping within 60 s")
+        self.t0 = time.time()
+        return self
+
+    def _query(self, q: str) -> list[Any]:
+        import urllib.parse
+
+        url = f"http://127.0.0.1:{self.port}/api/v1/query?query={urllib.parse.quote(q)}"
+        doc = json.loads(urllib.request.urlopen(url, timeout=5).read())
+        return list(doc["data"]["result"])
+
+    def __exit__(self, *_: object) -> None:
+        import shutil
+
+        try:
+            span = max(1, int(time.time() - self.t0))
+            n = self._query(f"count_over_time(scrape_duration_seconds[{span}s])")
+            lat = self._query(f"quantile_over_time(0.5, scrape_duration_seconds[{span}s])")
+            mx = self._query(f"max_over_time(scrape_duration_seconds[{span}s])")
+            down = self._query(f"count_over_time((up == 0)[{span}s:])")
+            self.result = {"latency_s": [], "scrapes": int(sum(float(r["value"][1]) for r in n)),
+                           "p50_s": max((float(r["value"][1]) for r in lat), default=None),
+                           "max_s": max((float(r["value"][1]) for r in mx), default=None),
+                           "failed": 0, "not_up": int(sum(float(r["value"][1]) for r in down))}
+        except (OSError, ValueError, KeyError):
+            self.result = {"latency_s": [], "scrapes": 0, "p50_s": None, "max_s": None, "failed": -1,
+                           "not_up": 0}
+        finally:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
 def _child(every_s: float, urls: list[str]) -> int:
     stop = threading.Event()
 
@@ -109,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run each pair's third arm scraping these mrcds, which the WRITE does not use "
                          "(e.g. h1,h3): the same scraping work, none of it in the WRITE's daemons, so "
                          "on/control is what the scraped loops themselves lose")
+    ap.add_argument("--scraper", choices=("prometheus", "python"), default=None,
+                    help="who scrapes: Debian's Prometheus server (default when installed) or a Python "
+                         "urllib loop in its own process")
     ap.add_argument("-j", "--json", action="store_true")
     args = ap.parse_args(argv)
     rec = daemons.records(args.name)["daemons"]
@@ -124,22 +205,30 @@ def main(argv: list[str] | None = None) -> int:
     urls = [url(h) for h in targets]
     control_urls = [url(h) for h in control]
     size = parse_size(args.size)
+    import shutil
+
+    kind = args.scraper or ("prometheus" if shutil.which("prometheus") else "python")
+    make: Any = PrometheusScraper if kind == "prometheus" else Scraper
     rows: list[dict[str, Any]] = []
     for i in range(args.pairs):
         off = goodput(args.name, args.src, args.dst, size)
-        with Scraper(urls, args.every) as s:
+        with make(urls, args.every) as s:
             on = goodput(args.name, args.src, args.dst, size)
         ctl = None
         if control_urls:
-            with Scraper(control_urls, args.every):
+            with make(control_urls, args.every):
                 ctl = goodput(args.name, args.src, args.dst, size)
-        lat = sorted(s.result["latency_s"])
+        res = s.result
+        lat = sorted(res["latency_s"])
+        if lat:
+            res.update(scrapes=len(lat), p50_s=lat[len(lat) // 2], max_s=lat[-1])
         rows.append({"pair": i, "off_gbps": off, "on_gbps": on, "ratio": round(on / off, 4),
                      "control_gbps": ctl, "control_ratio": None if ctl is None else round(ctl / off, 4),
-                     "scrapes": len(lat), "failed": s.result["failed"], "not_up": s.result["not_up"],
-                     "scrape_p50_ms": round(lat[len(lat) // 2] * 1e3, 2) if lat else None,
-                     "scrape_max_ms": round(lat[-1] * 1e3, 2) if lat else None})
-    doc = {"testbed": args.name, "src": args.src, "dst": args.dst, "scraped": targets, "size": size,
+                     "scrapes": res["scrapes"], "failed": res["failed"], "not_up": res["not_up"],
+                     "scrape_p50_ms": None if res["p50_s"] is None else round(res["p50_s"] * 1e3, 2),
+                     "scrape_max_ms": None if res["max_s"] is None else round(res["max_s"] * 1e3, 2)})
+    doc = {"testbed": args.name, "src": args.src, "dst": args.dst, "scraper": kind, "scraped": targets,
+           "size": size,
            "every_s": args.every,
            "control": control, "rows": rows, "median_ratio": statistics.median(r["ratio"] for r in rows),
            "median_control_ratio": statistics.median(r["control_ratio"] for r in rows) if control else None}
@@ -154,8 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['pair']:>4} {r['off_gbps']:>10.4f} {r['on_gbps']:>10.4f} {r['ratio']:>7.3f} {cr:>7} "
               f"{r['scrapes']:>7} {r['failed']:>4} {r['not_up']:>4} {r['scrape_p50_ms']!s:>7} "
               f"{r['scrape_max_ms']!s:>7}")
-    print(f"median on/off: {doc['median_ratio']:.3f} (scrape every {args.every:g} s of "
-          f"{' and '.join(targets)}, {args.src} -> {args.dst} {args.size} WRITE)")
+    print(f"median on/off: {doc['median_ratio']:.3f} ({kind} scraping {' and '.join(targets)} every "
+          f"{args.every:g} s; {args.src} -> {args.dst} {args.size} WRITE)")
     if control:
         print(f"median control/off: {doc['median_control_ratio']:.3f} (scraping {' and '.join(control)}); "
               f"on/control: {doc['median_ratio'] / doc['median_control_ratio']:.3f}")
