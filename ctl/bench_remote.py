@@ -55,6 +55,18 @@ def parse_endpoint(text: str) -> tuple[int, Any]:
     return fam, addr
 
 
+def server_for(dst: str) -> str:
+    """`--dst` on a real host: HOST, HOST:PORT, [V6]:PORT or a bare IPv6 address -> an endpoint (the
+    default port is perftest's)."""
+    import ipaddress
+
+    with contextlib.suppress(ValueError):
+        return f"[{ipaddress.IPv6Address(dst)}]:{DEFAULT_PORT}"
+    if "/" in dst or dst.rpartition(":")[2].isdigit():
+        return dst
+    return f"{dst}:{DEFAULT_PORT}"
+
+
 class Channel:
     """JSON lines on a stream socket, each read bounded in size and time."""
 

@@ -22,7 +22,7 @@ from mrc import units
 from mrc.dataplane import testbed as tbmod
 from mrc.errors import MrcError
 
-from . import bench_remote
+from . import api, bench_remote
 from .bench import BenchConfig, WriteBench, incast, parse_fail_link
 from .cmd_testbed import name_option
 from .output import Output, json_option, table
@@ -100,7 +100,8 @@ def serve(out: Output, listen: str, once: bool) -> None:
 
 @bench.command()
 @click.option("--src", default=None, help="Source host (runs the requester QP; testbed).")
-@click.option("--dst", default=None, help="Destination host (testbed).")
+@click.option("--dst", default=None, help="Destination host (testbed; on a real host: the machine whose "
+              "`mrcctl bench serve` to use, HOST or HOST:PORT).")
 @click.option("--server", default=None, metavar="ADDR:PORT|PATH",
               help="Real hosts: the destination's `mrcctl bench serve` (the source is this host's mrcd).")
 @click.option("--size", "-s", default=None, metavar="BYTES", help="One message size (e.g. 256M).")
@@ -151,6 +152,8 @@ def write(out: Output, src: str | None, dst: str | None, server: str | None, siz
             raise click.BadParameter(f"{planes!r}: expected a list like 0,2", param_hint="--planes") from None
     if heal_after is not None and fail_link is None:
         raise click.UsageError("--heal-after needs --fail-link")
+    if server is None and src is None and dst is not None and name is None and api.local_socket() is not None:
+        server = bench_remote.server_for(dst)  # a real host: DST's `mrcctl bench serve`
     if server is not None:
         if fail_link or baseline:
             raise click.UsageError("--fail-link and --baseline need a testbed (not --server)")

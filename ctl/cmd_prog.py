@@ -39,7 +39,8 @@ def _doc() -> dict[str, Any]:
         for a in rec.get("attachments", []):
             k = bpf.kernel_view(a)
             atts.append({"testbed": a.get("testbed"), "node": a.get("node"), "netns": a["netns"],
-                         "ifname": a["ifname"], "hook": a["hook"], "attached": k["present"],
+                         "ifname": a["ifname"], "hook": a["hook"], "xdp_mode": a.get("xdp_mode"),
+                         "attached": k["present"],
                          "kernel_prog_id": k["prog_id"], "kernel_prog_name": k["prog_name"]})
         progs.append({"name": rec["name"], "kind": rec["kind"], "prog_id": rec.get("prog_id"),
                       "pid": rec.get("pid"),
@@ -58,6 +59,8 @@ def _render(doc: dict[str, Any]) -> str:
                                                       "loader gone: mrcctl prog detach --all")
         lines.append(f"{p['name']}  id {p['prog_id']}  pid {p['pid']}  ({state})  pins {p['pin_dir']}")
         rows = [{**a, "attached": "yes" if a["attached"] else "MISSING",
+                 "netns": a["netns"] or f"(host {a['node']})",
+                 "hook": f"{a['hook']} ({a['xdp_mode']})" if a.get("xdp_mode") else a["hook"],
                  "seen": a["kernel_prog_id"] or a["kernel_prog_name"]} for a in p["attachments"]]
         if rows:
             cols = [("netns", "  NETNS"), ("ifname", "IFNAME"), ("hook", "HOOK"), ("attached", "ATTACHED"),

@@ -152,8 +152,8 @@ def bench_server(dst: Machine, path: Path) -> Iterator[subprocess.Popen[str]]:
             p.wait()
 
 
-def _write(src: Machine, server: Path, size: str, iters: int = 1) -> dict[str, Any]:
-    r = _mrcctl(src.socket, "bench", "write", "--server", str(server), "--size", size, "--iters", str(iters))
+def _write(src: Machine, server: Path, size: str, iters: int = 1, flag: str = "--server") -> dict[str, Any]:
+    r = _mrcctl(src.socket, "bench", "write", flag, str(server), "--size", size, "--iters", str(iters))
     assert r.returncode == 0, r.stdout + r.stderr
     doc: dict[str, Any] = json.loads(r.stdout)
     return doc
@@ -196,7 +196,7 @@ def test_back_to_back_write_operator_commands_and_a_clean_stop(tmp_path: Path, r
     with machines("b2b") as ms:
         a, b = ms["A"], ms["B"]
         with mrcds(ms, "AB", tmp_path) as d, bench_server(b, tmp_path / "bench.sock"):
-            doc = _write(a, tmp_path / "bench.sock", "64M", iters=2)
+            doc = _write(a, tmp_path / "bench.sock", "64M", iters=2, flag="--dst")  # = --server here
             assert doc["bit_exact"] and doc["src"] == a.name and doc["dst"] == b.name
             row = doc["rows"][0]
             total = sum(row["plane_gbps"].values())

@@ -11,6 +11,7 @@ import pytest
 
 from mrc import hostconfig
 from mrc.ctl import api
+from mrc.ctl.bench_remote import server_for
 from mrc.ctl.controller import Controller, Deny, QpSample, SetPath
 from mrc.ctl.daemon import main as mrcd_main
 from mrc.ctl.site import ConfigView
@@ -117,3 +118,10 @@ def test_mrcctl_talks_to_the_socket_it_is_given(tmp_path: Path, monkeypatch: pyt
     assert api.local_socket() == tmp_path / "none.sock"
     with pytest.raises(MrcError, match="no mrcd is listening"):
         api.hosts(None, None)
+
+
+@pytest.mark.parametrize(("dst", "endpoint"), [("gpu2", "gpu2:18515"), ("gpu2:9000", "gpu2:9000"),
+                                               ("fc00::2", "[fc00::2]:18515"), ("[fc00::2]:1", "[fc00::2]:1"),
+                                               ("/run/x.sock", "/run/x.sock")])
+def test_bench_dst_on_a_real_host_names_its_server(dst: str, endpoint: str) -> None:
+    assert server_for(dst) == endpoint
