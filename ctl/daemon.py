@@ -70,10 +70,12 @@ class TurnStats:
     def __init__(self) -> None:
         self.turns = 0
         self.max_ns = 0
+        self.sum_ns = 0
         self.buckets = [0] * (len(TURN_BUCKETS_NS) + 1)
 
     def add(self, ns: int) -> None:
         self.turns += 1
+        self.sum_ns += ns
         if ns > self.max_ns:
             self.max_ns = ns
         i = 0
@@ -240,7 +242,8 @@ class Daemon:
                 drv.flush(now)
             server.flush()
             if board.wanted:
-                board.publish(snapshot(engine, server.rejected))
+                board.publish(snapshot(engine, server.rejected, self.notifier.tally,
+                                       (TURN_BUCKETS_NS, tuple(turns.buckets), turns.sum_ns)))
             self.turned = time.monotonic()
             if notes_io or self.notifier.pending:  # peer notes: after the engine's work, never blocking
                 now = time.monotonic_ns()

@@ -11,7 +11,7 @@ loop does not publish within `SNAPSHOT_WAIT_S` (it is stuck in a turn), the scra
 `mrc_up` 0 and without the engine's families, instead of hanging.
 
 Names: ``mrc_`` prefix, base units, ``_total`` on counters; labels only from small closed sets (``host``,
-``plane``, ``port``, ``reason``, ``state``, ``action``, ``program``), except the per-QP gauges
+``plane``, ``port``, ``reason``, ``state``, ``action``, ``program``, ``result``), except the per-QP gauges
 (``qpn``, ``peer``), whose series are bounded by `QP_SERIES_MAX` and go away with their QP. The process and
 platform collectors of prometheus_client add ``process_*`` and ``python_*``.
 """
@@ -25,11 +25,17 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
@@ -77,7 +83,7 @@ METRICS: Final = (
     "mrc_probe_replies_total", "mrc_controller_actions_total", "mrc_denied_links", "mrc_qps",
     "mrc_qp_cwnd_bytes", "mrc_qp_srtt_seconds", "mrc_data_tx_packets_total", "mrc_data_rx_packets_total",
     "mrc_data_tx_bytes_total", "mrc_data_rx_bytes_total", "mrc_start_time_seconds",
-    "mrc_control_rejected_total",
+    "mrc_control_rejected_total", "mrc_peer_notes_total", "mrc_engine_turn_seconds",
 )
 
 @dataclass(frozen=True)
@@ -111,9 +117,13 @@ class EngineSnapshot:
     actions: dict[str, int]
     denied_links: int
     qps: list[QpSnapshot]
+    peer_notes: dict[str, int] = field(default_factory=dict)  # PeerNotifier.tally: sent, dropped
+    # the loop's turn durations: (upper bounds in ns, cumulative-free counts per bucket + overflow, sum ns)
+    turns: tuple[tuple[int, ...], tuple[int, ...], int] | None = None
 
 
-def snapshot(e: HostEngine, rejected: dict[str, int]) -> EngineSnapshot:
+def snapshot(e: HostEngine, rejected: dict[str, int], peer_notes: dict[str, int] | None = None,
+             turns: tuple[tuple[int, ...], tuple[int, ...], int] | None = None) -> EngineSnapshot:
     """Copy the engine's and the controller's numbers out of `e` (on the loop thread, between turns):
     nothing here counts or formats (the scrape thread does that), it only copies lists and dicts."""
     from .host_engine import DATA_ATTRS
@@ -126,7 +136,8 @@ def snapshot(e: HostEngine, rejected: dict[str, int]) -> EngineSnapshot:
     ctl = e.controller
     return EngineSnapshot(dict(e.ctx.drops), dict(rejected), dict(e.gone_c), dict(e.gone),
                           list(e.gone_port), list(e.ctx.port_enabled), frozenset(ctl.ports_down),
-                          dict(ctl.event_counts), dict(ctl.counts), len(ctl.denied), qps)
+                          dict(ctl.event_counts), dict(ctl.counts), len(ctl.denied), qps,
+                          dict(peer_notes or {}), turns)
 
 
 class StatsBoard:
@@ -357,6 +368,23 @@ def _engine(h: str, planes: int, s: EngineSnapshot) -> Iterator[Metric]:
     for name, n in nstate.items():
         nq.add_metric([h, name], n)
     yield nq
+    notes = CounterMetricFamily("mrc_peer_notes", "link_status notes to peer mrcds, by result (sent; "
+                                "dropped: the peer's socket missing, refusing or unreachable for 1 s)",
+                                labels=["host", "result"])
+    for result in ("sent", "dropped"):
+        notes.add_metric([h, result], s.peer_notes.get(result, 0))
+    yield notes
+    if s.turns is not None:
+        bounds, per_bucket, sum_ns = s.turns
+        cum, buckets = 0, []
+        for b, n in zip((*[f"{x / 1e9:g}" for x in bounds], "+Inf"), per_bucket, strict=True):
+            cum += n
+            buckets.append((b, cum))
+        hist = HistogramMetricFamily("mrc_engine_turn_seconds", "how long the engine loop's turns took "
+                                     "(select's return to the turn's end): a turn that blocks shows here",
+                                     labels=["host"])
+        hist.add_metric([h], buckets, sum_ns / 1e9)
+        yield hist
     shown = sorted(qps, key=lambda q: q.qpn)[:QP_SERIES_MAX]
     cw = GaugeMetricFamily("mrc_qp_cwnd_bytes", "congestion window of the QP (current value)",
                            labels=["host", "qpn", "peer"])

@@ -42,8 +42,8 @@ from mrc.dataplane.abi import DropReason
 from mrc.transport import EvEvent, EvState, ProbeResult, QpState, QueuePair, WcStatus
 
 ROOT = Path(__file__).resolve().parents[2]
-ALLOWED_LABELS = {"host", "plane", "port", "reason", "state", "action", "program", "qpn", "peer", "version",
-                  "kernel", "python"}
+ALLOWED_LABELS = {"host", "plane", "port", "reason", "state", "action", "program", "result", "qpn", "peer",
+                  "version", "kernel", "python", "le"}  # le: a histogram's bucket bound
 PER_QP = {"mrc_qp_cwnd_bytes", "mrc_qp_srtt_seconds"}
 
 
@@ -88,6 +88,7 @@ class Source:
         self.told: list[tuple[str, str]] = []
         self.engine = HostEngine(topo, "h0", self.fd, lambda lk, st: self.told.append((link_name(lk), st)))
         self.rejected = {"bad_json": 2}
+        self.notes = {"sent": 3, "dropped": 1}
         self.started = 1.0
         self.turned = time.monotonic()
         self.stuck = False
@@ -98,7 +99,8 @@ class Source:
 
     def _turn(self) -> None:
         if not self.stuck:
-            self.board.publish(snapshot(self.engine, self.rejected))
+            self.board.publish(snapshot(self.engine, self.rejected, self.notes,
+                                        ((1_000_000, 10_000_000), (5, 2, 1), 40_000_000)))
 
     def host_stats(self) -> dict[str, Any]:
         return {"planes": self.fd.planes, "tx_drops": self.fd.tx_drops}
@@ -160,6 +162,9 @@ def test_names_types_and_labels(tmp_path: Path) -> None:
     assert 'mrc_egress_drops_total{host="h0",reason="no_path"} 7.0' in text
     assert 'mrc_engine_drops_total{host="h0",reason="unknown_qpn"} 3.0' in text
     assert 'mrc_control_rejected_total{host="h0",reason="bad_json"} 2.0' in text
+    assert 'mrc_peer_notes_total{host="h0",result="dropped"} 1.0' in text
+    assert 'mrc_engine_turn_seconds_bucket{host="h0",le="0.01"} 7.0' in text  # cumulative: 5 + 2
+    assert 'mrc_engine_turn_seconds_count{host="h0"} 8.0' in text
     assert 'mrc_evs{host="h0",plane="1",state="good"} 16.0' in text
     assert 'mrc_qps{host="h0",state="rts"} 1.0' in text
     assert 'mrc_qps{host="h0",state="error"} 0.0' in text
