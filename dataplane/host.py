@@ -401,9 +401,13 @@ def _neighbour(ipr: Any, port: Port, hop: str) -> str:
                            f"discovery within {NEIGH_WAIT_S:g} s (cabled? its address right?)")
         if now - poked > 0.5:
             poked = now
-            with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sk, contextlib.suppress(OSError):
-                sk.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, port.ifname.encode())
-                sk.sendto(b"", (str(addr), 9, 0, port.ifindex if addr.is_link_local else 0))
+            with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sk:
+                # the port, where allowed (a link-local hop needs only its scope; a global one is on-link
+                # by the port's prefix route)
+                with contextlib.suppress(OSError):
+                    sk.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, port.ifname.encode())
+                with contextlib.suppress(OSError):
+                    sk.sendto(b"", (str(addr), 9, 0, port.ifindex if addr.is_link_local else 0))
         time.sleep(0.02)
 
 
