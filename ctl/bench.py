@@ -37,6 +37,10 @@ from mrc.errors import MrcError
 
 MTU: Final = 4096
 SAMPLE_S: Final = 0.01
+#: the DestQP of the udp baseline's packets (no mrcd allocates it): allowed at the destination's
+#: host_ingress for the run, dropped by its mrcd as an unknown QP, counted by the baseline's receiver
+UDP_QPN: Final = 0xFFFFFE
+UDP_IDLE_S: Final = 0.5
 
 
 @contextlib.contextmanager
@@ -253,6 +257,8 @@ class WriteBench:
             doc["baseline"] = self._single_path(biggest)
         elif cfg.baseline == "tcp":
             doc["baseline"] = self._tcp(biggest)
+        elif cfg.baseline == "udp":
+            doc["baseline"] = self._udp(biggest)
         if "baseline" in doc and doc["baseline"]["goodput_gbps"]:
             doc["baseline"]["ratio"] = round(goodput / doc["baseline"]["goodput_gbps"], 3)
         return doc
@@ -302,6 +308,78 @@ class WriteBench:
             raise MrcError(f"iperf3 failed: {res.stderr.strip() or e}") from None
         return {"kind": "tcp", "bytes": size, "goodput_gbps": round(bps / 1e9, 6),
                 "goodput_fraction_of_one_plane": round(bps / self.tb.topo.link.rate_bps, 4)}
+
+    def _udp_evs(self) -> list[int]:
+        """The EV indices the source mrcd uses toward the destination on the bench's planes (GOOD ones),
+        else those the path map holds for the pair (EV 0..63)."""
+        c = MrcClient.for_host(self.tb.ns(self.cfg.src))
+        try:
+            rows = c.call("ev_show")["peers"].get(self.cfg.dst, [])
+        finally:
+            c.close()
+        evs = [int(r["ev_index"]) for r in rows if int(r["plane"]) in self.planes and r["state"] == "GOOD"]
+        if evs:
+            return evs
+        with FabricDataplane.open(self.cfg.testbed) as fd:
+            found = [(ev, fd.lookup_path(self.cfg.src, self.cfg.dst, ev)) for ev in range(64)]
+        return [ev for ev, p in found if p is not None and p.plane in self.planes]
+
+    def _udp(self, size: int) -> dict[str, Any]:
+        import json
+
+        topo = self.tb.topo
+        evs = self._udp_evs()
+        if not evs:
+            raise MrcError(f"--baseline udp: no path from {self.cfg.src} to {self.cfg.dst} on planes "
+                           f"{self.planes}")
+        packets = -(-size // MTU)
+        src_addr, dst_addr = str(topo.mrc_address(self.cfg.src)), str(topo.mrc_address(self.cfg.dst))
+        self.progress(f"  baseline udp: {packets} x {MTU} B sendmmsg over {len(evs)} EVs "
+                      f"(planes {','.join(map(str, self.planes))})")
+        code = "import sys; from mrc.ctl.bench import udp_blast_main; sys.exit(udp_blast_main(sys.argv[1:]))"
+        fd = FabricDataplane.open(self.cfg.testbed)
+        rx: subprocess.Popen[str] | None = None
+        try:
+            fd.allow_qps(self.cfg.dst, [UDP_QPN])
+            rx = subprocess.Popen([sys.executable, "-c", code, "recv", str(packets), str(self.cfg.timeout_s)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  preexec_fn=lambda: netns.enter_for_exec(self.tb.ns(self.cfg.dst)))
+            assert rx.stdout is not None
+            if rx.stdout.readline().strip() != "ready":
+                err = rx.stderr.read() if rx.stderr else ""
+                raise MrcError(f"--baseline udp: the receiver failed: {err.strip()}")
+            tx = subprocess.run([sys.executable, "-c", code, "send", src_addr, dst_addr, str(packets),
+                                 ",".join(map(str, evs))], capture_output=True, text=True,
+                                timeout=self.cfg.timeout_s,
+                                preexec_fn=lambda: netns.enter_for_exec(self.tb.ns(self.cfg.src)))
+            if tx.returncode != 0:
+                raise MrcError(f"--baseline udp: the sender failed: {tx.stderr.strip()}")
+            sent = json.loads(tx.stdout)
+            out, err = rx.communicate(timeout=self.cfg.timeout_s)
+            if rx.returncode != 0:
+                raise MrcError(f"--baseline udp: the receiver failed: {err.strip()}")
+            got = json.loads(out)
+        finally:
+            if rx is not None and rx.poll() is None:
+                rx.kill()
+                rx.wait(5)
+            with contextlib.suppress(Exception):
+                fd.disallow_qp(self.cfg.dst, UDP_QPN)
+            fd.close()
+        full = int(got["full"])
+        span = (int(got["last_ns"]) - int(sent["t0_ns"])) / 1e9 if full else 0.0
+        g = full * MTU * 8 / span / 1e9 if span > 0 else 0.0
+        tx_s = (int(sent["t1_ns"]) - int(sent["t0_ns"])) / 1e9
+        return {"kind": "udp", "bytes": packets * MTU, "payload": MTU, "evs": len(evs), "planes": self.planes,
+                "packets_sent": int(sent["sent"]), "send_errors": int(sent["errors"]),
+                "packets_received": int(got["packets"]), "received_bytes": int(got["bytes"]),
+                "trimmed": int(got["packets"]) - full, "delivered": round(full / max(1, packets), 4),
+                "seconds": round(span, 4), "goodput_gbps": round(g, 6),
+                "goodput_fraction": round(g * 1e9 / self.capacity_bps, 4),
+                "tx_kpps": round(int(sent["sent"]) / tx_s / 1e3, 1) if tx_s > 0 else None,
+                "rx_kpps": round(full / span / 1e3, 1) if span > 0 else None,
+                "sender_cpu_s": round(float(sent["cpu_s"]), 3),
+                "receiver_cpu_s": round(float(got["cpu_s"]), 3)}
 
     def _with_failure(self, a: Side, b: Side, size: int, wr: int) -> tuple[float, bool, dict[str, Any]]:
         assert self.cfg.fail_link is not None
@@ -510,3 +588,119 @@ def incast(testbed: str, dst: str, srcs: list[str], size: int, *, ecn_k: int, tr
             "trim_nacks": sum(r["trim_nacks"] for r in rows), "retx_trim": sum(r["retx_trim"] for r in rows),
             "rto": sum(r["rto"] for r in rows), "retx_timeout": sum(r["retx_timeout"] for r in rows),
             "senders": rows}
+
+
+def _udp_filter() -> bytes:
+    """A classic BPF socket filter for a raw IPv6/UDP socket (data from the UDP header on): UDP
+    destination port 4791 and BTH DestQP == UDP_QPN, the whole packet; anything else: nothing."""
+    import struct
+
+    prog = [(0x28, 0, 0, 2),            # ldh [2]           UDP destination port
+            (0x15, 0, 4, 4791),         # jeq #4791, else drop
+            (0x20, 0, 0, 12),           # ld [12]           BTH bytes 4..7 (8 + 4)
+            (0x54, 0, 0, 0xFFFFFF),     # and #0xffffff     DestQP
+            (0x15, 0, 1, UDP_QPN),      # jeq #UDP_QPN, else drop
+            (0x06, 0, 0, 0xFFFFFFFF),   # ret #-1
+            (0x06, 0, 0, 0)]            # ret #0
+    return b"".join(struct.pack("=HBBI", *ins) for ins in prog)
+
+
+def udp_blast_main(argv: list[str]) -> int:
+    """The udp baseline's two ends, each run in its host's namespace by `WriteBench._udp`:
+
+    ``send SRC DST PACKETS EVS``: PACKETS RDMA WRITE packets (MTU-byte payload, DestQP UDP_QPN) from
+    SRC (an ephemeral port) to DST port 4791, round-robin over the comma-separated EV indices, with
+    sendmmsg; prints {"sent", "errors", "t0_ns", "t1_ns", "cpu_s"}.
+    ``recv PACKETS TIMEOUT``: counts the matching packets on a raw socket (recvmmsg) until PACKETS came or
+    none for UDP_IDLE_S after the first; prints {"packets", "full", "bytes", "first_ns", "last_ns",
+    "cpu_s"} after a line "ready"."""
+    import ctypes
+    import errno
+    import json
+    import resource
+    import select
+    import socket
+
+    from mrc import wire
+    from mrc.dataplane import mmsg, udp
+
+    def cpu() -> float:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    role = argv[0]
+    if role == "send":
+        src, dst, packets, evs = argv[1], argv[2], int(argv[3]), [int(x) for x in argv[4].split(",")]
+        sk = udp.mrc_socket(None, src, port=0)
+        sk.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+        ictx = wire.IcrcContext(socket.inet_pton(socket.AF_INET6, src),
+                                socket.inet_pton(socket.AF_INET6, dst))
+        slots = len(evs) * max(1, -(-64 // len(evs)))
+        sb = mmsg.SendBatch(slots)
+        name = sb.name(socket.inet_pton(socket.AF_INET6, dst), wire.ROCEV2_UDP_PORT)
+        payload = bytes(MTU)
+        buf = bytearray(MTU + 128)
+        for j in range(slots):
+            n = wire.build_write(buf, ictx, dqpn=UDP_QPN, psn=j, ev_index=evs[j % len(evs)], va=0, rkey=0,
+                                 payload=payload)
+            sb.load(j, buf[:n], name)
+        sent = errors = 0
+        c0 = cpu()
+        t0 = time.monotonic_ns()
+        while sent < packets:
+            k = min(slots, packets - sent)
+            try:
+                sent += sb.send(sk.fileno(), 0, k)
+            except InterruptedError:
+                continue
+            except OSError as e:  # ENOBUFS from a full queue: that packet is lost
+                if e.errno not in (errno.ENOBUFS, errno.EAGAIN):
+                    raise
+                errors += 1
+                sent += 1
+        t1 = time.monotonic_ns()
+        print(json.dumps({"sent": sent, "errors": errors, "t0_ns": t0, "t1_ns": t1, "cpu_s": cpu() - c0}))
+        return 0
+    if role == "recv":
+        packets, timeout_s = int(argv[1]), float(argv[2])
+        SO_ATTACH_FILTER, SO_RCVBUFFORCE = 26, 33
+        sk = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_UDP)
+        code = _udp_filter()
+        cbuf = ctypes.create_string_buffer(code, len(code))
+        import struct
+
+        fprog = struct.pack("=H6xQ", len(code) // 8, ctypes.addressof(cbuf))
+        sk.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
+        try:
+            sk.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 256 << 20)
+        except OSError:
+            sk.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 256 << 20)
+        rb = mmsg.RecvBatch(64, control=False)
+        # a full packet's length as the raw socket sees it: UDP header + the sender's WRITE packet
+        full_len = 8 + wire.build_write(bytearray(MTU + 128), wire.IcrcContext(bytes(16), bytes(16)),
+                                        dqpn=UDP_QPN, psn=0, ev_index=0, va=0, rkey=0, payload=bytes(MTU))
+        got = full = nbytes = 0
+        first = last = 0
+        print("ready", flush=True)
+        c0 = cpu()
+        start = time.monotonic()
+        while got < packets:
+            k = rb.recv(sk.fileno())
+            if k:
+                now = time.monotonic_ns()
+                first = first or now
+                last = now
+                for j in range(k):
+                    ln = rb.length(j)
+                    nbytes += ln
+                    full += ln == full_len
+                got += k
+                continue
+            idle = (time.monotonic_ns() - last) / 1e9 if last else time.monotonic() - start
+            if idle > (UDP_IDLE_S if last else timeout_s):
+                break
+            select.select([sk], [], [], 0.05)
+        print(json.dumps({"packets": got, "full": full, "bytes": nbytes, "first_ns": first, "last_ns": last,
+                          "cpu_s": cpu() - c0}))
+        return 0
+    raise SystemExit(f"udp_blast_main: unknown role {role!r}")

@@ -2,7 +2,7 @@
 
     mrcctl bench write --src H --dst H [--size S | -b MIN -e MAX -f FACTOR] [--iters N] [--planes LIST]
                        [--evs N] [--fail-link A:B@SECONDS] [--heal-after SECONDS]
-                       [--baseline single-path|tcp] [-j | --jsonl]
+                       [--baseline single-path|tcp|udp] [-j | --jsonl]
     mrcctl bench incast --dst H [--src H,H,H] [--size S] [--ecn-k B] [--trim-t B] [--buffer B]
 
 The table has one row per size (bytes, iterations, BW peak / average / min in Gb/s, message rate, Gb/s
@@ -69,7 +69,12 @@ def _render(doc: dict[str, Any]) -> str:
                      f"goodput after {pct(f.get('goodput_fraction_after'))}")
     b = doc.get("baseline")
     if b:
-        lines.append(f"baseline {b['kind']}: {b['goodput_gbps']:.4f} Gb/s; MRC = {b.get('ratio', '-')} x")
+        extra = ""
+        if b["kind"] == "udp":
+            extra = (f" ({b['rx_kpps']} kpps of {b['payload']} B over {b['evs']} EVs, "
+                     f"delivered {b['delivered'] * 100:.1f} %)")
+        lines.append(f"baseline {b['kind']}: {b['goodput_gbps']:.4f} Gb/s{extra}; "
+                     f"MRC = {b.get('ratio', '-')} x")
     return "\n".join(lines)
 
 
@@ -116,7 +121,7 @@ def serve(out: Output, listen: str, once: bool) -> None:
 @click.option("--fail-mode", type=click.Choice(["down", "blackhole"]), default="down", show_default=True,
               help="down: set the link down (carrier lost); blackhole: its switch ports drop everything.")
 @click.option("--heal-after", type=float, default=None, metavar="SECONDS", help="Bring it back after this.")
-@click.option("--baseline", type=click.Choice(["single-path", "tcp"]), default=None)
+@click.option("--baseline", type=click.Choice(["single-path", "tcp", "udp"]), default=None)
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--jsonl", is_flag=True, help="One JSON row per size, one per line.")
 @name_option

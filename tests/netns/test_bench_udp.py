@@ -1,0 +1,44 @@
+"""`mrcctl bench write --baseline udp` (root): the raw sendmmsg blaster through the testbed's eBPF
+dataplane next to MRC, on test_daemon.py's module-scoped testbed (default.toml, one mrcd per host).
+
+Behaviour only: the baseline row is there, the receiver's socket got bytes over the chosen planes' EVs,
+the ratio is computed, the blaster's DestQP is no longer allowed at the destination afterwards and the
+mrcds go on serving (a WRITE after it is bit-exact). The speed figures are in docs/daemon.md."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.root(reason="namespaces, eBPF programs, daemons"),
+              pytest.mark.netns, pytest.mark.bpf]
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from test_daemon import tb  # noqa: E402,F401  (the module-scoped testbed + mrcd fixture)
+
+from mrc.ctl.bench import UDP_QPN, BenchConfig, WriteBench  # noqa: E402
+from mrc.dataplane import abi  # noqa: E402
+from mrc.dataplane.fabric import FabricDataplane  # noqa: E402
+
+
+def test_udp_baseline(tb: dict[str, Any]) -> None:  # noqa: F811
+    doc = WriteBench(BenchConfig(tb["name"], "h0", "h2", [4 << 20], planes=[1, 2], baseline="udp")).run()
+    assert doc["bit_exact"]
+    b = doc["baseline"]
+    assert b["kind"] == "udp"
+    assert b["planes"] == [1, 2] and b["evs"] > 0
+    assert b["packets_sent"] == b["bytes"] // 4096 == 1024
+    assert b["received_bytes"] > 0 and b["packets_received"] > 0
+    assert 0 < b["delivered"] <= 1.0
+    assert b["goodput_gbps"] > 0
+    assert b["ratio"] == pytest.approx(doc["goodput_gbps"] / b["goodput_gbps"], rel=0.01)
+    with FabricDataplane.open(tb["name"]) as fd:
+        assert fd.ingress is not None
+        hid = fd._find_id(fd.ingress, "host", "h2")
+        assert hid and fd.ingress.maps["mrc_allowed_qps"].get(abi.QpKey(hid, UDP_QPN)) is None
+    after = WriteBench(BenchConfig(tb["name"], "h0", "h2", [1 << 20])).run()
+    assert after["bit_exact"]
