@@ -335,8 +335,7 @@ class Program:
                 att["ifindex"] = idx
                 if self.spec.hook == "xdp":
                     try:
-                        ipr.link("set", index=idx, xdp_fd=self.prog_fd,
-                                 xdp_flags=XDP_MODES[xdp_mode] | XDP_FLAGS_UPDATE_IF_NOEXIST)
+                        _set_xdp(ipr, idx, self.prog_fd, XDP_MODES[xdp_mode] | XDP_FLAGS_UPDATE_IF_NOEXIST)
                     except Exception as e:
                         if getattr(e, "code", None) == errno.EBUSY:
                             raise MrcError(f"{ns}/{ifname} already has an XDP program "
@@ -417,6 +416,13 @@ class Program:
         self.close()
 
 
+def _set_xdp(ipr: Any, idx: int, fd: int, flags: int) -> None:
+    """Attach (fd) or detach (-1) XDP with `flags`, as the nested IFLA_XDP attribute: pyroute2's
+    ``xdp_fd=`` / ``xdp_flags=`` keywords drop the flags silently (no generic mode, no
+    UPDATE_IF_NOEXIST, so an XDP program already there was replaced without a word)."""
+    ipr.link("set", index=idx, IFLA_XDP={"attrs": [("IFLA_XDP_FD", fd), ("IFLA_XDP_FLAGS", flags)]})
+
+
 def _tc_egress_filters(ipr: Any, idx: int) -> list[Any]:
     try:
         return [f for f in ipr.get_filters(index=idx, parent=0xFFFFFFF3) if f.get_attr("TCA_KIND") == "bpf"]
@@ -440,8 +446,7 @@ def _detach_one(att: dict[str, Any]) -> None:
                 kid = xdp.get_attr("IFLA_XDP_PROG_ID") if xdp is not None else None
                 if kid and (att.get("prog_id") is None or kid == att["prog_id"]):
                     with contextlib.suppress(Exception):
-                        ipr.link("set", index=idx, xdp_fd=-1,
-                                 xdp_flags=XDP_MODES[att.get("xdp_mode", "native")])
+                        _set_xdp(ipr, idx, -1, XDP_MODES[att.get("xdp_mode", "native")])
             elif att.get("created_dev"):
                 with contextlib.suppress(Exception):
                     ipr.link("del", index=idx)  # takes its clsact and routes along

@@ -192,9 +192,18 @@ def _actions(m: Machine, since_ns: int) -> list[dict[str, Any]]:
     return acts
 
 
+def _force_generic_xdp(config: Path, ifname: str) -> None:
+    """The file asks for generic XDP on one port (a driver without native XDP)."""
+    text = config.read_text()
+    line = f'interface = "{ifname}"'
+    assert line in text
+    config.write_text(text.replace(line, f'{line}\nxdp = "generic"', 1))
+
+
 def test_back_to_back_write_operator_commands_and_a_clean_stop(tmp_path: Path, run_dir: Path) -> None:
     with machines("b2b") as ms:
         a, b = ms["A"], ms["B"]
+        _force_generic_xdp(a.config, a.ports[2])
         with mrcds(ms, "AB", tmp_path) as d, bench_server(b, tmp_path / "bench.sock"):
             doc = _write(a, tmp_path / "bench.sock", "64M", iters=2, flag="--dst")  # = --server here
             assert doc["bit_exact"] and doc["src"] == a.name and doc["dst"] == b.name
@@ -210,7 +219,16 @@ def test_back_to_back_write_operator_commands_and_a_clean_stop(tmp_path: Path, r
             ports = json.loads(_mrcctl(a.socket, "port", "show").stdout)
             assert [p["ifname"] for p in ports["ports"] if p["host"] == a.name] == list(a.ports)
             log = (tmp_path / "mrcd-A.log").read_text()
-            assert all(f"host_ingress on {p} (XDP native)" in log for p in a.ports), log
+            modes = ["generic" if i == 2 else "native" for i in range(4)]
+            for p, m in zip(a.ports, modes, strict=True):
+                assert f"host_ingress on {p} (XDP {m})" in log, log
+            progs = json.loads(_mrcctl(a.socket, "prog").stdout)["programs"]
+            shown = {x["ifname"]: x["xdp_mode"] for p in progs for x in p["attachments"]
+                     if x["node"] == a.name and x["hook"] == "xdp"}
+            assert shown == dict(zip(a.ports, modes, strict=True)), shown
+            xdp = {lk["ifname"]: lk.get("xdp", {}).get("mode") for lk in _ip_json(a, "link", "show")
+                   if lk["ifname"] in a.ports}
+            assert xdp[a.ports[2]] == 2 and xdp[a.ports[0]] == 1, xdp  # the kernel's: 2 generic, 1 native
             assert "mrc0" in _leftovers(a, run_dir)
             assert d["A"].stop() == 0 and d["B"].stop() == 0
         for m in (a, b):
