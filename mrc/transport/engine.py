@@ -22,6 +22,7 @@ from mrc.wire.errors import WireError
 from mrc.wire.icrc import IcrcContext
 from mrc.wire.packet import parse, parse_write
 
+from . import fastpath
 from .cc import NsccConfig
 from .drops import EngineDrop
 from .paths import EvEvent, EvEventCq, EvProfile, ProbeResult
@@ -79,6 +80,8 @@ class AsyncEvent:
 class Context:
     """One host's MRC engine (see the module docstring for the driver interface)."""
 
+    fastpath: bool  # set by fastpath.install: this context runs the fast path (MRC_FASTPATH)
+
     def __init__(
         self, gid: bytes, *, ports: int = 1, seed: int = 0, name: str = "", api_version: int = 0,
         vendor_api_version: int = 0,
@@ -124,6 +127,7 @@ class Context:
         self.ctl_cc_profiles: dict[int, Any] = {}
         self._async_got: dict[int, int] = {}  # qpn -> async events got and not acked
         self.destroyed = False
+        fastpath.install(self)  # self.fastpath: MRC_FASTPATH as read at import, fixed for this context
 
     # ------------------------------------------------------------------ objects (mrc.h / mrc_ctl.h)
 

@@ -100,7 +100,7 @@ class QpCore:
         "error_status", "msn", "trim_pending", "next_rid", "recv_q", "imm_reserved",
         "max_trim_recovery_ns", "trim_recoveries", "aux_deadline", "tx_old", "first_psn", "wimm_out",
         "rnr", "gc_at", "max_rx_msgs", "ts_off", "steer_delay", "cc_spec", "ackreq_since", "ackreq_div",
-        "Wd", "hint",
+        "Wd", "hint", "fast",
     )
 
     # the ICRC contexts of the two directions: set by INIT -> RTR, when the peer is known
@@ -120,6 +120,7 @@ class QpCore:
     ) -> None:
         attr.check()
         self.ctx = ctx
+        self.fast = bool(getattr(ctx, "fastpath", False))  # the context's MRC_FASTPATH (fastpath.py)
         self.qpn = qpn
         self.send_cq = send_cq
         self.recv_cq = recv_cq

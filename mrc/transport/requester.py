@@ -17,6 +17,7 @@ from mrc.wire.consts import FATAL_NACK_CODES, PSN_MASK, PSN_MOD, MxhFlag, NackCo
 from mrc.wire.packet import MrcPacket, write_packet
 
 from .drops import EngineDrop
+from .fastpath import send_new as _fast_send_new
 from .qpcore import _ACKED, _CE, _HALF, _INFLIGHT, _LOST, _RETX, _RTS, _S_DUP, _SVC_VALID, NEVER, Datagram
 from .recovery import Recovery
 from .verbs import SendWr, WcStatus, WorkCompletion
@@ -100,7 +101,7 @@ class Requester(Recovery):
                     if self.rto_deadline == NEVER and self.snd_nxt != self.snd_una:
                         self.rto_deadline = now + self._rto_interval()
                     return
-            if not self._send_new(wr, now, out):
+            if not (_fast_send_new(self, wr, now, out) if self.fast else self._send_new(wr, now, out)):
                 return
 
     def _send_new(self, wr: SendWr, now: int, out: list[Datagram]) -> bool:
