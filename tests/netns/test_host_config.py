@@ -334,3 +334,37 @@ def test_torchrun_two_machines_two_ranks_on_the_mrc_backend(tmp_path: Path, run_
     assert max(gaps) < 0.05, gaps
     mrc = {r: d["stats"]["mrc_bytes"] for r, d in res.items()}
     assert sum(mrc.values()) > 8 << 20, mrc  # the ring's hops between the machines went over MRC
+
+
+def test_a_topology_file_config_on_a_fabric_mrc_built(tmp_path: Path, run_dir: Path) -> None:
+    """The third form of [fabric]: `topology = FILE` (a fabric mrc's topology file describes; here the
+    testbed builder made it, without its dataplane). mrcd takes paths, addresses and gateways from the
+    topology and installs the rest itself."""
+    import secrets
+
+    from mrc import topology
+    from mrc.dataplane import testbed as tbmod
+
+    topo_file = ROOT / "deploy" / "topologies" / "default.toml"
+    topo = topology.load(topo_file)
+    name = "c" + secrets.token_hex(3)
+    tbmod.up(topo, name=name, source=str(topo_file))
+    try:
+        tb = tbmod.Testbed.load(name)
+        sites = {}
+        for h in ("h0", "h2"):
+            leaf = topo.host_leaf(h)
+            ports = [topo.link_between(h, topo.leaf_name(p, leaf)).a_ifname for p in range(topo.planes)]
+            planes = "".join(f'[[plane]]\ninterface = "{ifn}"\n' for ifn in ports)
+            cfg = tmp_path / f"{h}.toml"
+            cfg.write_text(f'[host]\nname = "{h}"\n{planes}[fabric]\ntopology = "{topo_file}"\n'
+                           f'[control]\nsocket = "{tmp_path / (h + ".sock")}"\n')
+            sites[h] = Machine(h.upper(), h, h, tb.ns(h), cfg, topo.mrc_address(h), "",
+                               tmp_path / f"{h}.sock", tuple(ports), (), ())
+        ms: Any = {"A": sites["h0"], "C": sites["h2"]}
+        with mrcds(ms, "AC", tmp_path), bench_server(sites["h2"], tmp_path / "bench.sock"):
+            doc = _write(sites["h0"], tmp_path / "bench.sock", "16M")
+            assert doc["bit_exact"] and doc["dst"] == "h2"
+            assert len(doc["rows"][0]["plane_gbps"]) == topo.planes
+    finally:
+        tbmod.teardown(name)
