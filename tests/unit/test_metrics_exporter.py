@@ -13,6 +13,7 @@ import math
 import re
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -42,18 +43,19 @@ from mrc.dataplane.abi import DropReason
 from mrc.transport import EvEvent, EvState, ProbeResult, QpState, QueuePair, WcStatus
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _mrcd_parts import PathRecorder  # noqa: E402
+
 ALLOWED_LABELS = {"host", "plane", "port", "reason", "state", "action", "program", "result", "qpn", "peer",
                   "version", "kernel", "python", "le"}  # le: a histogram's bucket bound
 PER_QP = {"mrc_qp_cwnd_bytes", "mrc_qp_srtt_seconds"}
 
 
 class FakeFabric:
-    """The daemon's BPF side: fixed counters, path-map and allowed-QP writes recorded (the engine's
-    `PathWriter`), program records on disk."""
+    """The daemon's BPF side: fixed counters and program records on disk (the path-map and allowed-QP
+    writes go to a `PathRecorder`)."""
 
     def __init__(self, tmp: Path, planes: int) -> None:
-        self.paths: dict[tuple[str, int], Any] = {}
-        self.allowed: set[int] = set()
         self.planes = {p: {"port": f"p{p}l0", "tx_packets": 10 + p, "tx_bytes": 1000, "rx_packets": 5,
                            "rx_bytes": 500, "rx_ce": 1, "rx_trimmed": 2, "rx_drops": {"foreign_qpn": 4 + p}}
                        for p in range(planes)}
@@ -63,18 +65,6 @@ class FakeFabric:
         for prog in (self.egress, self.ingress):
             prog.record_path.write_text(json.dumps({"attachments": [
                 {"testbed": "tb", "node": h, "ifname": "x"} for h in ("h0", "h1", "h2", "h3")]}))
-
-    def set_path(self, peer: str, ev: int, path: Any) -> None:
-        self.paths[(peer, ev)] = path
-
-    def delete_path(self, peer: str, ev: int) -> None:
-        self.paths.pop((peer, ev), None)
-
-    def allow_qp(self, qpn: int) -> None:
-        self.allowed.add(qpn)
-
-    def disallow_qp(self, qpn: int) -> None:
-        self.allowed.discard(qpn)
 
 
 class Source:
@@ -86,7 +76,8 @@ class Source:
         self.host, self.planes = "h0", topo.planes
         self.fd = FakeFabric(tmp, topo.planes)
         self.told: list[tuple[str, str]] = []
-        self.engine = HostEngine(topo, "h0", self.fd, lambda lk, st: self.told.append((link_name(lk), st)))
+        self.paths = PathRecorder()
+        self.engine = HostEngine(topo, "h0", self.paths, lambda lk, st: self.told.append((link_name(lk), st)))
         self.rejected = {"bad_json": 2}
         self.notes = {"sent": 3, "dropped": 1}
         self.started = 1.0
