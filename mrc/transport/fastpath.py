@@ -44,9 +44,10 @@ from mrc.wire.consts import (
     Opcode,
     SackFlag,
 )
+from mrc.wire.control import Sack
 from mrc.wire.crc import crc32
 from mrc.wire.icrc import _ICRC, CRC32_RESIDUE
-from mrc.wire.packet import _WRITE, _WRITE_IMM, CTRL_HDR_LEN, WRITE_HDR_LEN, WRITE_IMM_HDR_LEN
+from mrc.wire.packet import _WRITE, _WRITE_IMM, CTRL_HDR_LEN, WRITE_HDR_LEN, WRITE_IMM_HDR_LEN, MrcPacket
 
 from .qpcore import _CE, _HALF, _INFLIGHT, _RETX, _RTS, _S_DUP, NEVER, Datagram
 from .verbs import QpState
@@ -83,6 +84,10 @@ _pack_icrc: Final = _ICRC.pack_into
 _SACK_HDR: Final = struct.Struct("!BBHII" "BBHIIIQ" "IHBBQI")
 _OP_SACK: Final = int(Opcode.SACK)
 assert _SACK_HDR.size == CTRL_HDR_LEN + 20
+_unpack_sack: Final = _SACK_HDR.unpack_from
+#: the longest SACK (the most bitmap words)
+_SACK_RX_MAX: Final = _SACK_HDR.size + 8 * SACK_MAX_WORDS + ICRC_LEN
+_EMPTY: Final = memoryview(b"")
 
 
 def receive(
@@ -110,11 +115,10 @@ def receive(
         hl = WRITE_HDR_LEN
         (_, b1, _, qw, pw, va, rkey, dlen, ver, flags, ev, msn, mlen, moff, ts) = _unpack_write(data)
         imm = None
-    elif op == _OP_WRITE_IMM:
-        # a message's last packet (the one that carries the immediate): the pure path completes it
-        _pure_receive(self, data, now, ecn, port, src)
+    elif op == _OP_SACK:
+        _sack_rx(self, qp, data, n, now, ecn, port)
         return
-    else:
+    else:  # WRITE with immediate (a message's last packet: the pure path completes it), other control
         _pure_receive(self, data, now, ecn, port, src)
         return
     if b1 & 0x0F or qw > QPN_MASK or ver != MXH_VERSION or flags & _TRIMMED or dlen > MAX_PAYLOAD:
@@ -172,6 +176,36 @@ def receive(
         qp.last_rx = (psn, ev, ts, 0, now, port)
         if qp.ack_deadline == NEVER:
             qp.ack_deadline = now + qp.attr.ack_delay_ns
+
+
+def _sack_rx(
+    self: Context, qp: QueuePair, data: bytes | bytearray, n: int, now: int, ecn: bool, port: int
+) -> None:
+    """A SACK as `parse` accepts it with a good ICRC (BTH byte 1 and 4 zero, as endpoints send it),
+    parsed in one unpack into the `MrcPacket` `parse` builds and given to `on_sack`; anything else to
+    the pure path."""
+    if n <= _SACK_RX_MAX:
+        (op, b1, pkey, qw, pw, ver, flags, ev, msn, mlen, moff, ts, cum, eev, eflags, words, ets, svc) = (
+            _unpack_sack(data)
+        )
+        end = _SACK_HDR.size + 8 * words
+        if (
+            not b1 and qw <= QPN_MASK and ver == MXH_VERSION and not flags & _TRIMMED and words >= 1
+            and n == end + ICRC_LEN
+        ):
+            ic = qp.rx_icrc
+            key = (end, EV_SPORT_BASE | (ev & EV_INDEX_MAX))
+            v = ic._start.get(key)
+            if crc32(data, ic.start(*key) if v is None else v) == CRC32_RESIDUE:
+                body = Sack(cum & PSN_MASK, eev, eflags, ets, svc,
+                            int.from_bytes(data[_SACK_HDR.size : end], "little"), 64 * words)
+                qp.on_sack(
+                    MrcPacket(op, 0, pkey, False, False, qw, (pw & _ACKREQ_BIT) != 0, pw & PSN_MASK, 0, 0, 0,
+                              None, flags, ev, msn, mlen, moff, ts, _EMPTY, body, "ok", n),
+                    now,
+                )
+                return
+    _pure_receive(self, data, now, ecn, port, None)
 
 
 def sack(
