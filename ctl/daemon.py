@@ -56,6 +56,7 @@ from .peer_notes import PeerNote, PeerNotifier, link_status_line
 from .site import ConfigSite, Site, TestbedSite
 
 CTRL_PERIOD_NS: Final = 2_000_000  # controller pass at most every 2 ms
+SITE_POLL_NS: Final = 1_000_000_000  # the site's housekeeping (`Site.poll`) about once a second
 #: The loop's select timeout when nothing is due: also how stale `mrc_engine_loop_age_seconds` gets idle.
 IDLE_TURN_S: Final = 0.05
 #: Upper bounds of the loop-turn histogram (`stats` -> loop): how long a turn's work took, from select's
@@ -201,7 +202,7 @@ class Daemon:
         board = self.board
         port_rx = _PortRx(self.site)
         turns = self.turn_stats
-        next_ctrl = 0
+        next_ctrl = next_poll = 0
         if ready is not None:
             ready()
         while not self.stop:
@@ -240,6 +241,12 @@ class Daemon:
                 next_ctrl = now + CTRL_PERIOD_NS
                 engine.carry_out(ctrl.tick(now, port_rx, engine.qp_samples()))
                 drv.flush(now)
+                if now >= next_poll:
+                    next_poll = now + SITE_POLL_NS
+                    try:
+                        self.site.poll()
+                    except (MrcError, OSError) as e:  # housekeeping never ends the loop
+                        _log(f"site housekeeping: {e}")
             server.flush()
             if board.wanted:
                 board.publish(snapshot(engine, server.rejected, self.notifier.tally,

@@ -58,6 +58,9 @@ class Site(Protocol):
     def peer_socket(self, peer: str) -> str | None:
         """The control socket of `peer`'s mrcd, where a `link_status` note reaches it (None: none)."""
 
+    def poll(self) -> None:
+        """Housekeeping the loop runs about once a second (a real host: next hops still unresolved)."""
+
     def close(self) -> None: ...
 
 
@@ -133,6 +136,9 @@ class TestbedSite:
     def peer_socket(self, peer: str) -> str | None:
         return str(self.socket_file.parent / f"{self.tb.ns(peer)}.sock")
 
+    def poll(self) -> None:
+        """Nothing: the testbed's neighbours are permanent entries."""
+
     def close(self) -> None:
         self.fd.close()
 
@@ -194,6 +200,9 @@ class ConfigSite:
 
     def peer_socket(self, peer: str) -> str | None:
         return None
+
+    def poll(self) -> None:
+        self.hd.poll()
 
     def close(self) -> None:
         self.hd.close()

@@ -12,7 +12,8 @@ it runs in (the host's own, or an `ip netns exec` machine of an emulation).
   host_ingress (XDP: native where the driver has it, else generic, as the file says; the mode is logged
   and recorded, `mrcctl prog show` lists it) on every plane port, which strips the outer header;
 * resolves each plane's next hop (the gateway, or back to back the peer's port) to its MAC by neighbour
-  discovery, and writes every peer's EV table into the path map.
+  discovery, and writes every peer's EV table into the path map (the EVs behind a hop that does not
+  answer yet get theirs when it does: `poll`, from mrcd's loop).
 
 Everything is recorded before it is made: the programs' attachments in their records (mrc.dataplane.bpf),
 the addresses in ``$MRC_RUN_DIR/host/<name>.json``. `close()` removes exactly what this instance made.
@@ -31,7 +32,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -47,7 +48,8 @@ MRC_DEV: Final = "mrc0"
 MRC_TABLE: Final = 4791
 RULE_PRIORITY: Final = 1000
 IFA_F_NODAD: Final = 0x02
-#: How long a next hop may take to answer neighbour discovery before install fails.
+#: How long install waits for the next hops to answer neighbour discovery (then mrcd starts anyway and
+#: keeps asking: `HostDataplane.poll`).
 NEIGH_WAIT_S: Final = 3.0
 #: Neighbour states whose link-layer address can be used.
 _NUD_USABLE: Final = 0x02 | 0x04 | 0x08 | 0x10 | 0x80  # REACHABLE STALE DELAY PROBE PERMANENT
@@ -76,7 +78,8 @@ class Port:
     address: ipaddress.IPv6Interface
     rate_bps: int
     xdp_mode: str = ""  # native / generic, once attached
-    next_hop_mac: dict[str, str] | None = None  # next hop address -> MAC
+    next_hop_mac: dict[str, str] = field(default_factory=dict)  # next hop address -> MAC (resolved ones)
+    unresolved: set[str] = field(default_factory=set)  # next hops without a MAC yet
 
 
 def _links(ipr: Any) -> list[tuple[int, str, str]]:
@@ -146,6 +149,8 @@ class HostDataplane:
                                        "config": cfg.source, "addresses": []}
         self._egress_port: dict[int, int] = {}  # plane -> host_egress port id
         self._ingress_port: dict[int, int] = {}
+        self._pending: dict[tuple[str, int], TopoPath] = {}  # path-map entries waiting for a next hop
+        self._poked: dict[tuple[int, str], float] = {}
 
     # -- record
     def _save(self) -> None:
@@ -270,11 +275,58 @@ class HostDataplane:
         self.log(f"host_egress on {MRC_DEV}; MRC traffic to {', '.join(map(str, dsts))} goes through it")
 
     def _resolve_next_hops(self) -> None:
-        """Each plane's next hops' MACs, by neighbour discovery (a datagram to the discard port starts it)."""
+        """Each plane's next hops' MACs, by neighbour discovery (a datagram to the discard port starts it),
+        waiting up to NEIGH_WAIT_S. A hop that does not answer (its machine still booting, a cable out)
+        does not stop mrcd: its EVs have no path-map entry yet (host_egress drops their packets as
+        no_path, the engine retires the EVs), and `poll` keeps asking; the entries are written when it
+        answers."""
+        for port in self.ports:
+            port.unresolved = {str(next_hop(self.cfg, peer, port.plane)) for peer in self.cfg.peer_names()}
+        deadline = time.monotonic() + NEIGH_WAIT_S
         with contextlib.closing(netns.ipr(self.ns)) as ipr:
-            for port in self.ports:
-                hops = {str(next_hop(self.cfg, peer, port.plane)) for peer in self.cfg.peer_names()}
-                port.next_hop_mac = {h: _neighbour(ipr, port, h) for h in sorted(hops)}
+            while any(p.unresolved for p in self.ports):
+                self._ask(ipr)
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.05)
+        for port in self.ports:
+            for hop in sorted(port.unresolved):
+                self.log(f"plane {port.plane}: next hop {hop} on {port.ifname} does not answer neighbour "
+                         "discovery (yet): its EVs wait until it does (cabled? its address right?)")
+
+    def _ask(self, ipr: Any) -> list[tuple[Port, str]]:
+        """One round of neighbour lookups for the unresolved hops (poking those still missing, at most
+        every 0.5 s); returns the hops resolved now."""
+        now = time.monotonic()
+        found = []
+        for port in self.ports:
+            if not port.unresolved:
+                continue
+            macs = _neighbours(ipr, port)
+            for hop in sorted(port.unresolved):
+                mac = macs.get(str(ipaddress.IPv6Address(hop)))
+                if mac is not None:
+                    port.next_hop_mac[hop] = mac
+                    port.unresolved.discard(hop)
+                    found.append((port, hop))
+                elif now - self._poked.get((port.plane, hop), 0.0) > 0.5:
+                    self._poked[(port.plane, hop)] = now
+                    _poke(port, hop)
+        return found
+
+    def poll(self) -> None:
+        """Called by mrcd's loop about once a second: resolve what is still unresolved; write the path-map
+        entries that waited for it."""
+        if not any(p.unresolved for p in self.ports):
+            return
+        with contextlib.closing(netns.ipr(self.ns)) as ipr:
+            found = self._ask(ipr)
+        for port, hop in found:
+            self.log(f"plane {port.plane}: next hop {hop} on {port.ifname} answered: its EVs get their paths")
+            for (peer, ev), path in list(self._pending.items()):
+                if path.plane == port.plane and str(next_hop(self.cfg, peer, path.plane)) == hop:
+                    del self._pending[(peer, ev)]
+                    self.set_path(peer, ev, path)
 
     # -- the PathWriter of HostEngine
     def _key(self, peer: str, ev: int) -> abi.PathKey:
@@ -286,7 +338,10 @@ class HostDataplane:
         assert self.egress is not None
         port = self.ports[path.plane]
         hop = str(next_hop(self.cfg, peer, path.plane))
-        assert port.next_hop_mac is not None
+        if hop not in port.next_hop_mac:  # written when the hop answers (`poll`)
+            self._pending[(peer, ev)] = path
+            return
+        self._pending.pop((peer, ev), None)
         e = abi.PathEntry(ifindex=port.ifindex, port_id=self._egress_port[path.plane], plane=path.plane)
         e.smac[:] = list(mac6(port.mac))
         e.dmac[:] = list(mac6(port.next_hop_mac[hop]))
@@ -295,6 +350,7 @@ class HostDataplane:
         self.egress.maps["mrc_paths"].set(self._key(peer, ev), e)
 
     def delete_path(self, peer: str, ev: int) -> None:
+        self._pending.pop((peer, ev), None)
         if self.egress is not None and not self.egress.closed:
             self.egress.maps["mrc_paths"].delete(self._key(peer, ev))
 
@@ -384,31 +440,25 @@ def _add_sink_device(ipr: Any, ifname: str, mtu: int) -> None:
         ipr.link("add", ifname=ifname, kind="ifb", mtu=mtu)
 
 
-def _neighbour(ipr: Any, port: Port, hop: str) -> str:
-    """The MAC of `hop` on `port`: from the neighbour table, else after a datagram to its discard port
-    made the kernel ask (within NEIGH_WAIT_S)."""
+def _neighbours(ipr: Any, port: Port) -> dict[str, str]:
+    """Usable neighbour entries of `port`: address -> MAC."""
+    out = {}
+    for n in ipr.get_neighbours(family=socket.AF_INET6, ifindex=port.ifindex):
+        dst, mac = n.get_attr("NDA_DST"), n.get_attr("NDA_LLADDR")
+        if dst and mac and n["state"] & _NUD_USABLE:
+            out[str(ipaddress.IPv6Address(dst))] = str(mac)
+    return out
+
+
+def _poke(port: Port, hop: str) -> None:
+    """Make the kernel ask for `hop`'s MAC: a datagram to its discard port, out of `port` where allowed
+    (a link-local hop needs only its scope; a global one is on-link by the port's prefix route)."""
     addr = ipaddress.IPv6Address(hop)
-    deadline = time.monotonic() + NEIGH_WAIT_S
-    poked = 0.0
-    while True:
-        for n in ipr.get_neighbours(family=socket.AF_INET6, ifindex=port.ifindex):
-            if (n.get_attr("NDA_DST") == str(addr) and n["state"] & _NUD_USABLE
-                    and n.get_attr("NDA_LLADDR")):
-                return str(n.get_attr("NDA_LLADDR"))
-        now = time.monotonic()
-        if now >= deadline:
-            raise MrcError(f"plane {port.plane}: next hop {hop} on {port.ifname} did not answer neighbour "
-                           f"discovery within {NEIGH_WAIT_S:g} s (cabled? its address right?)")
-        if now - poked > 0.5:
-            poked = now
-            with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sk:
-                # the port, where allowed (a link-local hop needs only its scope; a global one is on-link
-                # by the port's prefix route)
-                with contextlib.suppress(OSError):
-                    sk.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, port.ifname.encode())
-                with contextlib.suppress(OSError):
-                    sk.sendto(b"", (str(addr), 9, 0, port.ifindex if addr.is_link_local else 0))
-        time.sleep(0.02)
+    with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as sk:
+        with contextlib.suppress(OSError):
+            sk.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, port.ifname.encode())
+        with contextlib.suppress(OSError):
+            sk.sendto(b"", (str(addr), 9, 0, port.ifindex if addr.is_link_local else 0))
 
 
 __all__ = ["MRC_DEV", "HostDataplane", "Port", "find_ports", "site_name"]

@@ -239,6 +239,31 @@ def test_back_to_back_write_operator_commands_and_a_clean_stop(tmp_path: Path, r
             assert str(m.addresses[0].ip) in have
 
 
+def test_a_next_hop_that_answers_late_gets_its_evs_then(tmp_path: Path, run_dir: Path) -> None:
+    """mA starts while mB's plane-0 port is down (its machine still booting): mrcd starts anyway, says
+    which next hop does not answer, and writes that plane's paths once it does."""
+    with machines("b2b") as ms:
+        a, b = ms["A"], ms["B"]
+        subprocess.run(["ip", "-n", b.netns, "link", "set", b.ports[0], "down"], check=True)
+        mrcd_a, mrcd_b = Mrcd(a, tmp_path / "mrcd-A.log"), Mrcd(b, tmp_path / "mrcd-B.log")
+        try:
+            mrcd_a.start()
+            log = tmp_path / "mrcd-A.log"
+            assert f"plane 0: next hop {b.addresses[0].ip} on {a.ports[0]} does not answer" in log.read_text()
+            subprocess.run(["ip", "-n", b.netns, "link", "set", b.ports[0], "up"], check=True)
+            mrcd_b.start()
+            deadline = time.monotonic() + 30
+            while "answered: its EVs get their paths" not in log.read_text() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert "answered: its EVs get their paths" in log.read_text(), log.read_text()
+            with bench_server(b, tmp_path / "bench.sock"):
+                doc = _write(a, tmp_path / "bench.sock", "32M")
+            assert doc["bit_exact"] and doc["rows"][0]["plane_gbps"]["0"] > 0, doc
+        finally:
+            mrcd_a.stop()
+            mrcd_b.stop()
+
+
 def test_clos_write_rides_through_a_leaf_spine_failure(tmp_path: Path, run_dir: Path) -> None:
     with machines("clos") as ms:
         assert ms.check().ok  # the fabric itself, before any mrcd (its XDP takes check's packets)
