@@ -35,7 +35,9 @@ from mrc.errors import MrcError
 
 MAX_LINE: Final = 1 << 16
 DEFAULT_PORT: Final = 18515  # perftest's
-MAX_SIZE: Final = 1 << 34
+#: The largest buffer a client may make `serve` register (a memfd of that size): bounded, since anyone who
+#: reaches the port can ask; `mrcctl bench serve --max-size` changes it.
+MAX_SIZE: Final = 1 << 32
 
 
 def parse_endpoint(text: str) -> tuple[int, Any]:
@@ -112,13 +114,13 @@ class _Session:
     view: np.ndarray[Any, np.dtype[np.uint8]]
 
 
-def _serve_one(mrcd: MrcClient, ch: Channel, timeout_s: float) -> None:
+def _serve_one(mrcd: MrcClient, ch: Channel, timeout_s: float, max_size: int) -> None:
     req = ch.recv()
     if req.get("op") != "setup":
         raise MrcError("bench peer: expected setup")
     size = int(req["size"])
-    if not 0 < size <= MAX_SIZE:
-        raise MrcError(f"bench peer: size {size} out of range 1..{MAX_SIZE}")
+    if not 0 < size <= max_size:
+        raise MrcError(f"bench peer: size {size} out of range 1..{max_size} (bench serve --max-size)")
     mr = mrcd.reg_mr(size)
     qp = mrcd.create_qp(str(req["peer"]), evs=req.get("evs"), planes=req.get("planes"))
     s = _Session(mr, qp, np.frombuffer(mr.buf, dtype=np.uint8))
@@ -149,7 +151,7 @@ def _serve_one(mrcd: MrcClient, ch: Channel, timeout_s: float) -> None:
 
 
 def serve(listen: str, *, socket_path: Path | None = None, once: bool = False, timeout_s: float = 600.0,
-          log: Any = None) -> int:
+          max_size: int = MAX_SIZE, log: Any = None) -> int:
     """Serve WRITE benchmarks to clients on `listen`, through the local mrcd; returns the number served."""
     fam, addr = parse_endpoint(listen)
     srv = socket.socket(fam, socket.SOCK_STREAM)
@@ -169,7 +171,7 @@ def serve(listen: str, *, socket_path: Path | None = None, once: bool = False, t
             with conn, _mrcd(socket_path) as mrcd:
                 ch = Channel(conn, timeout_s)
                 try:
-                    _serve_one(mrcd, ch, timeout_s)
+                    _serve_one(mrcd, ch, timeout_s, max_size)
                     served += 1
                 except (MrcError, OSError, KeyError, ValueError, TypeError) as e:
                     with contextlib.suppress(OSError):
@@ -215,13 +217,17 @@ def write(server: str, sizes: list[int], *, iters: int = 1, evs: int | None = No
         ch = Channel(sk, timeout_s)
         ch.send({"op": "setup", "peer": mrcd.info["host"], "size": biggest, "evs": evs, "planes": planes})
         far = ch.recv()
-        dst = str(far["host"])
+        try:
+            dst, far_qpn, far_addr, far_rkey = (str(far["host"]), int(far["qpn"]), int(far["addr"]),
+                                                int(far["rkey"]))
+        except (KeyError, TypeError, ValueError):
+            raise MrcError(f"{server}: not a bench serve reply: {far}") from None
         mr = mrcd.reg_mr(biggest)
         qp = mrcd.create_qp(dst, evs=evs, planes=planes)
         view = np.frombuffer(mr.buf, dtype=np.uint8)
         try:
             view[:] = np.random.default_rng(seed).integers(0, 256, biggest, dtype=np.uint8)
-            mrcd.connect(qp, int(far["qpn"]))
+            mrcd.connect(qp, far_qpn)
             ch.send({"op": "connect", "qpn": qp.qpn})
             ch.recv()
             rows = []
@@ -235,13 +241,13 @@ def write(server: str, sizes: list[int], *, iters: int = 1, evs: int | None = No
                     ch.send({"op": "recv", "wr": wr})
                     ch.recv()
                     t0 = time.monotonic_ns()
-                    mrcd.post_send(qp, wr_id=wr, mr=mr, offset=0, length=size, remote_addr=int(far["addr"]),
-                                   rkey=int(far["rkey"]), imm=wr & 0xFFFFFFFF)
+                    mrcd.post_send(qp, wr_id=wr, mr=mr, offset=0, length=size, remote_addr=far_addr,
+                                   rkey=far_rkey, imm=wr & 0xFFFFFFFF)
                     wc = mrcd.wait_wc(qp, wr, timeout=timeout_s)
                     times.append((int(wc["time_ns"]) - t0) / 1e9)
                     ch.send({"op": "check", "wr": wr})
                     got = ch.recv()
-                    exact = got["byte_len"] == size and got["digest"] == _digest(view, size)
+                    exact = got.get("byte_len") == size and got.get("digest") == _digest(view, size)
                     exact_all &= bool(exact)
                 st1 = mrcd.call("qp_stats", qpn=qp.qpn)
                 t = sum(times)

@@ -93,13 +93,15 @@ def _render_remote(doc: dict[str, Any]) -> str:
 @click.option("--listen", default=f"[::]:{bench_remote.DEFAULT_PORT}", show_default=True,
               metavar="ADDR:PORT|PATH", help="Where `bench write --server` clients connect.")
 @click.option("--once", is_flag=True, help="Serve one client, then exit.")
+@click.option("--max-size", default="4G", show_default=True, metavar="BYTES",
+              help="The largest buffer a client may ask for.")
 @click.pass_obj
-def serve(out: Output, listen: str, once: bool) -> None:
+def serve(out: Output, listen: str, once: bool, max_size: str) -> None:
     """Serve WRITE benchmarks of other machines through this host's mrcd (perftest's server side).
 
     The destination of `mrcctl bench write --server ADDR:PORT` on a real host: each client gets a QP and
     a memory region here, and the digest of what landed in it."""
-    n = bench_remote.serve(listen, once=once, log=out.progress)
+    n = bench_remote.serve(listen, once=once, max_size=_size(max_size, "--max-size"), log=out.progress)
     out.progress(f"bench serve: {n} client(s) served")
 
 

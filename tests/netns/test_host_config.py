@@ -205,6 +205,12 @@ def test_back_to_back_write_operator_commands_and_a_clean_stop(tmp_path: Path, r
         a, b = ms["A"], ms["B"]
         _force_generic_xdp(a.config, a.ports[2])
         with mrcds(ms, "AB", tmp_path) as d, bench_server(b, tmp_path / "bench.sock"):
+            # a client asking for more than the server's bound gets an error, and the server goes on
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sk:
+                sk.settimeout(30)
+                sk.connect(str(tmp_path / "bench.sock"))
+                sk.sendall(b'{"op": "setup", "peer": "ma", "size": 1099511627776}\n')
+                assert b"out of range" in sk.recv(4096)
             doc = _write(a, tmp_path / "bench.sock", "64M", iters=2, flag="--dst")  # = --server here
             assert doc["bit_exact"] and doc["src"] == a.name and doc["dst"] == b.name
             row = doc["rows"][0]
