@@ -211,6 +211,7 @@ def test_a_stalled_peer_mrcd_does_not_hold_up_the_local_reaction(tb: dict[str, A
         kinds = {a["kind"] for a in acts if a["link"] in ("p0l0-p0s0", "p0l1-p0s0")}
         assert {"deny", "replace", "restore"} <= kinds, acts
         assert _long_turns(after) == _long_turns(before), (before["loop"], after["loop"])
+        print("\nh0 loop turns during the stalled-peer run:", after["loop"])
     finally:
         for s in fillers:
             s.close()
