@@ -1,0 +1,195 @@
+"""The socket driver (`SocketDriver`) both ways (per-datagram calls and sendmmsg/recvmmsg batches) and
+the ctypes batch calls themselves (`dataplane/mmsg.py`), on ::1: the bytes, the traffic class (ECN-CE),
+the arrival interface (IPV6_PKTINFO) and the source the engine gets are identical."""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+import pytest
+
+from mrc.dataplane import mmsg
+from mrc.dataplane.driver import IPV6_PKTINFO, IPV6_RECVPKTINFO, SocketDriver
+from mrc.dataplane.udp import ECN_CE, ECN_ECT0
+from mrc.transport import Datagram
+
+pytestmark = pytest.mark.skipif(not mmsg.available() or not socket.has_ipv6, reason="needs Linux LP64, IPv6")
+LO = socket.inet_pton(socket.AF_INET6, "::1")
+
+
+def _rx() -> socket.socket:
+    s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    s.bind(("::1", 0))
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVTCLASS, 1)
+    s.setsockopt(socket.IPPROTO_IPV6, IPV6_RECVPKTINFO, 1)
+    return s
+
+
+def _send(tx: socket.socket, dst: Any, payloads: list[bytes], tclasses: list[int]) -> None:
+    for p, tc in zip(payloads, tclasses, strict=True):
+        tx.sendmsg([p], [(socket.IPPROTO_IPV6, socket.IPV6_TCLASS, tc.to_bytes(4, "little"))], 0, dst)
+
+
+def _wait(sk: socket.socket) -> None:
+    import select
+
+    select.select([sk], [], [], 2)
+    time.sleep(0.05)
+
+
+def _payloads(n: int) -> list[bytes]:
+    return [bytes([i & 0xFF]) * (100 + 37 * i % 8000) + i.to_bytes(4, "big") for i in range(n)]
+
+
+def test_recv_batch_matches_recvmsg() -> None:
+    payloads = _payloads(150)
+    tcs = [(ECN_CE if i % 3 == 0 else ECN_ECT0) | (i % 8) << 2 for i in range(len(payloads))]
+    lo_index = socket.if_nametoindex("lo")
+    got: dict[str, list[tuple[bytes, int, int, bytes]]] = {}
+    with _rx() as rx, socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as tx:
+        tx.bind(("::1", 0))
+        src_port = tx.getsockname()[1]
+        for way in ("recvmsg", "recvmmsg"):
+            _send(tx, rx.getsockname(), payloads, tcs)
+            _wait(rx)
+            rx.setblocking(False)
+            out: list[tuple[bytes, int, int, bytes]] = []
+            if way == "recvmsg":
+                while True:
+                    try:
+                        data, anc, _f, addr = rx.recvmsg(9216, mmsg.CTL)
+                    except BlockingIOError:
+                        break
+                    tc, ifx = -1, 0
+                    for level, kind, value in anc:
+                        if level == socket.IPPROTO_IPV6 and kind == socket.IPV6_TCLASS:
+                            tc = int.from_bytes(value[:4], "little")
+                        elif level == socket.IPPROTO_IPV6 and kind == IPV6_PKTINFO:
+                            ifx = int.from_bytes(value[16:20], "little")
+                    assert addr[1] == src_port
+                    out.append((data, tc, ifx, socket.inet_pton(socket.AF_INET6, addr[0])))
+            else:
+                rb = mmsg.RecvBatch(32)
+                while k := rb.recv(rx.fileno()):
+                    for j in range(k):
+                        tc, ifx = rb.control(j)
+                        out.append((rb.payload(j), tc, ifx, rb.source(j)))
+            got[way] = out
+    assert len(got["recvmsg"]) == len(payloads)
+    assert got["recvmmsg"] == got["recvmsg"]
+    assert [g[0] for g in got["recvmmsg"]] == payloads
+    assert [g[1] for g in got["recvmmsg"]] == tcs
+    assert {g[2] for g in got["recvmmsg"]} == {lo_index}
+    assert {g[3] for g in got["recvmmsg"]} == {LO}
+
+
+def test_send_batch_bytes_and_destinations() -> None:
+    payloads = _payloads(100)
+    with _rx() as r1, _rx() as r2, socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as tx:
+        sb = mmsg.SendBatch(16)
+        names = [sb.name(LO, r.getsockname()[1]) for r in (r1, r2)]
+        sent = 0
+        while sent < len(payloads):
+            k = min(16, len(payloads) - sent)
+            for j in range(k):
+                sb.load(j, payloads[sent + j], names[(sent + j) % 2])
+            done = 0
+            while done < k:
+                done += sb.send(tx.fileno(), done, k - done)
+            sent += k
+        _wait(r2)
+        for i, r in enumerate((r1, r2)):
+            r.setblocking(False)
+            got = []
+            with pytest.raises(BlockingIOError):
+                while True:
+                    got.append(r.recv(9216))
+            assert got == payloads[i::2]
+        with pytest.raises(ValueError):
+            sb.load(0, bytes(sb.bufsize + 1), names[0])
+
+
+class FakeCtx:
+    """What the driver calls on `mrc.transport.Context`."""
+
+    def __init__(self, out: list[Datagram]) -> None:
+        self.got: list[tuple[bytes, bool, int, bytes]] = []
+        self.out = out
+
+    def receive(self, data: bytes, now: int, ecn: bool, port: int, src: bytes) -> None:
+        self.got.append((bytes(data), ecn, port, src))
+
+    def datagrams_to_send(self, now: int) -> list[Datagram]:
+        out, self.out = self.out, []
+        return out
+
+    def next_deadline(self) -> int | None:
+        return None
+
+    def handle_timer(self, now: int) -> None:
+        pass
+
+
+@pytest.mark.parametrize("rate", [None, [10**12, 10**12]])
+def test_driver_both_ways_identical(rate: list[int] | None) -> None:
+    payloads = _payloads(300)
+    tcs = [ECN_CE if i % 5 == 0 else ECN_ECT0 for i in range(len(payloads))]
+    lo_index = socket.if_nametoindex("lo")
+    results = {}
+    for batch_io in (False, True):
+        with _rx() as drv_sock, _rx() as peer, socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as tx:
+            out = [Datagram(bytearray(p), i % 2, i % 16, LO) for i, p in enumerate(payloads)]
+            ctx = FakeCtx(out)
+            d = SocketDriver(ctx, drv_sock, {lo_index: 7}, batch_io=batch_io,  # type: ignore[arg-type]
+                             port_rate_bps=rate)
+            assert d.batch_io is batch_io
+            d.dst_port = peer.getsockname()[1]
+            # receive: what the engine is handed
+            _send(tx, drv_sock.getsockname(), payloads, tcs)
+            _wait(drv_sock)
+            while d.receive():
+                pass
+            assert d.rx_datagrams == len(payloads)
+            assert d.rx_ce == sum(1 for t in tcs if t == ECN_CE)
+            # send: what the peer gets, in order
+            sent = 0
+            deadline = time.monotonic() + 5
+            while (sent < len(payloads) or d.queued) and time.monotonic() < deadline:
+                sent += d.flush()
+            assert sent == len(payloads) == d.tx_datagrams
+            _wait(peer)
+            peer.setblocking(False)
+            wire = []
+            with pytest.raises(BlockingIOError):
+                while True:
+                    wire.append(peer.recv(9216))
+            results[batch_io] = (ctx.got, wire, d.stats()["send_errors"])
+    rx_plain, wire_plain, _ = results[False]
+    assert rx_plain == [(p, t == ECN_CE, 7, LO) for p, t in zip(payloads, tcs, strict=True)]
+    if rate is None:
+        assert wire_plain == payloads
+    else:  # paced: each port's queue in order (the ports' queues are drained one after the other)
+        for port in (0, 1):
+            assert [w for w in wire_plain if int.from_bytes(w[-4:], "big") % 2 == port] == payloads[port::2]
+    assert results[True] == results[False]
+
+
+def test_batch_io_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mrc.dataplane import driver
+
+    monkeypatch.delenv("MRC_BATCH_IO", raising=False)
+    assert not driver.batch_io_default()  # off by default (docs/daemon.md: it does not pay here)
+    monkeypatch.setenv("MRC_BATCH_IO", "0")
+    assert not driver.batch_io_default()
+    monkeypatch.setenv("MRC_BATCH_IO", "1")
+    assert driver.batch_io_default()
+    with _rx() as s:
+        d = SocketDriver(FakeCtx([]), s, batch_io=None)  # type: ignore[arg-type]
+        assert d.batch_io and d.stats()["batch_io"] == 1
+    monkeypatch.setenv("MRC_BATCH_IO", "0")
+    with _rx() as s:
+        d = SocketDriver(FakeCtx([]), s)  # type: ignore[arg-type]
+        assert not d.batch_io and d.receive() == 0 and d.flush() == 0
