@@ -1,6 +1,7 @@
 """The engine's fast path against its pure-Python path, side by side: `mrcctl sim loopback` (and, with
 `--sim`, `mrcctl sim run permutation`) run alternately with MRC_FASTPATH=0 and MRC_FASTPATH=1, each in a
-fresh interpreter of this checkout, so that the ratio survives a machine whose speed drifts.
+fresh interpreter (of this checkout, which the virtual environment's editable install points at), so that
+the ratio survives a machine whose speed drifts.
 
     .venv/bin/python bench/fastpath_ab.py --pairs 6 --size 256M [--sim] [-j]
 
@@ -43,14 +44,13 @@ def parse_size(text: str) -> int:
 def _env(fast: bool) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "MRC_FASTPATH"}
     env["MRC_FASTPATH"] = "1" if fast else "0"
-    env["PYTHONPATH"] = str(ROOT)
     return env
 
 
 def loopback_once(fast: bool, size: int, seed: int) -> dict[str, Any]:
     out = subprocess.run(
         [sys.executable, "-c", _LOOPBACK, str(size), str(seed)], check=True, capture_output=True, text=True,
-        env=_env(fast),
+        env=_env(fast), cwd=ROOT,
     ).stdout
     doc: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     if not doc["bit_exact"]:
@@ -60,7 +60,7 @@ def loopback_once(fast: bool, size: int, seed: int) -> dict[str, Any]:
 
 def sim_once(fast: bool, args: list[str]) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, "-m", "mrc.cli", "sim", "run", "permutation", *args, "-j"], check=True,
+        [sys.executable, "-m", "mrc.ctl.cli", "sim", "run", "permutation", *args, "-j"], check=True,
         capture_output=True, text=True, env=_env(fast), cwd=ROOT,
     ).stdout
     doc: dict[str, Any] = json.loads(out)
