@@ -97,7 +97,7 @@ def receive(
     """`Context.receive` with the common data packet handled inline (see the module docstring); every
     other packet, and every check that fails, goes to `Context.receive` itself before anything changed."""
     n = len(data)
-    if n < WRITE_HDR_LEN + ICRC_LEN or src is not None or type(data) is memoryview:
+    if n < WRITE_HDR_LEN + ICRC_LEN or type(data) is memoryview:
         _pure_receive(self, data, now, ecn, port, src)
         return
     op = data[0]
@@ -106,7 +106,7 @@ def receive(
         _pure_receive(self, data, now, ecn, port, src)
         return
     state = qp.state
-    if state is not _RTS and state is not _RTR:
+    if (state is not _RTS and state is not _RTR) or (src is not None and src != qp.peer_gid):
         _pure_receive(self, data, now, ecn, port, src)
         return
     # ---- parse_write, inlined
@@ -116,7 +116,7 @@ def receive(
         (_, b1, _, qw, pw, va, rkey, dlen, ver, flags, ev, msn, mlen, moff, ts) = _unpack_write(data)
         imm = None
     elif op == _OP_SACK:
-        _sack_rx(self, qp, data, n, now, ecn, port)
+        _sack_rx(self, qp, data, n, now, ecn, port, src)
         return
     else:  # WRITE with immediate (a message's last packet: the pure path completes it), other control
         _pure_receive(self, data, now, ecn, port, src)
@@ -179,7 +179,8 @@ def receive(
 
 
 def _sack_rx(
-    self: Context, qp: QueuePair, data: bytes | bytearray, n: int, now: int, ecn: bool, port: int
+    self: Context, qp: QueuePair, data: bytes | bytearray, n: int, now: int, ecn: bool, port: int,
+    src: bytes | None,
 ) -> None:
     """A SACK as `parse` accepts it with a good ICRC (BTH byte 1 and 4 zero, as endpoints send it),
     parsed in one unpack into the `MrcPacket` `parse` builds and given to `on_sack`; anything else to
@@ -205,7 +206,7 @@ def _sack_rx(
                     now,
                 )
                 return
-    _pure_receive(self, data, now, ecn, port, None)
+    _pure_receive(self, data, now, ecn, port, src)
 
 
 def sack(

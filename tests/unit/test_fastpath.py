@@ -7,6 +7,7 @@ destination buffers: their addresses, and the R_Keys drawn from the same seeds, 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import subprocess
@@ -42,7 +43,8 @@ SCENARIOS: dict[str, Callable[[], Any]] = {
 
 
 def _run(cfg: Any, fast: bool, bufs: tuple[np.ndarray, np.ndarray] | None,
-         monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[Any, ...]], dict[str, Any], Any]:
+         monkeypatch: pytest.MonkeyPatch, with_src: bool = False,
+         ) -> tuple[list[tuple[Any, ...]], dict[str, Any], Any]:
     wire: list[tuple[Any, ...]] = []
     orig = L.LoopbackFabric.transmit
 
@@ -59,6 +61,9 @@ def _run(cfg: Any, fast: bool, bufs: tuple[np.ndarray, np.ndarray] | None,
         dst.fill(0)
         run.src, run.dst = src, dst
     assert run.a.fastpath is fast and run.qa.fast is fast
+    if with_src:  # as the socket driver calls it: the source address of every datagram checked
+        for ctx, peer in ((run.a, L.GID_B), (run.b, L.GID_A)):
+            ctx.receive = functools.partial(ctx.receive, src=peer)
     doc = L.run_transfer(run)
     for k in _TIMING:
         doc.pop(k)
@@ -75,16 +80,36 @@ def _run(cfg: Any, fast: bool, bufs: tuple[np.ndarray, np.ndarray] | None,
     return wire, state, run
 
 
+@pytest.mark.parametrize("with_src", [False, True], ids=["no_src", "src"])
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
-def test_same_wire_bytes_and_state(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_same_wire_bytes_and_state(name: str, with_src: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = SCENARIOS[name]
-    wire0, state0, run0 = _run(cfg(), False, None, monkeypatch)
+    wire0, state0, run0 = _run(cfg(), False, None, monkeypatch, with_src)
     assert state0["report"]["bit_exact"], name
-    wire1, state1, _ = _run(cfg(), True, (run0.src, run0.dst), monkeypatch)
+    wire1, state1, _ = _run(cfg(), True, (run0.src, run0.dst), monkeypatch, with_src)
     assert len(wire1) == len(wire0)
     for i, (a, b) in enumerate(zip(wire0, wire1, strict=True)):
         assert a == b, f"{name}: datagram {i} differs"
     assert state1 == state0
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_foreign_source_dropped(fast: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Data packets from an address that is not the QP's peer: dropped as foreign_src by both paths,
+    nothing placed, nothing acknowledged; from the peer, placed."""
+    monkeypatch.setattr(fastpath, "ENABLED", fast)
+    run = L.build(L.LoopbackConfig(size=1 << 20, seed=7))
+    smr, dmr = run.a.reg_mr(run.src), run.b.reg_mr(run.dst)
+    run.qa.post_send(1, smr, 0, 1 << 20, dmr.addr, dmr.rkey)
+    data = [dg.data for dg in run.a.datagrams_to_send(0)]
+    assert len(data) > 2
+    stranger = bytes.fromhex("fd00000000000000000000000000000c")
+    for d in data[1:3]:  # mid-message packets: the fast path's own case
+        run.b.receive(d, 1000, False, 0, stranger)
+    assert run.b.drops == {"foreign_src": 2}
+    assert run.qb.rx_packets == 0 and not run.b.datagrams_to_send(1000)
+    run.b.receive(data[1], 1000, False, 0, L.GID_A)
+    assert run.qb.rx_packets == 1
 
 
 def test_fast_path_handles_the_bulk() -> None:
