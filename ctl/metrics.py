@@ -18,7 +18,6 @@ platform collectors of prometheus_client add ``process_*`` and ``python_*``.
 
 from __future__ import annotations
 
-import json
 import math
 import platform
 import socket
@@ -43,6 +42,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from mrc import __version__ as mrc_version
 from mrc.dataplane.abi import DropReason
+from mrc.dataplane.bpf import attached_here
 from mrc.transport import EvState, QpState
 from mrc.transport.drops import EngineDrop
 
@@ -176,20 +176,10 @@ class StatsBoard:
 
 
 def dataplane_attached(egress: Any, ingress: Any, site: str, host: str) -> dict[str, bool]:
-    """host_egress / host_ingress -> whether its record (written by whoever attached it, atomically) still
-    lists an attachment on `host` of `site` (the testbed). `mrcctl prog detach` removes or rewrites the
-    record, while mrcd's own copy of it, and its map fds, live on: only the file tells."""
-    out: dict[str, bool] = {}
-    for kind, prog in (("host_egress", egress), ("host_ingress", ingress)):
-        ok = False
-        if prog is not None:
-            try:
-                rec = json.loads(prog.record_path.read_text())
-            except (OSError, ValueError):
-                rec = {}
-            ok = any(a.get("testbed") == site and a.get("node") == host for a in rec.get("attachments", []))
-        out[kind] = ok
-    return out
+    """host_egress / host_ingress -> whether its record still lists an attachment on `host` of `site`
+    (`mrc.dataplane.bpf.attached_here`)."""
+    return {kind: prog is not None and attached_here(prog, site, host)
+            for kind, prog in (("host_egress", egress), ("host_ingress", ingress))}
 
 
 class MetricsSource(Protocol):

@@ -466,6 +466,18 @@ def _detach_one(att: dict[str, Any]) -> None:
                 ipr.rule("del", family=socket.AF_INET6, **rule)
 
 
+def attached_here(prog: Program, site: str, node: str) -> bool:
+    """Whether `prog`'s record, as on disk now (whoever attached it rewrites it atomically), still lists
+    an attachment on `node` of `site` (a testbed's name, or a real host's `host:<name>`). `mrcctl prog
+    detach` removes or rewrites the record while its loader's copy, and its map fds, live on: only the
+    file tells."""
+    try:
+        rec = json.loads(prog.record_path.read_text())
+    except (OSError, ValueError):
+        return False
+    return any(a.get("testbed") == site and a.get("node") == node for a in rec.get("attachments", []))
+
+
 def attachment_netns(att: dict[str, Any]) -> str | None:
     """The namespace of a recorded attachment as seen from here: a name, HERE, or None when it was made in
     an unnamed namespace that is not the caller's (nothing here can reach it safely)."""

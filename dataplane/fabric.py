@@ -198,7 +198,7 @@ class FabricDataplane:
             hid = self._id(self.egress, "host", h)
             hosts.set(ct_u64(self.cookie(h)), ct_u32(hid))
             with contextlib.closing(netns.ipr(ns)) as ipr:
-                _add_sink_device(ipr, MRC_DEV, self.topo.link.mtu - 40)
+                add_sink_device(ipr, MRC_DEV, self.topo.link.mtu - 40)
                 idx = int(ipr.link_lookup(ifname=MRC_DEV)[0])
                 ipr.link("set", index=idx, state="up")
                 ipr.rule("add", family=socket.AF_INET6, **rule)
@@ -510,7 +510,7 @@ class FabricDataplane:
         self.close()
 
 
-def _add_sink_device(ipr: Any, ifname: str, mtu: int) -> None:
+def add_sink_device(ipr: Any, ifname: str, mtu: int) -> None:
     """A device that swallows what its egress program does not redirect: `dummy`, or where this kernel
     lacks it, `ifb` (which drops every packet that mirred did not redirect to it). Both are NOARP, so no
     neighbour discovery delays the first packet."""

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import ipaddress
 import json
 import os
@@ -42,7 +41,8 @@ from mrc.topology import Path as TopoPath
 from mrc.wire.ip import mac6
 
 from . import abi, bpf, counters, netns
-from .bpf import Program
+from .bpf import Program, attached_here
+from .fabric import add_sink_device
 
 MRC_DEV: Final = "mrc0"
 MRC_TABLE: Final = 4791
@@ -261,7 +261,7 @@ class HostDataplane:
             if ipr.link_lookup(ifname=MRC_DEV):
                 raise MrcError(f"{MRC_DEV} exists on this host and no record says mrc made it: remove it "
                                f"(ip link del {MRC_DEV}) or find who uses it")
-            _add_sink_device(ipr, MRC_DEV, mtu)
+            add_sink_device(ipr, MRC_DEV, mtu)
             idx = int(ipr.link_lookup(ifname=MRC_DEV)[0])
             ipr.link("set", index=idx, state="up")
             ipr.rule("add", family=socket.AF_INET6, **rule)
@@ -381,17 +381,8 @@ class HostDataplane:
 
     def attached(self) -> dict[str, bool]:
         """host_egress / host_ingress -> still attached here (its record lists this host)."""
-        out = {}
-        for kind, prog in (("host_egress", self.egress), ("host_ingress", self.ingress)):
-            ok = False
-            if prog is not None:
-                try:
-                    rec = json.loads(prog.record_path.read_text())
-                except (OSError, ValueError):
-                    rec = {}
-                ok = any(a.get("testbed") == self.site for a in rec.get("attachments", []))
-            out[kind] = ok
-        return out
+        return {kind: prog is not None and attached_here(prog, self.site, self.cfg.name)
+                for kind, prog in (("host_egress", self.egress), ("host_ingress", self.ingress))}
 
     # -- ending
     def close(self) -> None:
@@ -428,16 +419,6 @@ def _del_addr(ipr: Any, a: dict[str, Any]) -> None:
         found = ipr.link_lookup(ifname=a["ifname"])
         if found:
             ipr.addr("del", index=int(found[0]), address=a["address"], prefixlen=int(a["prefixlen"]))
-
-
-def _add_sink_device(ipr: Any, ifname: str, mtu: int) -> None:
-    """A device that swallows what its egress program does not redirect (dummy, else ifb)."""
-    try:
-        ipr.link("add", ifname=ifname, kind="dummy", mtu=mtu)
-    except Exception as e:
-        if getattr(e, "code", None) != errno.EOPNOTSUPP:
-            raise
-        ipr.link("add", ifname=ifname, kind="ifb", mtu=mtu)
 
 
 def _neighbours(ipr: Any, port: Port) -> dict[str, str]:
