@@ -43,6 +43,7 @@ from mrc import hostconfig
 from mrc.dataplane import netns, sdnotify
 from mrc.dataplane import testbed as tbmod
 from mrc.dataplane.driver import SocketDriver, wait
+from mrc.dataplane.host import serving_pid
 from mrc.dataplane.udp import mrc_socket
 from mrc.errors import MrcError
 from mrc.hostconfig import HostConfigError
@@ -346,6 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.config is not None:
             cfg = hostconfig.load(args.config)
+            pid = serving_pid(cfg)  # before anything is bound: its metrics address would be in use
+            if pid is not None:
+                raise MrcError(f"another mrcd (pid {pid}) serves host {cfg.name}: stop it first")
             maddr = args.metrics or cfg.metrics
             if maddr is not None:
                 metrics = MetricsServer(*maddr)

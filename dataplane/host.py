@@ -150,10 +150,12 @@ class HostDataplane:
         self._egress_port: dict[int, int] = {}  # plane -> host_egress port id
         self._ingress_port: dict[int, int] = {}
         self._pending: dict[tuple[str, int], TopoPath] = {}  # path-map entries waiting for a next hop
+        self._recorded = False  # whether the record file is this instance's (not a live one's it refused)
         self._poked: dict[tuple[int, str], float] = {}
 
     # -- record
     def _save(self) -> None:
+        self._recorded = True
         self.record_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.record_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.record, indent=1) + "\n")
@@ -162,11 +164,9 @@ class HostDataplane:
     def _clear_leftovers(self) -> None:
         """Remove what a dead instance for this host left; refuse while a live one serves it."""
         me = os.getpid()
-        for rec in bpf.records():
-            if any(a.get("testbed") == self.site for a in rec.get("attachments", [])):
-                pid = int(rec.get("pid", 0))
-                if pid != me and bpf.pid_alive(pid):
-                    raise MrcError(f"another mrcd (pid {pid}) serves host {self.cfg.name}: stop it first")
+        pid = serving_pid(self.cfg)
+        if pid is not None:
+            raise MrcError(f"another mrcd (pid {pid}) serves host {self.cfg.name}: stop it first")
         gone = bpf.detach_everything(testbed=self.site)
         if gone["records_removed"]:
             self.log(f"removed what a previous mrcd left: {gone['attachments_removed']} attachments, "
@@ -175,9 +175,8 @@ class HostDataplane:
             old = json.loads(self.record_path.read_text())
         except (OSError, ValueError):
             return
-        pid = int(old.get("pid", 0))
-        if pid != me and bpf.pid_alive(pid):
-            raise MrcError(f"another mrcd (pid {pid}) serves host {self.cfg.name} ({self.record_path})")
+        if int(old.get("pid", 0)) == me:
+            return
         if tuple(old.get("netns_inode", ())) == netns.own_inode():
             with contextlib.closing(netns.ipr(self.ns)) as ipr:
                 for a in old.get("addresses", []):
@@ -392,7 +391,7 @@ class HostDataplane:
             if prog is not None:
                 with contextlib.suppress(Exception):
                     prog.close()
-        if self.record.get("pid") == os.getpid():
+        if self._recorded and self.record.get("pid") == os.getpid():
             with contextlib.suppress(Exception), contextlib.closing(netns.ipr(self.ns)) as ipr:
                 for a in reversed(self.record["addresses"]):
                     _del_addr(ipr, a)
@@ -421,6 +420,28 @@ def _del_addr(ipr: Any, a: dict[str, Any]) -> None:
             ipr.addr("del", index=int(found[0]), address=a["address"], prefixlen=int(a["prefixlen"]))
 
 
+def serving_pid(cfg: HostConfig) -> int | None:
+    """The PID of a live mrcd (not this process) that serves `cfg`'s host, by its records, else None."""
+    me = os.getpid()
+    site = site_name(cfg)
+    pids = [int(rec.get("pid", 0)) for rec in bpf.records()
+            if any(a.get("testbed") == site for a in rec.get("attachments", []))]
+    with contextlib.suppress(OSError, ValueError):
+        pids.append(int(json.loads((run_dir() / f"{cfg.name}.json").read_text()).get("pid", 0)))
+    return next((p for p in pids if p != me and _mrcd_alive(p)), None)
+
+
+def _mrcd_alive(pid: int) -> bool:
+    """Whether `pid` is a running mrcd (not merely a live process: a dead mrcd's PID may have been reused)."""
+    if pid <= 0 or not bpf.pid_alive(pid):
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True  # alive but unreadable: assume the worst
+    return b"mrcd" in cmdline or b"mrc.ctl.daemon" in cmdline
+
+
 def _neighbours(ipr: Any, port: Port) -> dict[str, str]:
     """Usable neighbour entries of `port`: address -> MAC."""
     out = {}
@@ -442,4 +463,4 @@ def _poke(port: Port, hop: str) -> None:
             sk.sendto(b"", (str(addr), 9, 0, port.ifindex if addr.is_link_local else 0))
 
 
-__all__ = ["MRC_DEV", "HostDataplane", "Port", "find_ports", "site_name"]
+__all__ = ["MRC_DEV", "HostDataplane", "Port", "find_ports", "serving_pid", "site_name"]

@@ -322,6 +322,11 @@ def test_restart_under_a_running_bench_and_after_sigkill(tmp_path: Path, run_dir
                     bench.wait()
             assert bench.returncode != 0 and "mrcd closed the connection" in err, err
             d["A"].start()
+            # a second mrcd for the same host is refused and takes nothing from the first
+            second = subprocess.run(a.exec(str(ROOT / ".venv" / "bin" / "mrcd"), "--config", str(a.config)),
+                                    capture_output=True, text=True, timeout=120)
+            assert second.returncode != 0 and "another mrcd" in second.stderr, second.stderr
+            assert (run_dir / "host" / f"{a.name}.json").exists()
             assert _write(a, tmp_path / "bench.sock", "16M")["bit_exact"]
             xdp = [lk["ifname"] for lk in _ip_json(a, "link", "show") if "xdp" in lk]
             assert sorted(xdp) == sorted(a.ports)  # one program per port, none doubled
