@@ -365,13 +365,7 @@ def main(argv: list[str] | None = None) -> int:
                                probe_timeout_ns=args.probe_timeout_us * 1000)
         d = Daemon(site, metrics=metrics)
         d.start()
-    except HostConfigError as e:
-        print(f"mrcd: error: {e}", file=sys.stderr)
-        sdnotify.status(f"error: {e}")
-        return e.exit_code
-    except (MrcError, OSError) as e:
-        print(f"mrcd: error: {e}", file=sys.stderr)
-        sdnotify.status(f"error: {e}")
+    except BaseException as e:  # also SIGTERM during set-up (SystemExit): undo what was made, then say why
         if d is not None:
             d.close()
         else:
@@ -379,7 +373,11 @@ def main(argv: list[str] | None = None) -> int:
                 site.close()
             if metrics is not None:
                 metrics.srv.server_close()
-        return 1
+        if not isinstance(e, (MrcError, OSError)):
+            raise
+        print(f"mrcd: error: {e}", file=sys.stderr)
+        sdnotify.status(f"error: {e}")
+        return e.exit_code if isinstance(e, HostConfigError) else 1
     daemon = d
 
     def ready() -> None:

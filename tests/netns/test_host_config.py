@@ -270,6 +270,31 @@ def test_a_next_hop_that_answers_late_gets_its_evs_then(tmp_path: Path, run_dir:
             mrcd_b.stop()
 
 
+def test_sigterm_while_mrcd_sets_up_leaves_nothing(tmp_path: Path, run_dir: Path) -> None:
+    """SIGTERM while mrcd is still installing (here: waiting for a next hop that does not answer) undoes
+    what it made so far."""
+    with machines("b2b") as ms:
+        a, b = ms["A"], ms["B"]
+        subprocess.run(["ip", "-n", b.netns, "link", "set", b.ports[0], "down"], check=True)
+        log = tmp_path / "mrcd-A.log"
+        with log.open("wb") as f:
+            p = subprocess.Popen(a.exec(str(ROOT / ".venv" / "bin" / "mrcd"), "--config", str(a.config)),
+                                 stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 120
+            while "host_egress on mrc0" not in log.read_text() and time.monotonic() < deadline:
+                assert p.poll() is None, log.read_text()
+                time.sleep(0.05)
+            assert "mrc0" in _leftovers(a, run_dir)  # under way: the neighbour wait comes after mrc0
+            os.killpg(p.pid, signal.SIGTERM)
+            p.wait(60)
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        assert p.returncode != 0 and _leftovers(a, run_dir) == [], (p.returncode, log.read_text())
+
+
 def test_clos_write_rides_through_a_leaf_spine_failure(tmp_path: Path, run_dir: Path) -> None:
     with machines("clos") as ms:
         assert ms.check().ok  # the fabric itself, before any mrcd (its XDP takes check's packets)
