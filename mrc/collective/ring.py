@@ -20,6 +20,10 @@ Partial-sum strategies for the reduce-scatter hops:
          the later hops (schedule.measured_bits). It needs the decoded sum before the bits are fixed, so
          its hops are decode + add + encode (not the fused kernel, which takes the bits up front).
 
+Every codec strategy encodes a segment as the codec frames of its pieces (frame.pieces: powers of two,
+so that little of the codec's zero-padding to a power of two travels), joined in the segment's one
+message; piece 0 is seeded as the segment's single frame was, so a segment of one piece is the same bytes.
+
 `group` (any codec strategy, EDEN/DRIVE): one scale per block of that many rotated coordinates (codec
 version-2 frames, 8 bytes per scale on the wire) instead of one per segment. Measured against one scale
 in docs/collective.md, "Partial sums: grouped scales, data-driven bits, hierarchy".
@@ -110,11 +114,13 @@ def max_message_bytes(length: int, n: int, algorithm: str = "ring") -> int:
     """An upper bound on the largest message a rank posts for a buffer of `length` float32 elements:
     one segment (ring: messages are pipelined segment by segment) or the whole buffer (one-shot), raw
     float32 — a codec frame at <= 8 bits is never larger than that plus its header — plus framing and
-    codec headers (TurboQuant_prod's per-block norms included)."""
+    codec headers, 256 bytes per frame (one per piece, frame.pieces) and 4096 for TurboQuant_prod's
+    per-block norms."""
     if algorithm == "oneshot":
-        return 4 * length + 4096 + 256 * len(frame.segments(length))
-    biggest = max((max(frame.segments(e - s), default=0) for s, e in chunk_bounds(length, n)), default=0)
-    return 4 * biggest + 4096 + 256
+        return 4 * length + 4096 + 256 * sum(len(frame.pieces(s)) for s in frame.segments(length))
+    biggest = max((4 * s + 256 * len(frame.pieces(s)) for b, e in chunk_bounds(length, n)
+                   for s in frame.segments(e - b)), default=256)
+    return biggest + 4096
 
 
 def derive_seed(*parts: int) -> int:
@@ -195,33 +201,65 @@ class _RawChunks(_Chunks):
 
 
 class _CodecChunks(_Chunks):
-    """Naive: each segment in the original domain, one mrc.quant codec frame per message."""
+    """Naive: each segment in the original domain, the mrc.quant codec frames of its pieces (frame.pieces)
+    joined in one message."""
 
     def __init__(self, cfg: Config, step: int) -> None:
         self.cfg = cfg
         self.step = step
         self.group = cfg.group or None
+        self._layouts: dict[tuple[int, int], list[tuple[int, int]]] = {}
 
     def _bits(self, k: int) -> float:
         return float(self.cfg.bits)
 
-    def _encode(self, c: int, i: int, seg: F32, k: int, bits: float) -> bytes:
-        return encode(seg, self.cfg.scheme, bits, seed=derive_seed(self.cfg.seed, self.step, 1, c, i, k),
-                      group=self.group)
+    def _pieces(self, c: int, i: int) -> list[tuple[int, int]]:
+        """(offset, size) of each codec frame of segment i of chunk c: frame.pieces of its size."""
+        lay = self._layouts.get((c, i))
+        if lay is None:
+            lay, pos = [], 0
+            for size in frame.pieces(self.sizes[c][i]):
+                lay.append((pos, size))
+                pos += size
+            self._layouts[(c, i)] = lay
+        return lay
+
+    def _seed(self, c: int, i: int, k: int, j: int) -> int:
+        """Piece j of segment i of chunk c at hop k. Piece 0 keeps the seed the segment's single frame had
+        before segments were cut into pieces (a one-piece segment is the same bytes); the others add j."""
+        if j == 0:
+            return derive_seed(self.cfg.seed, self.step, 1, c, i, k)
+        return derive_seed(self.cfg.seed, self.step, 1, c, i, k, j)
+
+    def _encode(self, c: int, i: int, seg: F32, k: int, bits: float) -> list[bytes]:
+        return [encode(seg[o : o + size], self.cfg.scheme, bits, seed=self._seed(c, i, k, j),
+                       group=self.group) for j, (o, size) in enumerate(self._pieces(c, i))]
 
     def pack(self, c: int, i: int, seg: F32, k: int) -> bytes:
-        return frame.join([self._encode(c, i, seg, k, self._bits(k))])
+        return frame.join(self._encode(c, i, seg, k, self._bits(k)))
 
-    def _decode(self, c: int, i: int, f: memoryview) -> F32:
-        out = np.asarray(decode(f), np.float32)
-        if out.size != self.sizes[c][i]:
-            raise UsageError(f"chunk segment of {out.size} elements received where "
-                             f"{self.sizes[c][i]} were expected")
+    def _check(self, c: int, i: int, j: int, got: int, want: int) -> None:
+        if got != want:
+            raise UsageError(f"frame {j} of chunk {c} segment {i} holds {got} elements where {want} "
+                             f"were expected")
+
+    def _decode(self, c: int, i: int, frames: list[memoryview]) -> F32:
+        """The segment from the frames of its pieces (frame.split checked their count); UsageError if a
+        frame's element count is not its piece's."""
+        lay = self._pieces(c, i)
+        if len(lay) == 1:
+            part = np.asarray(decode(frames[0]), np.float32).reshape(-1)
+            self._check(c, i, 0, part.size, lay[0][1])
+            return part
+        out = np.empty(self.sizes[c][i], np.float32)
+        for j, ((o, size), f) in enumerate(zip(lay, frames, strict=True)):
+            part = np.asarray(decode(f), np.float32).reshape(-1)
+            self._check(c, i, j, part.size, size)
+            out[o : o + size] = part
         return out
 
     def unpack(self, c: int, i: int, msg: bytes, k: int) -> F32:
-        (f,) = frame.split(msg, 1)
-        return self._decode(c, i, f)
+        return self._decode(c, i, frame.split(msg, len(self._pieces(c, i))))
 
     def advance(self, c: int, i: int, msg: bytes, own: F32, k: int,
                 want_sum: bool) -> tuple[bytes, F32 | None]:
@@ -233,14 +271,17 @@ class _CodecChunks(_Chunks):
         return tuple([float(self.cfg.bits)] * n)
 
     def hop(self, c: int, i: int, msg: bytes, own: F32, k: int) -> bytes:
-        """pack(c, i, unpack(c, i, msg) + own, k), the same bytes, through mrc.quant.hop: the fused
-        one-sweep kernel by default, the three passes with MRC_HOP_KERNEL=three-pass (docs/collective.md)."""
-        (f,) = frame.split(msg, 1)
-        if parse(f).d != self.sizes[c][i]:
-            raise UsageError(f"chunk segment of {parse(f).d} elements received where "
-                             f"{self.sizes[c][i]} were expected")
-        return frame.join([qhop.hop(f, own, self.cfg.scheme, self._bits(k),
-                                    derive_seed(self.cfg.seed, self.step, 1, c, i, k), group=self.group)])
+        """pack(c, i, unpack(c, i, msg) + own, k), the same bytes, through mrc.quant.hop piece by piece:
+        the fused one-sweep kernel by default, the three passes with MRC_HOP_KERNEL=three-pass
+        (docs/collective.md)."""
+        lay = self._pieces(c, i)
+        bits = self._bits(k)
+        out = []
+        for j, ((o, size), f) in enumerate(zip(lay, frame.split(msg, len(lay)), strict=True)):
+            self._check(c, i, j, parse(f).d, size)
+            out.append(qhop.hop(f, own[o : o + size], self.cfg.scheme, bits, self._seed(c, i, k, j),
+                                group=self.group))
+        return frame.join(out)
 
 
 class _ScheduledChunks(_CodecChunks):
@@ -281,20 +322,20 @@ class _MeasuredChunks(_CodecChunks):
             raise AssertionError("measured: only the first hop packs without an incoming message")
         e = float(np.dot(seg.astype(np.float64), seg.astype(np.float64)))
         self.used.setdefault(1, []).append(self.first)
-        return frame.join_stats((self.first, 0.0, 0.0, e), [self._encode(c, i, seg, 1, self.first)])
+        return frame.join_stats((self.first, 0.0, 0.0, e), self._encode(c, i, seg, 1, self.first))
 
     def unpack(self, c: int, i: int, msg: bytes, k: int) -> F32:
         if k >= self.n:
             return super().unpack(c, i, msg, k)
-        _, (f,) = frame.split_stats(msg, 1)
-        return self._decode(c, i, f)
+        _, frames = frame.split_stats(msg, len(self._pieces(c, i)))
+        return self._decode(c, i, frames)
 
     def advance(self, c: int, i: int, msg: bytes, own: F32, k: int,
                 want_sum: bool) -> tuple[bytes, F32 | None]:
-        (spent, cross, q, a), (f,) = frame.split_stats(msg, 1)
+        (spent, cross, q, a), frames = frame.split_stats(msg, len(self._pieces(c, i)))
         if spent < 0 or a < 0 or q < 0:
             raise UsageError("measured: inconsistent partial-sum statistics")
-        work = self._decode(c, i, f)
+        work = self._decode(c, i, frames)
         own64 = own.astype(np.float64)
         e_own = float(np.dot(own64, own64))
         cross += float(np.dot(work.astype(np.float64), own64))
@@ -313,8 +354,8 @@ class _MeasuredChunks(_CodecChunks):
         self.used.setdefault(k, []).append(bits)
         out = self._encode(c, i, work, k, bits)
         if k == self.n:
-            return frame.join([out]), work
-        return frame.join_stats((spent + bits, cross, q, a), [out]), work
+            return frame.join(out), work
+        return frame.join_stats((spent + bits, cross, q, a), out), work
 
     def bits(self, n: int) -> tuple[float, ...]:
         """The mean bits this rank chose per hop it quantized (0 where it quantized none)."""
@@ -338,8 +379,8 @@ def _ring(t: Transport, a: F32, cfg: Config, step: int, rep: _Chunks, want_resid
     message g + L (L = min(m, send window)). Encoding segment i + 1 then overlaps with segment i on the
     wire and at the next ranks, instead of a whole chunk waiting for the previous hop. Deadlock-free: a
     rank waiting for message g has L messages outstanding toward its right, which the window allows.
-    The seeds, bits and bytes of every frame are those of the unpipelined ring (segment i of chunk c at
-    hop k is seeded by (seed, step, c, i, k)), so the result does not depend on L."""
+    The seeds, bits and bytes of every frame are those of the unpipelined ring (piece j of segment i of
+    chunk c at hop k is seeded by (seed, step, c, i, k[, j])), so the result does not depend on L."""
     n, r = t.world_size, t.rank
     right, left = (r + 1) % n, (r - 1) % n
     bounds = chunk_bounds(a.size, n)
@@ -440,23 +481,36 @@ def _oneshot(t: Transport, a: F32, cfg: Config, step: int, want_residual: bool) 
     n, r = t.world_size, t.rank
     right, left = (r + 1) % n, (r - 1) % n
     io = _Counter(t)
-    sizes = frame.segments(a.size)
+    # (offset, size, segment, piece) of every codec frame of the buffer: the segments' pieces in order
+    layout: list[tuple[int, int, int, int]] = []
+    pos = 0
+    for i, seg in enumerate(frame.segments(a.size)):
+        for j, size in enumerate(frame.pieces(seg)):
+            layout.append((pos, size, i, j))
+            pos += size
 
     def enc(rank: int) -> bytes:
         if cfg.scheme == "none":
             return a.tobytes()
-        frames, pos = [], 0
-        for i, size in enumerate(sizes):
-            frames.append(encode(a[pos : pos + size], cfg.scheme, cfg.bits,
-                                 seed=derive_seed(cfg.seed, step, 4, rank, i)))
-            pos += size
-        return frame.join(frames)
+        return frame.join([encode(a[o : o + size], cfg.scheme, cfg.bits,
+                                  seed=derive_seed(cfg.seed, step, 4, rank, i, *((j,) if j else ())))
+                           for o, size, i, j in layout])
 
     def dec(msg: bytes) -> npt.NDArray[np.float64]:
         if cfg.scheme == "none":
-            return np.frombuffer(msg, np.float32).astype(np.float64)
-        parts = [np.asarray(decode(f), np.float64) for f in frame.split(msg, len(sizes))]
-        return np.concatenate(parts) if parts else np.zeros(0)
+            raw = np.frombuffer(msg, np.float32)
+            if raw.size != a.size:
+                raise UsageError(f"one-shot buffer of {raw.size} elements received where {a.size} were "
+                                 f"expected")
+            return raw.astype(np.float64)
+        out = np.empty(a.size, np.float64)
+        for (o, size, i, j), f in zip(layout, frame.split(msg, len(layout)), strict=True):
+            part = np.asarray(decode(f), np.float64).reshape(-1)
+            if part.size != size:
+                raise UsageError(f"frame {j} of segment {i} holds {part.size} elements where {size} "
+                                 f"were expected")
+            out[o : o + size] = part
+        return out
 
     msg = enc(r)
     total = dec(msg)

@@ -67,8 +67,8 @@ def test_every_scheme_runs_any_length(scheme: str, bits: float, ps: str) -> None
 
 
 def test_wire_bytes_match_codec_sizes() -> None:
-    """Naive: each rank posts n-1 reduce-scatter messages of codec frames (+4-byte length each) and
-    n-1 all-gather messages; the bytes equal the codec's encoded sizes."""
+    """Naive: each rank posts n-1 reduce-scatter messages of codec frames (one per piece of the segment,
+    +4-byte length each) and n-1 all-gather messages; the bytes equal the codec's encoded sizes."""
     n, length = 4, 10_000
     xs = _inputs(n, length, 11)
     cfg = Config("eden-unbiased", 2, "naive", seed=5)
@@ -76,8 +76,8 @@ def test_wire_bytes_match_codec_sizes() -> None:
     bounds = chunk_bounds(length, n)
     want_total = 0
     for _, (s, e) in enumerate(bounds):
-        segs = frame.segments(e - s)
-        size = sum(len(encode(np.zeros(m, np.float32) + 1, "eden-unbiased", 2, seed=1)) + 4 for m in segs)
+        pieces = [p for seg in frame.segments(e - s) for p in frame.pieces(seg)]
+        size = sum(len(encode(np.zeros(m, np.float32) + 1, "eden-unbiased", 2, seed=1)) + 4 for m in pieces)
         want_total += (n - 1) * size * 2  # every chunk crosses n-1 links in each phase
     assert sum(r.wire_bytes for r in res) == want_total
     assert all(r.messages == 2 * (n - 1) for r in res)

@@ -46,14 +46,15 @@ def _powersgd_elements(model: Any, rank: int) -> int:
 
 
 def _eden_step_bytes(params: int, scheme: str, bits: float) -> int:
-    """Bytes a rank of 2 posts per compressed step: one message per phase, each its chunk's frames."""
+    """Bytes a rank of 2 posts per compressed step: in each phase its chunk's frames (one per piece of
+    every segment, frame.pieces), with their length prefixes."""
     sizes = []
     for start, end in chunk_bounds(params, 2):
         x = np.random.default_rng(start).standard_normal(end - start).astype(np.float32)
         frames, pos = [], 0
-        for seg in frame.segments(end - start):
-            frames.append(codec.encode(x[pos : pos + seg], scheme, bits, seed=1))
-            pos += seg
+        for piece in (p for seg in frame.segments(end - start) for p in frame.pieces(seg)):
+            frames.append(codec.encode(x[pos : pos + piece], scheme, bits, seed=1))
+            pos += piece
         sizes.append(len(frame.join(frames)))
     # at 2 ranks each rank sends one chunk in the reduce-scatter and the other, reduced, in the all-gather
     return sum(sizes)
