@@ -401,27 +401,38 @@ class WriteBench:
             raise MrcError(f"testbed {self.cfg.testbed}: a blackhole needs the eBPF dataplane attached")
 
         def fail() -> None:
+            # The failure's instant (the blackhole's map updates) runs ahead of every ordinary task;
+            # the kernel's link-down after it (10+ ms of work here: a veth waits for RCU grace periods
+            # and the stack flushes its routes) and the record are the emulated switch's own chores
+            # and run as an ordinary task: at SCHED_FIFO they would starve the engines of a CPU right
+            # after the failure (no SACK reaches the source meanwhile), which a switch's link-down
+            # does not do to its hosts (docs/testbed.md, "Rate limits and failures").
             with prompt_thread():
-                inject()
+                placed = strike()
+            if not blackhole:
+                take_down(placed)
+            self.progress(f"  link {la}-{lb} {'blackholed' if blackhole else 'down'} at {at_s} s")
 
-        def inject() -> None:
+        def strike() -> bool:
             marks["fail"] = time.monotonic_ns()
             if blackhole:
                 assert fab is not None
                 fab.set_fault(la, lb, blackhole=True)  # two map updates: the failure instant is exact
                 marks["fail_done"] = time.monotonic_ns()
-            else:
-                # as testbed link down does (fail_link_now): drop at once, then the kernel's link-down,
-                # which takes 10+ ms; both clocks are reported (cut_ms, fail_call_ms)
-                placed = fab is not None and fab.cut_link(la, lb)
-                marks["cut"] = time.monotonic_ns()
-                ipr.link("set", index=idx, state="down")
-                marks["fail_done"] = time.monotonic_ns()
-                tbmod.set_link(self.cfg.testbed, la, lb, up=False)
-                if placed:
-                    assert fab is not None
-                    fab.clear_faults(la, lb)
-            self.progress(f"  link {la}-{lb} {'blackholed' if blackhole else 'down'} at {at_s} s")
+                return False
+            # as testbed link down does (fail_link_now): drop at once, then the kernel's link-down,
+            # which takes 10+ ms; both clocks are reported (cut_ms, fail_call_ms)
+            placed = fab is not None and fab.cut_link(la, lb)
+            marks["cut"] = time.monotonic_ns()
+            return placed
+
+        def take_down(placed: bool) -> None:
+            ipr.link("set", index=idx, state="down")
+            marks["fail_done"] = time.monotonic_ns()
+            tbmod.set_link(self.cfg.testbed, la, lb, up=False)
+            if placed:
+                assert fab is not None
+                fab.clear_faults(la, lb)
 
         def restore() -> None:
             marks["heal"] = time.monotonic_ns()

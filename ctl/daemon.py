@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import selectors
 import signal
@@ -47,6 +48,7 @@ from mrc.dataplane.host import serving_pid
 from mrc.dataplane.udp import mrc_socket
 from mrc.errors import MrcError
 from mrc.hostconfig import HostConfigError
+from mrc.transport import QpAttr
 
 from .control_server import Client, ControlServer
 from .controller import Link
@@ -104,6 +106,14 @@ class _PortRx:
         return self.site.port_rx_packets(plane)
 
 
+def same_port_rack_override(attr: QpAttr) -> QpAttr:
+    """`attr`, with the same-port loss rule off when ``MRC_SAME_PORT_RACK=0`` (docs/transport.md):
+    the switch that runs the cross-port rule alone next to it, on the same testbed or host."""
+    if os.environ.get("MRC_SAME_PORT_RACK", "1").strip() == "0":
+        return dataclasses.replace(attr, same_port_rack=False)
+    return attr
+
+
 class Daemon:
     """mrcd: the `HostEngine` on the host's MRC socket (`SocketDriver`), the control socket
     (`ControlServer` + `Operations`), peer notes (`PeerNotifier`), the metrics' snapshot (`StatsBoard`),
@@ -127,7 +137,7 @@ class Daemon:
         self.notifier = PeerNotifier(self.sel)
         self.engine = HostEngine(site.fabric, site.host, site.paths, self.tell_peers, evs=site.evs,
                                  seed=seed or os.getpid(), nscc=site.nscc, null_cc_default=site.nscc is None,
-                                 qp_attr=site.qp_attr)
+                                 qp_attr=same_port_rack_override(site.qp_attr))
         self.ops = Operations(self.engine, site=site.name, port_ifname=site.port_ifname,
                               link_rate_bps=max(site.port_rate_bps), io_stats=self._io_stats)
         self.server = ControlServer(self.sel, self.ops)

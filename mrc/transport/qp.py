@@ -125,6 +125,8 @@ class QueuePair(Requester, Responder):
         self.tx_retx = [False] * W
         self.ack_timeout = attr.ack_timeout_ns
         self.port_thr = [attr.ack_timeout_ns] * self.paths.nports
+        self.reo_extra = attr.reorder_ns + attr.ack_delay_ns
+        self._reset_rack(self.paths.nports)
 
     def post_send(
         self,

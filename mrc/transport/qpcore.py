@@ -97,11 +97,29 @@ class QpCore:
         "latest_acked_serial", "tx_state", "tx_len", "tx_ev", "tx_time", "tx_serial", "tx_wr", "tx_off",
         "tx_retx", "rack_next", "rtxq", "port_thr", "ack_timeout", "retries", "wrs_out", "send_cq", "srtt",
         "rttvar", "min_rtt", "port_srtt", "port_rttvar", "port_min_rtt", "reo_extra", "ctx", "qpn", "recv_cq",
+        "rack_ser", "rack_rtt", "rack_thr", "rack_reo", "rack_calm", "rack_bump", "rack_lost",
+        "same_port_rack",
         "error_status", "msn", "trim_pending", "next_rid", "recv_q", "imm_reserved",
         "max_trim_recovery_ns", "trim_recoveries", "aux_deadline", "tx_old", "first_psn", "wimm_out",
         "rnr", "gc_at", "max_rx_msgs", "ts_off", "steer_delay", "cc_spec", "ackreq_since", "ackreq_div",
         "Wd", "hint", "fast",
     )
+
+    def _reset_rack(self, nports: int) -> None:
+        """The same-port loss rule's state (recovery.py), per port: the highest serial acknowledged,
+        the latest RTT sample and the rule's threshold, the reordering window (reo_extra, widened by
+        the rule's refuted calls, halved back after RACK_CALM samples without one), the samples since
+        it last changed and when it may widen next; and the PSNs this rule declared lost (-> port and
+        when), where a refutation widens the window: the cross-port rule's mistakes say nothing about
+        how a port reorders."""
+        self.same_port_rack = self.attr.same_port_rack
+        self.rack_ser = [0] * nports
+        self.rack_rtt = [0] * nports
+        self.rack_thr = [NEVER] * nports
+        self.rack_reo = [self.reo_extra] * nports
+        self.rack_calm = [0] * nports
+        self.rack_bump = [0] * nports
+        self.rack_lost: dict[int, tuple[int, int]] = {}
 
     # the ICRC contexts of the two directions: set by INIT -> RTR, when the peer is known
     tx_icrc: IcrcContext
@@ -200,6 +218,7 @@ class QpCore:
         self.port_min_rtt = [NEVER] * nports  # the plane's base RTT (planes may differ in length)
         self.port_rttvar = [0] * nports
         self.port_thr = [attr.ack_timeout_ns] * nports  # reordering threshold; before any sample: RTO
+        self._reset_rack(nports)
         self.retries = 0
         self.rto_deadline = NEVER
         self.loss_deadline = NEVER
@@ -224,7 +243,8 @@ class QpCore:
         self.c: dict[str, int] = dict.fromkeys(
             (
                 "retx_sack", "retx_trim", "retx_timeout", "retx_nack", "retx_rnr",
-                "retx_spurious", "lost_then_acked", "sack_rx", "nack_rx", "nack_trim_rx", "rnr_rx",
+                "retx_spurious", "lost_then_acked", "retx_same_port", "same_port_refuted",
+                "sack_rx", "nack_rx", "nack_trim_rx", "rnr_rx",
                 "ecn_echo_rx", "ecn_steered", "delay_steered", "probe_tx", "probe_reply_rx", "rto",
                 "no_path_rto",
                 "window_limited", "cwnd_limited", "wimm_limited", "unmatched_rx",

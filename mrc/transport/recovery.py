@@ -15,6 +15,9 @@ from __future__ import annotations
 from .qpcore import _INFLIGHT, _LOST, NEVER, QpCore
 from .verbs import EXP_CNT_INFINITE, WcStatus
 
+#: RTT samples of a port without a spurious loss after which its same-port reordering window halves
+RACK_CALM = 256
+
 
 class Recovery(QpCore):
     """RTT estimation, loss detection and the ACK timeout (see the module docstring)."""
@@ -52,9 +55,98 @@ class Recovery(QpCore):
 
     # ================================================================== loss detection
 
+    def _rack_sample(self, rtt: int, port: int) -> None:
+        """An RTT sample of `port` (the SACK's echo). Each port's same-port threshold is its own
+        latest RTT or, when later, its base RTT + the excess over base this sample shows (a stalled
+        host delays every port's acknowledgements alike, and a port's own latest sample may predate
+        the stall), + its reordering window. RACK_CALM samples without a spurious loss halve the
+        window back towards its base."""
+        calm = self.rack_calm[port] + 1
+        if calm >= RACK_CALM:
+            calm = 0
+            reo = self.rack_reo[port] >> 1
+            self.rack_reo[port] = reo if reo > self.reo_extra else self.reo_extra
+        self.rack_calm[port] = calm
+        self.rack_rtt[port] = rtt
+        pmin = self.port_min_rtt
+        excess = rtt - pmin[port]
+        rack_rtt, rack_reo, rack_thr = self.rack_rtt, self.rack_reo, self.rack_thr
+        for p in range(len(rack_thr)):
+            base = pmin[p]
+            if base == NEVER:
+                continue
+            est = base + excess
+            r = rack_rtt[p]
+            rack_thr[p] = (r if r > est else est) + rack_reo[p]
+
+    def _rack_run(self, s0: int, s1: int) -> None:
+        """Slots s0..s1-1 were acknowledged in one run: raise each port's latest acknowledged serial.
+        Scanned from the end, stopping once every port was seen: first transmissions are in serial
+        order, and a retransmission's higher serial missed this way only leaves the evidence lower
+        (the rule more patient), never higher than the truth."""
+        rack_ser, ev_port, tx_ev, tx_serial = self.rack_ser, self.paths.ev_port, self.tx_ev, self.tx_serial
+        every = (1 << len(rack_ser)) - 1
+        seen = 0
+        j = s1
+        while j > s0 and seen != every:
+            j -= 1
+            port = ev_port[tx_ev[j]]
+            bit = 1 << port
+            if seen & bit:
+                continue
+            seen |= bit
+            ser = tx_serial[j]
+            if ser > rack_ser[port]:
+                rack_ser[port] = ser
+
+    def _rack_declared(self, psn: int, port: int, now: int) -> None:
+        """The same-port rule declared `psn` (sent on `port`) lost at `now`: remembered until it is
+        acknowledged, so that a spurious call widens that port's window (bounded by the window W:
+        entries below snd_una are dropped when it is full)."""
+        lost = self.rack_lost
+        if len(lost) >= self.W:
+            una = self.snd_una
+            for q in [q for q in lost if q < una]:
+                del lost[q]
+        lost[psn] = (port, now)
+
+    def _rack_refuted(self, psn: int, now: int) -> None:
+        """`psn` turned out not lost (acknowledged while marked lost, or a second copy arrived): the
+        packets of its port reorder more than the window allows. The window grows by how much later
+        than the call the proof came (at least its base, reorder_ns + ack_delay_ns), at most once per
+        smoothed RTT of the port, up to the ACK timeout: one episode of reordering yields a burst of
+        such proofs, which is one piece of evidence (RACK's reo_wnd also grows per round trip with
+        DSACKs, RFC 8985 6.2)."""
+        entry = self.rack_lost.pop(psn, None)
+        if entry is None:
+            return
+        self.c["same_port_refuted"] += 1
+        port, called = entry
+        if now < self.rack_bump[port]:
+            return
+        self.rack_bump[port] = now + self.port_srtt[port]
+        old = self.rack_reo[port]
+        late = now - called
+        reo = old + (late if late > self.reo_extra else self.reo_extra)
+        if reo > self.ack_timeout:
+            reo = self.ack_timeout
+        self.rack_reo[port] = reo
+        self.rack_calm[port] = 0
+        if self.rack_thr[port] != NEVER:
+            self.rack_thr[port] += reo - old
+
     def _detect_losses(self, now: int) -> None:
-        """RACK-style: a packet is lost when one sent after it was acknowledged and it has been out
-        longer than srtt + 4 rttvar + reorder_ns + ack_delay_ns of its port.
+        """RACK-style, two rules. Cross-port: a packet is lost when one sent after it (on any port) was
+        acknowledged and it has been out longer than srtt + 4 rttvar + reorder_ns + ack_delay_ns of its
+        port. Same-port (`same_port_rack`): once one sent after it on its own port was acknowledged,
+        it is lost when it has been out longer than the port's current RTT (its latest sample, or its
+        base RTT + the excess over base that the latest sample of any port shows: a stalled host
+        delays every acknowledgement alike) + the port's reordering window, if that is sooner. A port
+        is one FIFO from the engine to the wire and one plane of equal-length paths, so its packets
+        reorder only by the spines' queue differences; the variance margin, which on a jittery host
+        (a software engine sharing CPUs) is milliseconds, is not needed to tell a dead path from a
+        late packet there. The window adapts: widened by the same-port rule's refuted calls on the
+        port (at most once per RTT), halved back after RACK_CALM RTT samples without one.
 
         First transmissions go out in PSN order, so a pointer walks them once (everything below snd_una
         is acknowledged and skipped in one step); retransmissions are examined in send order from their
@@ -64,6 +156,8 @@ class Recovery(QpCore):
         nxt = self.snd_nxt
         las = self.latest_acked_serial
         port_thr = self.port_thr
+        rack_ser = self.rack_ser  # all 0 with the same-port rule off (no samples are taken)
+        rack_thr = self.rack_thr
         ev_port = self.paths.ev_port
         tx_serial, tx_state, tx_time, tx_ev = self.tx_serial, self.tx_state, self.tx_time, self.tx_ev
         tx_retx = self.tx_retx
@@ -76,13 +170,22 @@ class Recovery(QpCore):
             if tx_state[slot] != _INFLIGHT or tx_retx[slot]:
                 p += 1  # acknowledged, already lost, or watched by the retransmission queue
                 continue
-            if tx_serial[slot] > las:
+            ser = tx_serial[slot]
+            if ser > las:
                 break
-            t = tx_time[slot] + port_thr[ev_port[tx_ev[slot]]]
+            port = ev_port[tx_ev[slot]]
+            thr = port_thr[port]
+            rack = ser < rack_ser[port] and rack_thr[port] < thr
+            if rack:
+                thr = rack_thr[port]
+            t = tx_time[slot] + thr
             if t > now:
                 deadline = t
                 break
             self.c["retx_sack"] += 1
+            if rack:
+                self.c["retx_same_port"] += 1
+                self._rack_declared(p, port, now)
             self._lost(p, slot, now, True)
             p += 1
         self.rack_next = p
@@ -98,13 +201,21 @@ class Recovery(QpCore):
                 continue
             if ser > las:
                 break
-            t = tx_time[slot] + port_thr[ev_port[tx_ev[slot]]]
+            port = ev_port[tx_ev[slot]]
+            thr = port_thr[port]
+            rack = ser < rack_ser[port] and rack_thr[port] < thr
+            if rack:
+                thr = rack_thr[port]
+            t = tx_time[slot] + thr
             if t > now:
                 if t < deadline:
                     deadline = t
                 break
             rtxq.popleft()
             self.c["retx_sack"] += 1
+            if rack:
+                self.c["retx_same_port"] += 1
+                self._rack_declared(psn, port, now)
             self._lost(psn, slot, now, True)
         self.loss_deadline = deadline
 

@@ -315,6 +315,9 @@ class Requester(Recovery):
         # transmissions was not needed
         if s.echo_flags & _S_DUP and self.tx_retx[own if own >= 0 else -2 - own]:  # type: ignore[union-attr]
             c["retx_spurious"] += 1
+            if self.rack_lost:
+                rel = (pkt.psn - self.snd_una) & PSN_MASK
+                self._rack_refuted(self.snd_una + (rel - PSN_MOD if rel >= _HALF else rel), now)
         una = self.snd_una
         outstanding = self.snd_nxt - una
         rel = (s.cum_psn - una) & PSN_MASK  # type: ignore[union-attr]
@@ -349,7 +352,11 @@ class Requester(Recovery):
                         ser = max(tx_serial[s0:s1])
                         if ser > las:
                             las = ser
+                        if self.same_port_rack:
+                            self._rack_run(s0, s1)
                         newly = 0
+                rack_ser = self.rack_ser if newly and self.same_port_rack else None
+                ev_port = self.paths.ev_port
                 while newly:
                     low = newly & -newly
                     slot = (una + low.bit_length() - 1) % W
@@ -360,11 +367,17 @@ class Requester(Recovery):
                         inflight -= n
                     elif st == _LOST:
                         spurious += 1
+                        if self.rack_lost:
+                            self._rack_refuted(una + low.bit_length() - 1, now)
                     tx_state[slot] = _ACKED
                     acked += n
                     ser = tx_serial[slot]
                     if ser > las:
                         las = ser
+                    if rack_ser is not None:
+                        port = ev_port[self.tx_ev[slot]]
+                        if ser > rack_ser[port]:
+                            rack_ser[port] = ser
                 self.inflight = inflight
                 self.latest_acked_serial = las
                 if spurious:
@@ -426,6 +439,8 @@ class Requester(Recovery):
                     paths.penalise(e)
                     hot = 4 * paths.npen <= paths.good_count
                 self._rtt_sample(rtt, port)
+                if self.same_port_rack:
+                    self._rack_sample(rtt, port)
             else:
                 self._rtt_sample(rtt, -1)
         if hot:

@@ -223,6 +223,12 @@ class QpAttr:
     ack_delay_ns: int = 4_000  # ... or this long after an unacknowledged arrival
     ack_req_per_window: int = 4  # requester: AckReq at least every cwnd / this many bytes (0: off)
     reorder_ns: int = 2_000  # minimum reordering tolerance before a SACK hole is a loss
+    # a SACK hole is also a loss once a packet sent later on the same port (one FIFO to the wire, one
+    # plane) was acknowledged and the hole is older than that packet's RTT + the port's adaptive
+    # reordering window (>= reorder_ns + ack_delay_ns): no variance margin, so a dead path is found
+    # about one RTT after its first loss even when RTTs jitter (docs/transport.md). False: the
+    # cross-port rule alone
+    same_port_rack: bool = True
     # an EV whose RTT sample exceeds 2 x the QP's smoothed RTT + this is steered away from, as on ECN
     # (-1: off): a slow link's queue long before the switch's byte threshold marks it
     steer_delay_ns: int = 10_000

@@ -221,11 +221,80 @@ def test_one_slow_marking_plane_is_steered_around_without_collapsing_the_window(
     assert r.qa.c["ecn_steered"] > 100 and doc["plane_share"][2] < 0.1
 
 
-def _slow_path_run(seed: int, steer_delay_ns: int) -> tuple[dict[str, Any], LoopbackRun, float]:
+def _jittery_dead_path(seed: int, same_port_rack: bool) -> tuple[dict[str, Any], LoopbackRun, int]:
+    """32 MiB while the requester's host stalls (everything it receives in each 200 us waits a common
+    random 0-150 us, as a software engine sharing CPUs does: RTT samples jitter by ~100 us against a
+    ~6 us base) and, 400 us in, the path of 8 of plane 0's 32 EVs dies (a leaf-spine link). Returns
+    the run and the time from the failure to the first of those EVs going ASSUMED_BAD."""
+    import random
+
+    r = build(LoopbackConfig(size=32 << 20, seed=seed, attr=QpAttr(same_port_rack=same_port_rack)))
+    paths, fab = r.qa.paths, r.fabric
+    dead = set(sorted(i for i in range(paths.n) if paths.ev_port[i] == 0)[:8])
+    fail_at = 400_000
+    rng = random.Random(seed)
+    stall: dict[int, int] = {}
+    plain = fab.transmit
+
+    def transmit(src: int, dg: Any, now: int) -> None:
+        _data, _port, ev, _ = dg
+        if src == 0 and ev in dead and now >= fail_at:
+            return
+        if src == 1:  # toward the requester: its receive queue waits for the host, in order
+            w = now // 200_000
+            if w not in stall:
+                stall[w] = rng.randrange(0, 150_000)
+            now += stall[w]
+        plain(src, dg, now)
+
+    fab.transmit = transmit  # type: ignore[method-assign]
+    doc = run_transfer(r)
+    bad = [e["t_ns"] for e in doc["events"] if e["ev_index"] in dead and e["state"] == "ASSUMED_BAD"]
+    return doc, r, min(bad) - fail_at
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_dead_path_is_found_within_an_rtt_when_rtts_jitter(seed: int) -> None:
+    """A port is one FIFO to the wire and one plane of equal paths, so a packet whose later same-port
+    neighbour was acknowledged is lost once the port's current RTT + a small reordering window has
+    passed; the cross-port rule must also wait out 4 x the RTT variance, which a jittery host (here
+    ~100 us against a 6 us base RTT) makes many RTTs long. None of the rule's calls is refuted."""
+    on, r_on, t_on = _jittery_dead_path(seed, True)
+    assert on["completed"] and on["bit_exact"]
+    assert r_on.qa.c["retx_same_port"] > 0 and r_on.qa.c["same_port_refuted"] == 0
+    # within one stall (150 us) + the base RTT + the window, for every seed
+    assert t_on < 200_000, t_on
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_reordering_within_a_port_widens_the_same_port_window(seed: int) -> None:
+    """Where the rule's premise fails (every packet delayed by up to 20 us at random, reordering each
+    path by three base RTTs), its calls are refuted by the late originals and each refutation widens
+    the port's window by how late the proof came: a bounded burst of spurious calls, then none."""
+    doc, r = run(16 << 20, seed=seed, jitter_ns=20_000)
+    assert doc["completed"] and doc["bit_exact"]
+    c = r.qa.c
+    assert 0 < c["same_port_refuted"] <= c["retx_same_port"] <= 32
+    assert min(r.qa.rack_reo) > 2 * r.qa.reo_extra
+
+
+def test_the_cross_port_rule_alone_is_slow_when_rtts_jitter() -> None:
+    """What the same-port rule is for: on the same runs the cross-port rule alone takes longer than a
+    stall + RTT on most seeds (seed 2's first dead packet happens to follow a calm stretch)."""
+    runs = {s: _jittery_dead_path(s, False) for s in (1, 2, 3)}
+    assert all(doc["completed"] and doc["bit_exact"] and r.qa.c["retx_same_port"] == 0
+               for doc, r, _t in runs.values())
+    slow = [s for s, (_doc, _r, t) in runs.items() if t >= 200_000]
+    assert len(slow) >= 2, slow
+
+
+def _slow_path_run(seed: int, steer_delay_ns: int,
+                   same_port_rack: bool = True) -> tuple[dict[str, Any], LoopbackRun, float]:
     """16 MiB with 8 of the 128 EVs (all of plane 0) through one path at a tenth of the port rate, its
     queue unbounded and never marking (a slowed link before its queue reaches the ECN threshold): the
     run, and the fraction of data packets that took the slow path."""
-    r = build(LoopbackConfig(size=16 << 20, seed=seed, attr=QpAttr(steer_delay_ns=steer_delay_ns)))
+    attr = QpAttr(steer_delay_ns=steer_delay_ns, same_port_rack=same_port_rack)
+    r = build(LoopbackConfig(size=16 << 20, seed=seed, attr=attr))
     paths, fab = r.qa.paths, r.fabric
     slow = {i for i in range(paths.n) if paths.ev_port[i] == 0}
     slow = set(sorted(slow)[:8])
@@ -253,14 +322,19 @@ def _slow_path_run(seed: int, steer_delay_ns: int) -> tuple[dict[str, Any], Loop
 def test_a_slow_path_is_steered_away_from_by_its_delay_before_any_mark(seed: int) -> None:
     """Without ECN or loss the only early sign of a slow link is the delay of its EVs' acknowledgements:
     steered by it, the slow EVs carry clearly less than their share and the transfer ends much sooner
-    than when only the loss detector (which waits for the queue to exceed its reordering threshold)
-    retires them."""
-    on, r_on, frac_on = _slow_path_run(seed, QpAttr().steer_delay_ns)
-    off, r_off, frac_off = _slow_path_run(seed, -1)
+    than when only the cross-port loss detector (which waits for the queue to exceed its reordering
+    threshold) retires them. The same-port rule, which also retires them (the slow EVs' packets lag
+    the fast ones of their own port), is off in that comparison; with the defaults the slow EVs
+    carry as little."""
+    on, r_on, frac_on = _slow_path_run(seed, QpAttr().steer_delay_ns, same_port_rack=False)
+    off, r_off, frac_off = _slow_path_run(seed, -1, same_port_rack=False)
     assert on["completed"] and on["bit_exact"] and off["completed"] and off["bit_exact"]
     assert r_on.qa.c["delay_steered"] > 0 and r_off.qa.c["delay_steered"] == 0
     assert frac_on < 0.85 * frac_off and frac_on < 0.7 * 8 / 128
     assert on["sim_time_s"] < 0.85 * off["sim_time_s"]
+    dflt, _r, frac = _slow_path_run(seed, QpAttr().steer_delay_ns)
+    assert dflt["completed"] and dflt["bit_exact"]
+    assert frac < 0.7 * 8 / 128 and dflt["sim_time_s"] < 0.85 * off["sim_time_s"]
 
 
 def test_a_longer_plane_is_not_steered_away_from_by_its_delay() -> None:
