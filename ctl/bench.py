@@ -451,6 +451,9 @@ class WriteBench:
             for t in timers:
                 t.start()
 
+        # the EVs through the link as they are before it fails: mrcd replaces them once it has localised
+        # the failure, so a table read afterwards would miss most of them
+        through = self._evs_through(a, (la, lb))
         samples: list[tuple[int, int]] = []
         try:
             dt, exact = self._one(a, b, size, wr, samples, on_start)
@@ -469,10 +472,20 @@ class WriteBench:
             if fab is not None:
                 fab.close()
         end_ns = samples[-1][0] if samples else time.monotonic_ns()
-        return dt, exact, self._failure_doc(a, marks, samples, end_ns, (la, lb))
+        return dt, exact, self._failure_doc(a, marks, samples, end_ns, (la, lb), through)
+
+    def _evs_through(self, a: Side, link: tuple[str, str]) -> set[int]:
+        """EV indices of the source's table toward the destination whose path crosses `link`."""
+        rows = a.client.call("ev_show")["peers"].get(self.cfg.dst, [])
+        through = set()
+        for r in rows:
+            hops = [self.cfg.src, *[x for x in r["via"].split("-") if x], self.cfg.dst]
+            if any({x, y} == set(link) for x, y in itertools.pairwise(hops)):
+                through.add(int(r["ev_index"]))
+        return through
 
     def _failure_doc(self, a: Side, marks: dict[str, int], samples: list[tuple[int, int]], end_ns: int,
-                     link: tuple[str, str]) -> dict[str, Any]:
+                     link: tuple[str, str], through: set[int]) -> dict[str, Any]:
         doc: dict[str, Any] = {"link": f"{link[0]}-{link[1]}", "detect_ms": None, "deny_ms": None,
                                "restore_ms": None, "goodput_fraction_during": None,
                                "goodput_fraction_after": None,
@@ -484,13 +497,6 @@ class WriteBench:
         if "cut" in marks:  # packets into the link dropped from here on (the link-down call goes on)
             doc["cut_ms"] = round((marks["cut"] - tf) / 1e6, 3)
         log = a.client.call("actions", since_ns=tf)
-        ev = a.client.call("ev_show")
-        rows = ev["peers"].get(self.cfg.dst, [])
-        through = set()
-        for r in rows:
-            hops = [self.cfg.src, *[x for x in r["via"].split("-") if x], self.cfg.dst]
-            if any({x, y} == set(link) for x, y in itertools.pairwise(hops)):
-                through.add(int(r["ev_index"]))
         bad = [e for e in log["events"] if e["qpn"] == a.qp.qpn and e["state"] == "ASSUMED_BAD"
                and e["ev_index"] in through]
         lname = "-".join(sorted(link))

@@ -4,7 +4,8 @@ The requester's clock-driven half, kept apart from transmission as aioquic keeps
 apart from `quic/connection.py`: `_rtt_sample` folds a SACK's RTT into the QP-wide and per-plane
 estimators (the per-plane ones set each port's reordering threshold), `_detect_losses` declares a
 transmission lost once a later one is acknowledged and it has been out longer than its port's threshold
-(and arms the loss timer for the next candidate), `_lost` queues a PSN for retransmission, and
+(the cross-port rule, or the sooner same-port rule fed by `_rack_sample` / `_rack_run`; it arms the loss
+timer for the next candidate), `_lost` queues a PSN for retransmission, and
 `_rto_interval` / `_on_rto` run the ACK timeout: linear then exponential backoff, and the retry budget
 whose end is ERROR.
 A mixin over `qpcore.QpCore`'s state: the requester calls these on every SACK, at no extra cost.
@@ -17,6 +18,8 @@ from .verbs import EXP_CNT_INFINITE, WcStatus
 
 #: RTT samples of a port without a spurious loss after which its same-port reordering window halves
 RACK_CALM = 256
+#: holes not yet due that loss detection passes over per call looking for ones due sooner (same-port)
+RACK_LOOKAHEAD = 64
 
 
 class Recovery(QpCore):
@@ -145,12 +148,16 @@ class Recovery(QpCore):
         is one FIFO from the engine to the wire and one plane of equal-length paths, so its packets
         reorder only by the spines' queue differences; the variance margin, which on a jittery host
         (a software engine sharing CPUs) is milliseconds, is not needed to tell a dead path from a
-        late packet there. The window adapts: widened by the same-port rule's refuted calls on the
-        port (at most once per RTT), halved back after RACK_CALM RTT samples without one.
+        late packet there. EVs being steered away from (penalised: ECN, trims or delay) are left to
+        the cross-port rule: a slow path lags the rest of its port by design. The window adapts:
+        widened by the same-port rule's refuted calls on the port (at most once per RTT), halved back
+        after RACK_CALM RTT samples without one.
 
         First transmissions go out in PSN order, so a pointer walks them once (everything below snd_una
-        is acknowledged and skipped in one step); retransmissions are examined in send order from their
-        own queue. Either way each transmission is looked at a bounded number of times."""
+        is acknowledged and skipped in one step), passing over at most RACK_LOOKAHEAD holes not yet due
+        per call with the same-port rule (a hole on another port, whose threshold is the cross-port
+        one, would otherwise hold back one due sooner); retransmissions are examined in send order
+        from their own queue. Either way the work per call is bounded."""
         W = self.W
         una = self.snd_una
         nxt = self.snd_nxt
@@ -158,13 +165,18 @@ class Recovery(QpCore):
         port_thr = self.port_thr
         rack_ser = self.rack_ser  # all 0 with the same-port rule off (no samples are taken)
         rack_thr = self.rack_thr
-        ev_port = self.paths.ev_port
+        ev_port, pen = self.paths.ev_port, self.paths.pen
         tx_serial, tx_state, tx_time, tx_ev = self.tx_serial, self.tx_state, self.tx_time, self.tx_ev
         tx_retx = self.tx_retx
         deadline = NEVER
         p = self.rack_next
         if p < una:
             p = una
+        # holes not yet due are passed over, up to RACK_LOOKAHEAD of them with the same-port rule (the
+        # pointer stays at the first): a hole behind one of another port may be due sooner by this
+        # rule; past the first, only this rule declares (the cross-port one keeps its PSN order)
+        stop = -1
+        ahead = RACK_LOOKAHEAD if self.same_port_rack else 0
         while p < nxt:
             slot = p % W
             if tx_state[slot] != _INFLIGHT or tx_retx[slot]:
@@ -175,20 +187,27 @@ class Recovery(QpCore):
                 break
             port = ev_port[tx_ev[slot]]
             thr = port_thr[port]
-            rack = ser < rack_ser[port] and rack_thr[port] < thr
+            rack = ser < rack_ser[port] and rack_thr[port] < thr and not pen[tx_ev[slot]]
             if rack:
                 thr = rack_thr[port]
             t = tx_time[slot] + thr
-            if t > now:
-                deadline = t
-                break
+            if t > now or (stop >= 0 and not rack):
+                if now < t < deadline:
+                    deadline = t
+                if stop < 0:
+                    stop = p
+                if ahead == 0:
+                    break
+                ahead -= 1
+                p += 1
+                continue
             self.c["retx_sack"] += 1
             if rack:
                 self.c["retx_same_port"] += 1
                 self._rack_declared(p, port, now)
             self._lost(p, slot, now, True)
             p += 1
-        self.rack_next = p
+        self.rack_next = stop if stop >= 0 else p
         rtxq = self.rtxq
         while rtxq:
             psn, ser = rtxq[0]
@@ -203,7 +222,7 @@ class Recovery(QpCore):
                 break
             port = ev_port[tx_ev[slot]]
             thr = port_thr[port]
-            rack = ser < rack_ser[port] and rack_thr[port] < thr
+            rack = ser < rack_ser[port] and rack_thr[port] < thr and not pen[tx_ev[slot]]
             if rack:
                 thr = rack_thr[port]
             t = tx_time[slot] + thr
