@@ -7,23 +7,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _ring_parts import ring_inputs, ring_run
 
 from mrc.collective import Config, Result, allreduce, chunk_bounds, frame, run_inproc, vnmse
 from mrc.collective.schedule import aware_bits
 from mrc.errors import UsageError
 from mrc.quant import encode
 
-
-def _inputs(n: int, length: int, seed: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return [rng.standard_normal(length).astype(np.float32) for _ in range(n)]
-
-
-def _run(xs: list[np.ndarray], cfg: Config, step: int = 0) -> list[Result]:
-    res = run_inproc(len(xs), lambda t: allreduce(t, xs[t.rank], cfg, step))
-    for r in res[1:]:
-        assert np.array_equal(r.out, res[0].out), "ranks disagree"
-    return res
+_inputs = ring_inputs
+_run = ring_run
 
 
 @pytest.mark.parametrize("n,length", [(2, 10), (3, 7), (4, 1000), (5, 3), (8, 12_345), (16, 1 << 12)])
