@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mrc.units import parse_size
+
 ROOT = Path(__file__).resolve().parents[1]
 
 _LOOPBACK = """
@@ -31,14 +33,6 @@ d = loopback(LoopbackConfig(size=int(sys.argv[1]), seed=int(sys.argv[2])))
 print(json.dumps({k: d[k] for k in ("engine_pps", "engine_vs_wire_floor", "bit_exact", "wall_s",
                                     "data_packets", "sacks")}))
 """
-
-
-def parse_size(text: str) -> int:
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    t = text.strip().upper()
-    if t and t[-1] in mult:
-        return int(t[:-1]) * mult[t[-1]]
-    return int(t)
 
 
 def _env(fast: bool) -> dict[str, str]:

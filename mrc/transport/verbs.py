@@ -224,7 +224,7 @@ class QpAttr:
     ack_req_per_window: int = 4  # requester: AckReq at least every cwnd / this many bytes (0: off)
     reorder_ns: int = 2_000  # minimum reordering tolerance before a SACK hole is a loss
     # a SACK hole is also a loss once a packet sent later on the same port (one FIFO to the wire, one
-    # plane) was acknowledged and the hole is older than that packet's RTT + the port's adaptive
+    # plane) was acknowledged and the hole is older than the port's current RTT + its adaptive
     # reordering window (>= reorder_ns + ack_delay_ns): no variance margin, so a dead path is found
     # about one RTT after its first loss even when RTTs jitter (docs/transport.md). False: the
     # cross-port rule alone
@@ -247,6 +247,8 @@ class QpAttr:
     svc_time: bool = True
 
     def check(self) -> None:
+        if not isinstance(self.same_port_rack, bool):
+            raise ValueError("same_port_rack must be True or False")
         if not 0 <= self.timeout <= 24:
             raise ValueError("timeout must be 0..24")
         if not 0 <= self.linear_cnt <= 7:
