@@ -375,6 +375,10 @@ def main(argv: list[str] | None = None) -> int:
                                probe_timeout_ns=args.probe_timeout_us * 1000)
         d = Daemon(site, metrics=metrics)
         d.start()
+        if stopping:
+            # a signal during set-up whose SystemExit was swallowed (raised inside a finaliser or a
+            # weakref callback, which Python only reports): the request stands, set-up is undone
+            raise SystemExit(1)
     except BaseException as e:  # also SIGTERM during set-up (SystemExit): undo what was made, then say why
         if d is not None:
             d.close()

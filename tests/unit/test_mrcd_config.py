@@ -124,3 +124,59 @@ def test_mrcctl_talks_to_the_socket_it_is_given(tmp_path: Path, monkeypatch: pyt
                                                ("/run/x.sock", "/run/x.sock")])
 def test_bench_dst_on_a_real_host_names_its_server(dst: str, endpoint: str) -> None:
     assert server_for(dst) == endpoint
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the swallowed SystemExit
+def test_a_sigterm_swallowed_during_set_up_still_stops_mrcd(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SIGTERM handler ends set-up by raising SystemExit; raised inside a finaliser (here a __del__
+    that runs in the middle of set-up, as a weakref callback did under load), Python only reports it and
+    set-up carried on: mrcd then served forever. The request must still stand once set-up returns."""
+    import os
+    import signal
+
+    from mrc import hostconfig as hc
+    from mrc.ctl import daemon as dmod
+    from mrc.dataplane import sdnotify
+
+    events: list[str] = []
+
+    class Finaliser:
+        def __del__(self) -> None:
+            signal.raise_signal(signal.SIGTERM)  # the handler's SystemExit is swallowed here
+
+    class FakeSite:
+        name = "fake"
+
+        def __init__(self, *_a: object, **_k: object) -> None:
+            Finaliser()  # collected at once: __del__ runs inside set-up
+
+        def close(self) -> None:
+            events.append("site closed")
+
+    class FakeDaemon:
+        def __init__(self, site: object, metrics: object = None) -> None:
+            events.append("daemon made")
+
+        def start(self) -> None:
+            events.append("started")
+
+        def run(self, _ready: object) -> None:
+            events.append("served")
+
+        def close(self) -> None:
+            events.append("daemon closed")
+
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(hc, "load", lambda _p: type("C", (), {"metrics": None})())
+    monkeypatch.setattr(dmod, "serving_pid", lambda _cfg: None)
+    monkeypatch.setattr(dmod, "ConfigSite", FakeSite)
+    monkeypatch.setattr(dmod, "Daemon", FakeDaemon)
+    monkeypatch.setattr(sdnotify, "stopping", lambda: None)
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        with pytest.raises(SystemExit):
+            mrcd_main(["--config", str(B2B)])
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+    assert "served" not in events and events[-1] == "daemon closed", events
