@@ -2,18 +2,24 @@
 """Where an mrcd's time goes at gigabit speeds (docs/daemon.md, "Gigabit speeds: where the time goes").
 Needs root (testbeds with mrcds).
 
-    sudo .venv/bin/python bench/gigabit.py [--rate 10gbit] [--size 256M] [--iters 2] [--rounds 6]
-                                           [--profile DIR] [-j]
+    sudo .venv/bin/python bench/gigabit.py [--ab batch|mtu|floor] [--rate 10gbit] [--size 256M]
+                                           [--iters 2] [--rounds 6] [--profile DIR] [-j]
 
-Round by round, alternating, a fresh testbed of deploy/topologies/default.toml with its links at
-``--rate`` and one mrcd per host, started with ``MRC_BATCH_IO=0`` (per-datagram recvmsg_into / sendto)
-and ``MRC_BATCH_IO=1`` (recvmmsg / sendmmsg through ctypes); in each, one ``mrcctl bench write --src h0
---dst h2`` and the source's (h0) and destination's (h2) mrcd CPU seconds, user and system, read from
-/proc around it: CPU microseconds per data packet (4 KiB payload) is the measure a busy shared machine
-disturbs least. Prints per round and the medians, and the median of the paired (same round) ratios.
+Round by round, alternating between the two arms of ``--ab``, a fresh testbed of
+deploy/topologies/default.toml with its links at ``--rate`` and one mrcd per host; in each, one ``mrcctl
+bench write --src h0 --dst h2`` and the source's (h0) and destination's (h2) mrcd CPU seconds, user and
+system, read from /proc around it (the measure a busy shared machine disturbs least), per data packet
+and per MiB. The arms (the first is the older behaviour):
 
-``--profile DIR``: instead, one run per mode with the h0 and h2 mrcds restarted under cProfile
-(``python -m cProfile -o DIR/MODE-HOST.prof -m mrc.ctl.daemon``; SIGTERM ends them and writes the
+* ``batch``: ``MRC_BATCH_IO=0`` (per-datagram recvmsg_into / sendto) and ``=1`` (recvmmsg / sendmmsg);
+* ``mtu`` (the default): links of MTU 4244, whose payload is 4 KiB, and of the default 9000 (8 KiB);
+* ``floor``: ``MRC_ACK_REQ_FLOOR=-1`` (AckReq on every packet below ack_coalesce x mtu in flight, the
+  engine's default) and mrcd's own 0 (no floor).
+
+Prints per round and the medians, and the median of the paired (same round) ratios, second arm / first.
+
+``--profile DIR``: instead, one run per arm with the h0 and h2 mrcds restarted under cProfile
+(``python -m cProfile -o DIR/ARM-HOST.prof -m mrc.ctl.daemon``; SIGTERM ends them and writes the
 profile), then the per-data-packet cumulative time of the driver's and the engine's entry points.
 """
 
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import pstats
@@ -37,7 +44,28 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 MRCCTL = [sys.executable, "-m", "mrc.ctl.cli"]
-PAYLOAD = 4096
+sys.path.insert(0, str(ROOT))
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    label: str
+    env: dict[str, str]
+    link_mtu: int = 9000
+
+    @property
+    def payload(self) -> int:
+        from mrc.wire.packet import payload_for_mtu
+
+        return payload_for_mtu(self.link_mtu)
+
+
+ARMS: dict[str, tuple[Arm, Arm]] = {
+    "batch": (Arm("MRC_BATCH_IO=0", {"MRC_BATCH_IO": "0"}), Arm("MRC_BATCH_IO=1", {"MRC_BATCH_IO": "1"})),
+    "mtu": (Arm("mtu 4244 (4 KiB payload)", {}, 4244), Arm("mtu 9000 (8 KiB payload)", {}, 9000)),
+    "floor": (Arm("MRC_ACK_REQ_FLOOR=-1", {"MRC_ACK_REQ_FLOOR": "-1"}),
+              Arm("MRC_ACK_REQ_FLOOR=0", {"MRC_ACK_REQ_FLOOR": "0"})),
+}
 
 
 def _ctl(*args: str, env: dict[str, str] | None = None, check: bool = True) -> str:
@@ -60,15 +88,18 @@ def _pids(name: str) -> dict[str, int]:
 
 
 @contextlib.contextmanager
-def _testbed(topo: Path, batch: int) -> Any:
+def _testbed(text: str, arm: Arm) -> Any:
     name = "g" + secrets.token_hex(3)
-    env = {**os.environ, "MRC_BATCH_IO": str(batch)}
+    env = {**os.environ, **arm.env}
+    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as tf:
+        tf.write(re.sub(r"(?m)^mtu = \d+", f"mtu = {arm.link_mtu}", text, count=1))
     try:
-        _ctl("testbed", "up", str(topo), "--name", name, "--with-daemons", "--metrics-base",
+        _ctl("testbed", "up", tf.name, "--name", name, "--with-daemons", "--metrics-base",
              str(30000 + secrets.randbelow(20000)), env=env)
         yield name
     finally:
         _ctl("testbed", "down", "--name", name, check=False)
+        Path(tf.name).unlink()
 
 
 def _bench(name: str, size: str, iters: int) -> dict[str, Any]:
@@ -76,27 +107,30 @@ def _bench(name: str, size: str, iters: int) -> dict[str, Any]:
                                 "--size", size, "--iters", str(iters))))
 
 
-def one_round(topo: Path, batch: int, size: str, iters: int) -> dict[str, Any]:
-    with _testbed(topo, batch) as name:
+def one_round(text: str, arm: Arm, size: str, iters: int) -> dict[str, Any]:
+    with _testbed(text, arm) as name:
         pids = _pids(name)
         c0 = {h: _cpu(pids[h]) for h in ("h0", "h2")}
         doc = _bench(name, size, iters)
         c1 = {h: _cpu(pids[h]) for h in ("h0", "h2")}
-    pkts = sum(r["bytes"] * r["iters"] for r in doc["rows"]) / PAYLOAD
-    out: dict[str, Any] = {"batch_io": batch, "goodput_gbps": doc["goodput_gbps"],
+    nbytes = sum(r["bytes"] * r["iters"] for r in doc["rows"])
+    pkts = nbytes / arm.payload
+    out: dict[str, Any] = {"arm": arm.label, "payload": arm.payload, "goodput_gbps": doc["goodput_gbps"],
                            "bit_exact": doc["bit_exact"]}
     for h in ("h0", "h2"):
         out[f"{h}_user_us"] = round((c1[h][0] - c0[h][0]) / pkts * 1e6, 2)
         out[f"{h}_sys_us"] = round((c1[h][1] - c0[h][1]) / pkts * 1e6, 2)
     out["cpu_us_per_pkt"] = round(sum(out[f"{h}_{k}_us"] for h in ("h0", "h2") for k in ("user", "sys")), 2)
+    cpu_s = sum(c1[h][k] - c0[h][k] for h in ("h0", "h2") for k in (0, 1))
+    out["cpu_ms_per_mib"] = round(cpu_s / (nbytes / (1 << 20)) * 1e3, 3)
     return out
 
 
-def profile(topo: Path, batch: int, size: str, outdir: Path) -> dict[str, Any]:
+def profile(text: str, arm: Arm, size: str, outdir: Path) -> dict[str, Any]:
     """One bench with the h0 and h2 mrcds under cProfile; their per-data-packet hot spots."""
     outdir.mkdir(parents=True, exist_ok=True)
-    mode = f"batch{batch}"
-    with _testbed(topo, batch) as name:
+    mode = re.sub(r"[^A-Za-z0-9]+", "_", arm.label).strip("_")
+    with _testbed(text, arm) as name:
         from mrc.ctl import daemons
         from mrc.dataplane.client import socket_path
         from mrc.dataplane.testbed import Testbed
@@ -114,7 +148,7 @@ def profile(topo: Path, batch: int, size: str, outdir: Path) -> dict[str, Any]:
                 procs.append(subprocess.Popen(
                     ["nice", "-n", str(daemons.DAEMON_NICE), sys.executable, "-m", "cProfile", "-o", prof,
                      "-m", "mrc.ctl.daemon", "--testbed", name, "--host", h],
-                    env={**os.environ, "MRC_BATCH_IO": str(batch)}, stdout=subprocess.DEVNULL,
+                    env={**os.environ, **arm.env}, stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL, start_new_session=True))
             deadline = time.monotonic() + 20
             while not all(socket_path(tb.ns(h)).exists() for h in ("h0", "h2")):
@@ -133,7 +167,7 @@ def profile(topo: Path, batch: int, size: str, outdir: Path) -> dict[str, Any]:
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait(5)
-    pkts = sum(r["bytes"] * r["iters"] for r in doc["rows"]) / PAYLOAD
+    pkts = sum(r["bytes"] * r["iters"] for r in doc["rows"]) / arm.payload
     rows: dict[str, Any] = {"goodput_gbps": doc["goodput_gbps"]}
     for h in ("h0", "h2"):
         rows[h] = hot_spots(outdir / f"{mode}-{h}.prof", pkts)
@@ -147,6 +181,7 @@ SPOTS = [  # (label, file suffix or "", function name): cumulative seconds per d
     ("  recvmsg_into", "", "<method 'recvmsg_into' of '_socket.socket' objects>"),
     ("  sendmmsg (SendBatch.send)", "mmsg.py", "send"), ("  recvmmsg (RecvBatch.recv)", "mmsg.py", "recv"),
     ("engine receive (Context.receive)", "transport/engine.py", "receive"),
+    ("engine receive, fast path (fastpath.receive)", "transport/fastpath.py", "receive"),
     ("engine send (Context.datagrams_to_send)", "transport/engine.py", "datagrams_to_send"),
     ("engine timers (Context.handle_timer)", "transport/engine.py", "handle_timer"),
     ("epoll wait", "", "<method 'poll' of 'select.epoll' objects>"),
@@ -164,7 +199,8 @@ def hot_spots(path: Path, pkts: float) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    ap.add_argument("--ab", choices=sorted(ARMS), default="mtu")
     ap.add_argument("--rate", default="10gbit")
     ap.add_argument("--size", default="256M")
     ap.add_argument("--iters", type=int, default=2)
@@ -176,43 +212,43 @@ def main(argv: list[str] | None = None) -> int:
         print("bench/gigabit.py needs root (testbeds, mrcds)", file=sys.stderr)
         return 2
     text = (ROOT / "deploy" / "topologies" / "default.toml").read_text()
-    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as tf:
-        tf.write(re.sub(r'rate = "[^"]*"', f'rate = "{args.rate}"', text, count=1))
-    topo = Path(tf.name)
-    try:
-        if args.profile is not None:
-            doc: dict[str, Any] = {f"batch_io={b}": profile(topo, b, args.size, args.profile) for b in (0, 1)}
-            print(json.dumps(doc, indent=2))
-            return 0
-        rounds: list[dict[str, Any]] = []
-        for r in range(args.rounds):
-            for b in (0, 1):
-                row = {"round": r + 1, **one_round(topo, b, args.size, args.iters)}
-                rounds.append(row)
-                if not args.json:
-                    print(f"round {r + 1} MRC_BATCH_IO={b}: {row['goodput_gbps']:.3f} Gbit/s, CPU us per "
-                          f"data packet h0 {row['h0_user_us']} user + {row['h0_sys_us']} sys, "
-                          f"h2 {row['h2_user_us']} user + {row['h2_sys_us']} sys", file=sys.stderr)
-    finally:
-        topo.unlink()
-    keys = ("goodput_gbps", "cpu_us_per_pkt", "h0_user_us", "h0_sys_us", "h2_user_us", "h2_sys_us")
-    med = {b: {k: round(statistics.median(x[k] for x in rounds if x["batch_io"] == b), 3) for k in keys}
-           for b in (0, 1)}
-    on = [x for x in rounds if x["batch_io"] == 1]
-    off = [x for x in rounds if x["batch_io"] == 0]
-    paired = {k: round(statistics.median(a[k] / b[k] for a, b in zip(on, off, strict=True)), 3)
-              for k in ("goodput_gbps", "cpu_us_per_pkt")}
-    doc = {"rate": args.rate, "size": args.size, "iters": args.iters, "cpus": os.cpu_count(),
-           "median": med, "paired_on_over_off": paired, "rounds": rounds}
+    text = re.sub(r'rate = "[^"]*"', f'rate = "{args.rate}"', text, count=1)
+    arms = ARMS[args.ab]
+    if args.profile is not None:
+        doc: dict[str, Any] = {a.label: profile(text, a, args.size, args.profile) for a in arms}
+        print(json.dumps(doc, indent=2))
+        return 0
+    rounds: list[dict[str, Any]] = []
+    for r in range(args.rounds):
+        for a in arms if r % 2 == 0 else arms[::-1]:  # who goes first alternates
+            row = {"round": r + 1, **one_round(text, a, args.size, args.iters)}
+            rounds.append(row)
+            if not args.json:
+                print(f"round {r + 1} {a.label}: {row['goodput_gbps']:.3f} Gbit/s, CPU us per data packet "
+                      f"h0 {row['h0_user_us']} user + {row['h0_sys_us']} sys, h2 {row['h2_user_us']} user + "
+                      f"{row['h2_sys_us']} sys; {row['cpu_ms_per_mib']} ms per MiB", file=sys.stderr)
+    keys = ("goodput_gbps", "cpu_us_per_pkt", "cpu_ms_per_mib", "h0_user_us", "h0_sys_us", "h2_user_us",
+            "h2_sys_us")
+    med = {a.label: {k: round(statistics.median(x[k] for x in rounds if x["arm"] == a.label), 3)
+                     for k in keys} for a in arms}
+    old_rows = [x for x in rounds if x["arm"] == arms[0].label]
+    new_rows = [x for x in rounds if x["arm"] == arms[1].label]
+    paired = {k: round(statistics.median(b[k] / a[k] for a, b in zip(old_rows, new_rows, strict=True)), 3)
+              for k in ("goodput_gbps", "cpu_us_per_pkt", "cpu_ms_per_mib")}
+    doc = {"ab": args.ab, "rate": args.rate, "size": args.size, "iters": args.iters, "cpus": os.cpu_count(),
+           "median": med, "paired_second_over_first": paired, "rounds": rounds}
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
-    for b in (0, 1):
-        m = med[b]
-        print(f"MRC_BATCH_IO={b}: {m['goodput_gbps']} Gbit/s, CPU us per data packet {m['cpu_us_per_pkt']} "
-              f"(h0 {m['h0_user_us']} user + {m['h0_sys_us']} sys, h2 {m['h2_user_us']} user + "
-              f"{m['h2_sys_us']} sys)")
-    print(f"paired on/off: goodput {paired['goodput_gbps']}, CPU per packet {paired['cpu_us_per_pkt']}")
+    print("| arm | goodput Gbit/s | CPU us per data packet (h0 user + sys, h2 user + sys) | "
+          "CPU ms per MiB |")
+    print("|---|---|---|---|")
+    for a in arms:
+        m = med[a.label]
+        print(f"| {a.label} | {m['goodput_gbps']} | {m['cpu_us_per_pkt']} ({m['h0_user_us']} + "
+              f"{m['h0_sys_us']}, {m['h2_user_us']} + {m['h2_sys_us']}) | {m['cpu_ms_per_mib']} |")
+    print(f"paired {arms[1].label} / {arms[0].label}: goodput {paired['goodput_gbps']}, CPU per packet "
+          f"{paired['cpu_us_per_pkt']}, CPU per MiB {paired['cpu_ms_per_mib']}")
     return 0
 
 

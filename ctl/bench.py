@@ -34,8 +34,8 @@ from mrc.dataplane import testbed as tbmod
 from mrc.dataplane.client import ClientQp, MrcClient, RemoteMr
 from mrc.dataplane.fabric import FabricDataplane
 from mrc.errors import MrcError
+from mrc.wire.packet import payload_for_mtu
 
-MTU: Final = 4096
 SAMPLE_S: Final = 0.01
 #: the DestQP of the udp baseline's packets (no mrcd allocates it): allowed at the destination's
 #: host_ingress for the run, dropped by its mrcd as an unknown QP, counted by the baseline's receiver
@@ -130,6 +130,9 @@ class WriteBench:
             tbmod.Testbed.load(cfg.testbed).link(cfg.fail_link[0], cfg.fail_link[1])
         self.planes = cfg.planes if cfg.planes is not None else list(range(topo.planes))
         self.capacity_bps = len(self.planes) * topo.link.rate_bps
+        # bytes per data packet, as mrcd's QPs on this testbed (ctl/site.py): what a PSN is worth and the
+        # udp baseline's packet size
+        self.payload = payload_for_mtu(topo.link.mtu)
         self.cwnd: list[int] = []
 
     # -- set-up
@@ -141,8 +144,8 @@ class WriteBench:
             bmr = b.reg_mr(size)
             qa = a.create_qp(self.cfg.dst, evs=evs, planes=planes)
             qb = b.create_qp(self.cfg.src, evs=evs, planes=planes)
-            a.connect(qa, qb.qpn)
-            b.connect(qb, qa.qpn)
+            a.connect(qa, qb.qpn, qb.mtu)
+            b.connect(qb, qa.qpn, qa.mtu)
         except BaseException:
             a.close()
             b.close()
@@ -332,16 +335,18 @@ class WriteBench:
         if not evs:
             raise MrcError(f"--baseline udp: no path from {self.cfg.src} to {self.cfg.dst} on planes "
                            f"{self.planes}")
-        packets = -(-size // MTU)
+        mtu = self.payload
+        packets = -(-size // mtu)
         src_addr, dst_addr = str(topo.mrc_address(self.cfg.src)), str(topo.mrc_address(self.cfg.dst))
-        self.progress(f"  baseline udp: {packets} x {MTU} B sendmmsg over {len(evs)} EVs "
+        self.progress(f"  baseline udp: {packets} x {mtu} B sendmmsg over {len(evs)} EVs "
                       f"(planes {','.join(map(str, self.planes))})")
         code = "import sys; from mrc.ctl.bench import udp_blast_main; sys.exit(udp_blast_main(sys.argv[1:]))"
         fd = FabricDataplane.open(self.cfg.testbed)
         rx: subprocess.Popen[str] | None = None
         try:
             fd.allow_qps(self.cfg.dst, [UDP_QPN])
-            rx = subprocess.Popen([sys.executable, "-c", code, "recv", str(packets), str(self.cfg.timeout_s)],
+            rx = subprocess.Popen([sys.executable, "-c", code, "recv", str(packets), str(self.cfg.timeout_s),
+                                   str(mtu)],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   preexec_fn=lambda: netns.enter_for_exec(self.tb.ns(self.cfg.dst)))
             assert rx.stdout is not None
@@ -349,7 +354,7 @@ class WriteBench:
                 err = rx.stderr.read() if rx.stderr else ""
                 raise MrcError(f"--baseline udp: the receiver failed: {err.strip()}")
             tx = subprocess.run([sys.executable, "-c", code, "send", src_addr, dst_addr, str(packets),
-                                 ",".join(map(str, evs))], capture_output=True, text=True,
+                                 ",".join(map(str, evs)), str(mtu)], capture_output=True, text=True,
                                 timeout=self.cfg.timeout_s,
                                 preexec_fn=lambda: netns.enter_for_exec(self.tb.ns(self.cfg.src)))
             if tx.returncode != 0:
@@ -368,9 +373,9 @@ class WriteBench:
             fd.close()
         full = int(got["full"])
         span = (int(got["last_ns"]) - int(sent["t0_ns"])) / 1e9 if full else 0.0
-        g = full * MTU * 8 / span / 1e9 if span > 0 else 0.0
+        g = full * mtu * 8 / span / 1e9 if span > 0 else 0.0
         tx_s = (int(sent["t1_ns"]) - int(sent["t0_ns"])) / 1e9
-        return {"kind": "udp", "bytes": packets * MTU, "payload": MTU, "evs": len(evs), "planes": self.planes,
+        return {"kind": "udp", "bytes": packets * mtu, "payload": mtu, "evs": len(evs), "planes": self.planes,
                 "packets_sent": int(sent["sent"]), "send_errors": int(sent["errors"]),
                 "packets_received": int(got["packets"]), "received_bytes": int(got["bytes"]),
                 "trimmed": int(got["packets"]) - full, "delivered": round(full / max(1, packets), 4),
@@ -536,7 +541,7 @@ class WriteBench:
         pts = [(t, u) for t, u in samples if t0 <= t <= t1]
         if len(pts) < 2 or pts[-1][0] <= pts[0][0]:
             return None
-        bits = (pts[-1][1] - pts[0][1]) * MTU * 8
+        bits = (pts[-1][1] - pts[0][1]) * self.payload * 8
         return round(bits / ((pts[-1][0] - pts[0][0]) / 1e9) / self.capacity_bps, 4)
 
 
@@ -566,8 +571,8 @@ def incast(testbed: str, dst: str, srcs: list[str], size: int, *, ecn_k: int, tr
             dmr = d.reg_mr(size)
             qs = c.create_qp(dst)
             qd = d.create_qp(h)
-            c.connect(qs, qd.qpn)
-            d.connect(qd, qs.qpn)
+            c.connect(qs, qd.qpn, qd.mtu)
+            d.connect(qd, qs.qpn, qs.mtu)
             d.post_recv(qd, 1)
             senders.append((c, smr, qs, dmr, qd, i + 1))
         progress(f"  {len(srcs)} x {size} B -> {dst}")
@@ -625,12 +630,12 @@ def _udp_filter() -> bytes:
 def udp_blast_main(argv: list[str]) -> int:
     """The udp baseline's two ends, each run in its host's namespace by `WriteBench._udp`:
 
-    ``send SRC DST PACKETS EVS``: PACKETS RDMA WRITE packets (MTU-byte payload, DestQP UDP_QPN) from
+    ``send SRC DST PACKETS EVS PAYLOAD``: PACKETS RDMA WRITE packets (PAYLOAD bytes, DestQP UDP_QPN) from
     SRC (an ephemeral port) to DST port 4791, round-robin over the comma-separated EV indices, with
     sendmmsg; prints {"sent", "errors", "t0_ns", "t1_ns", "cpu_s"}.
-    ``recv PACKETS TIMEOUT``: counts the matching packets on a raw socket (recvmmsg) until PACKETS came or
-    none for UDP_IDLE_S after the first; prints {"packets", "full", "bytes", "first_ns", "last_ns",
-    "cpu_s"} after a line "ready"."""
+    ``recv PACKETS TIMEOUT PAYLOAD``: counts the matching packets on a raw socket (recvmmsg) until
+    PACKETS came or none for UDP_IDLE_S after the first; prints {"packets", "full", "bytes", "first_ns",
+    "last_ns", "cpu_s"} after a line "ready"."""
     import ctypes
     import errno
     import json
@@ -648,6 +653,7 @@ def udp_blast_main(argv: list[str]) -> int:
     role = argv[0]
     if role == "send":
         src, dst, packets, evs = argv[1], argv[2], int(argv[3]), [int(x) for x in argv[4].split(",")]
+        mtu = int(argv[5])
         sk = udp.mrc_socket(None, src, port=0)
         sk.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
         ictx = wire.IcrcContext(socket.inet_pton(socket.AF_INET6, src),
@@ -655,8 +661,8 @@ def udp_blast_main(argv: list[str]) -> int:
         slots = len(evs) * max(1, -(-64 // len(evs)))
         sb = mmsg.SendBatch(slots)
         name = sb.name(socket.inet_pton(socket.AF_INET6, dst), wire.ROCEV2_UDP_PORT)
-        payload = bytes(MTU)
-        buf = bytearray(MTU + 128)
+        payload = bytes(mtu)
+        buf = bytearray(mtu + 128)
         for j in range(slots):
             n = wire.build_write(buf, ictx, dqpn=UDP_QPN, psn=j, ev_index=evs[j % len(evs)], va=0, rkey=0,
                                  payload=payload)
@@ -679,7 +685,7 @@ def udp_blast_main(argv: list[str]) -> int:
         print(json.dumps({"sent": sent, "errors": errors, "t0_ns": t0, "t1_ns": t1, "cpu_s": cpu() - c0}))
         return 0
     if role == "recv":
-        packets, timeout_s = int(argv[1]), float(argv[2])
+        packets, timeout_s, mtu = int(argv[1]), float(argv[2]), int(argv[3])
         SO_ATTACH_FILTER, SO_RCVBUFFORCE = 26, 33
         sk = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_UDP)
         code = _udp_filter()
@@ -694,8 +700,8 @@ def udp_blast_main(argv: list[str]) -> int:
             sk.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 256 << 20)
         rb = mmsg.RecvBatch(64, control=False)
         # a full packet's length as the raw socket sees it: UDP header + the sender's WRITE packet
-        full_len = 8 + wire.build_write(bytearray(MTU + 128), wire.IcrcContext(bytes(16), bytes(16)),
-                                        dqpn=UDP_QPN, psn=0, ev_index=0, va=0, rkey=0, payload=bytes(MTU))
+        full_len = 8 + wire.build_write(bytearray(mtu + 128), wire.IcrcContext(bytes(16), bytes(16)),
+                                        dqpn=UDP_QPN, psn=0, ev_index=0, va=0, rkey=0, payload=bytes(mtu))
         got = full = nbytes = 0
         first = last = 0
         print("ready", flush=True)

@@ -125,12 +125,13 @@ def _serve_one(mrcd: MrcClient, ch: Channel, timeout_s: float, max_size: int) ->
     qp = mrcd.create_qp(str(req["peer"]), evs=req.get("evs"), planes=req.get("planes"))
     s = _Session(mr, qp, np.frombuffer(mr.buf, dtype=np.uint8))
     try:
-        ch.send({"host": mrcd.info["host"], "qpn": qp.qpn, "addr": mr.addr, "rkey": mr.rkey})
+        ch.send({"host": mrcd.info["host"], "qpn": qp.qpn, "addr": mr.addr, "rkey": mr.rkey, "mtu": qp.mtu})
         while True:
             req = ch.recv()
             op = req.get("op")
             if op == "connect":
-                mrcd.connect(qp, int(req["qpn"]))
+                mtu = req.get("mtu")
+                mrcd.connect(qp, int(req["qpn"]), None if mtu is None else int(mtu))
                 ch.send({"ok": True})
             elif op == "recv":
                 s.view[:] = 0
@@ -227,8 +228,9 @@ def write(server: str, sizes: list[int], *, iters: int = 1, evs: int | None = No
         view = np.frombuffer(mr.buf, dtype=np.uint8)
         try:
             view[:] = np.random.default_rng(seed).integers(0, 256, biggest, dtype=np.uint8)
-            mrcd.connect(qp, far_qpn)
-            ch.send({"op": "connect", "qpn": qp.qpn})
+            far_mtu = far.get("mtu")
+            mrcd.connect(qp, far_qpn, None if far_mtu is None else int(far_mtu))
+            ch.send({"op": "connect", "qpn": qp.qpn, "mtu": qp.mtu})
             ch.recv()
             rows = []
             exact_all = True

@@ -106,11 +106,21 @@ class _PortRx:
         return self.site.port_rx_packets(plane)
 
 
-def same_port_rack_override(attr: QpAttr) -> QpAttr:
-    """`attr`, with the same-port loss rule off when ``MRC_SAME_PORT_RACK=0`` (docs/transport.md):
-    the switch that runs the cross-port rule alone next to it, on the same testbed or host."""
+def qp_attr_overrides(attr: QpAttr) -> QpAttr:
+    """`attr` with the environment's switches to an older behaviour, so both run on one testbed or host
+    side by side: ``MRC_SAME_PORT_RACK=0`` (the cross-port loss rule alone, docs/transport.md) and
+    ``MRC_ACK_REQ_FLOOR=BYTES`` (AckReq on every packet below that many bytes in flight; ``-1``:
+    ack_coalesce x mtu, the engine's default, where mrcd's own is 0; docs/daemon.md, "Gigabit speeds").
+    A value that is not an integer in QpAttr's range stops mrcd with the variable's name."""
     if os.environ.get("MRC_SAME_PORT_RACK", "1").strip() == "0":
-        return dataclasses.replace(attr, same_port_rack=False)
+        attr = dataclasses.replace(attr, same_port_rack=False)
+    floor = os.environ.get("MRC_ACK_REQ_FLOOR", "").strip()
+    if floor:
+        try:
+            attr = dataclasses.replace(attr, ack_req_floor=int(floor))
+            attr.check()
+        except ValueError as err:
+            raise MrcError(f"MRC_ACK_REQ_FLOOR={floor!r}: {err}") from None
     return attr
 
 
@@ -137,7 +147,7 @@ class Daemon:
         self.notifier = PeerNotifier(self.sel)
         self.engine = HostEngine(site.fabric, site.host, site.paths, self.tell_peers, evs=site.evs,
                                  seed=seed or os.getpid(), nscc=site.nscc, null_cc_default=site.nscc is None,
-                                 qp_attr=same_port_rack_override(site.qp_attr))
+                                 qp_attr=qp_attr_overrides(site.qp_attr))
         self.ops = Operations(self.engine, site=site.name, port_ifname=site.port_ifname,
                               link_rate_bps=max(site.port_rate_bps), io_stats=self._io_stats)
         self.server = ControlServer(self.sel, self.ops)

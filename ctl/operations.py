@@ -105,7 +105,7 @@ class Operations:
                               null_cc=req.get("cc") == "null")
         self.qp_owner[qp.qpn] = c
         c.qps.add(qp.qpn)
-        return {"qpn": qp.qpn, "peer_gid": str(ipaddress.IPv6Address(self.e.peers[peer].gid))}
+        return {"qpn": qp.qpn, "peer_gid": str(ipaddress.IPv6Address(self.e.peers[peer].gid)), "mtu": qp.mtu}
 
     def _qp(self, c: Client | None, req: dict[str, Any]) -> QueuePair:
         qpn = int(req["qpn"])
@@ -116,7 +116,9 @@ class Operations:
 
     def op_connect(self, c: Client, req: dict[str, Any]) -> None:
         qp = self._qp(c, req)
-        qp.connect(self.e.peers[self.e.qp_peer[qp.qpn]].gid, int(req["peer_qpn"]))
+        mtu = req.get("mtu")  # the peer QP's payload per packet (protocol 1.1): ours becomes it if smaller
+        qp.connect(self.e.peers[self.e.qp_peer[qp.qpn]].gid, int(req["peer_qpn"]),
+                   path_mtu=None if mtu is None else int(mtu))
 
     def op_destroy_qp(self, c: Client, req: dict[str, Any]) -> None:
         qp = self._qp(c, req)

@@ -27,6 +27,7 @@ from mrc.errors import MrcError
 from mrc.hostconfig import HostConfig
 from mrc.topology import Path as TopoPath
 from mrc.transport import NsccConfig, QpAttr
+from mrc.wire.packet import payload_for_mtu
 
 from .controller import FabricView, Link, TopologyView
 from .host_engine import DEFAULT_EVS, PathWriter
@@ -106,10 +107,16 @@ class TestbedSite:
         # an ACK timeout of 1.024 us x 2^15 = 33.6 ms, reordering and probe tolerances of milliseconds:
         # the engines run in Python processes that share two CPUs, a SACK or a probe reply can be late by
         # milliseconds without any loss (docs/daemon.md)
-        self.qp_attr = QpAttr(timeout=15, reorder_ns=reorder_ns, probe_timeout_ns=probe_timeout_ns)
+        # the payload per packet: the largest the fabric's links carry whole (8 KiB at the default MTU
+        # of 9000), as a RoCE NIC takes its QPs' path MTU from the port's (docs/daemon.md, "Path MTU")
+        # no AckReq floor: the delayed ACK answers within one loop turn (QpAttr.ack_req_floor)
+        mtu = payload_for_mtu(topo.link.mtu)
+        self.qp_attr = QpAttr(timeout=15, reorder_ns=reorder_ns, probe_timeout_ns=probe_timeout_ns, mtu=mtu,
+                              ack_req_floor=0)
         # per plane a link of link.rate; the host's window covers about half of the plane queues' buffers
         # together, so the queues ECN-mark but rarely drop (docs/daemon.md)
-        self.nscc: NsccConfig | None = NsccConfig.for_path(500_000, topo.planes * topo.link.buffer_bytes // 3)
+        self.nscc: NsccConfig | None = NsccConfig.for_path(500_000, topo.planes * topo.link.buffer_bytes // 3,
+                                                           mtu)
         self.fd = FabricDataplane.open(testbed)
         if self.fd.egress is None or self.fd.ingress is None:
             self.fd.close()
@@ -178,10 +185,15 @@ class ConfigSite:
         self.ns = netns.HERE
         self.socket_file = socket_file or cfg.socket
         self.evs = cfg.engine.evs
-        self.qp_attr = hostconfig.qp_attr(cfg)
-        self.nscc: NsccConfig | None = hostconfig.nscc_config(cfg)
         self.hd = HostDataplane(cfg, log=log)
         self.hd.install()
+        try:
+            payload = hostconfig.payload_size(cfg, self.hd.port_mtus())
+        except BaseException:
+            self.hd.close()
+            raise
+        self.qp_attr = hostconfig.qp_attr(cfg, payload)
+        self.nscc: NsccConfig | None = hostconfig.nscc_config(cfg, payload)
         self.port_ifname = [p.ifname for p in self.hd.ports]
         self.port_rate_bps = [p.rate_bps for p in self.hd.ports]
         self.paths: PathWriter = self.hd

@@ -86,6 +86,7 @@ class ClientQp:
     qpn: int
     peer: str
     gid: str
+    mtu: int | None = None  # its payload per packet (None from an mrcd before protocol 1.1)
 
 
 def _connect(path: Path, timeout: float) -> socket.socket:
@@ -258,10 +259,17 @@ class MrcClient:
         """A QP toward host `peer`; `evs` / `planes` restrict its EV profile (e.g. 1 EV on plane 0: the
         single-path baseline)."""
         r = self.call("create_qp", peer=peer, evs=evs, planes=planes, cc=cc)
-        return ClientQp(int(r["qpn"]), peer, str(r["peer_gid"]))
+        mtu = r.get("mtu")
+        return ClientQp(int(r["qpn"]), peer, str(r["peer_gid"]), None if mtu is None else int(mtu))
 
-    def connect(self, qp: ClientQp, peer_qpn: int) -> None:
-        self.call("connect", qpn=qp.qpn, peer_qpn=peer_qpn)
+    def connect(self, qp: ClientQp, peer_qpn: int, peer_mtu: int | None = None) -> None:
+        """Connect `qp` to the peer's QP `peer_qpn`; `peer_mtu`, that QP's payload per packet (its
+        `ClientQp.mtu`, exchanged with the QPN), caps ours, so hosts whose ports take different MTUs
+        still agree. Left out of the request when None (an mrcd before protocol 1.1 refuses it)."""
+        if peer_mtu is None:
+            self.call("connect", qpn=qp.qpn, peer_qpn=peer_qpn)
+        else:
+            self.call("connect", qpn=qp.qpn, peer_qpn=peer_qpn, mtu=peer_mtu)
 
     def destroy_qp(self, qp: ClientQp) -> None:
         self.call("destroy_qp", qpn=qp.qpn)

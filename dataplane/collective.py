@@ -157,7 +157,8 @@ class MrcTransport:
         self.mr: RemoteMr = self.client.reg_mr(self.scratch_off + SCRATCH)
         self.qps: dict[int, ClientQp] = {p: self.client.create_qp(hosts[p]) for p in self.peers}
         me = {"host": hosts[self._rank], "addr": self.mr.addr, "rkey": self.mr.rkey,
-              "qpn": {str(p): q.qpn for p, q in self.qps.items()}}
+              "qpn": {str(p): q.qpn for p, q in self.qps.items()},
+              "mtu": {str(p): q.mtu for p, q in self.qps.items()}}
         store.set(f"{prefix}/rank{self._rank}", json.dumps(me))
         self.remote: dict[int, dict[str, Any]] = {}
         for p in self.peers:
@@ -165,7 +166,9 @@ class MrcTransport:
             if doc["host"] != hosts[p]:
                 raise MrcError(f"rendezvous: rank {p} is on {doc['host']}, expected {hosts[p]}")
             self.remote[p] = doc
-            self.client.connect(self.qps[p], int(doc["qpn"][str(self._rank)]))
+            mtu = doc.get("mtu", {}).get(str(self._rank))  # that QP's payload: ours is capped by it
+            self.client.connect(self.qps[p], int(doc["qpn"][str(self._rank)]),
+                                None if mtu is None else int(mtu))
         self._wr = 0
         self.send_seq = dict.fromkeys(self.peers, 0)
         self.credits = dict.fromkeys(self.peers, s)

@@ -362,6 +362,10 @@ class HostDataplane:
             self.ingress.maps["mrc_allowed_qps"].delete(abi.QpKey(self.host_id, qpn))
 
     # -- counters
+    def port_mtus(self) -> dict[str, int]:
+        """Each plane port's MTU (interface name -> bytes), read now: what the QPs' payload must fit."""
+        return {p.ifname: _mtu(p.ifname) for p in self.ports}
+
     def host_stats(self, ev_buckets: bool = False) -> dict[str, Any]:
         planes = {p.plane: counters.port_row(p.ifname, self.egress, self._egress_port.get(p.plane),
                                              self.ingress, self._ingress_port.get(p.plane), ev_buckets)

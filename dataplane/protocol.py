@@ -22,11 +22,12 @@ from enum import StrEnum
 from typing import Any, Final
 
 from mrc.errors import MrcError
+from mrc.wire.consts import MAX_PAYLOAD
 
 #: The protocol this code speaks. Bump MINOR when adding an optional field or an op, MAJOR when a request
 #: that was valid before would be read differently.
 PROTOCOL_MAJOR: Final = 1
-PROTOCOL_MINOR: Final = 0
+PROTOCOL_MINOR: Final = 1  # 1.1: create_qp answers `mtu`, connect takes it
 PROTOCOL_VERSION: Final = f"{PROTOCOL_MAJOR}.{PROTOCOL_MINOR}"
 
 #: Keys every request may carry besides its op's fields.
@@ -125,8 +126,8 @@ OPS: Final[Mapping[str, OpSpec]] = {s.name: s for s in (
         Response("object", ("qpn", "peer_gid")),
         Field("peer", "str"), _i("evs", 1, 0xFFFF, required=False),
         Field("planes", "int_list", False, 0, 255), Field("cc", "str", False, choices=("nscc", "null"))),
-    _op("connect", "connect this client's QP to the peer's QP", _NULL,
-        _i("qpn", 0, U32), _i("peer_qpn", 0, U32)),
+    _op("connect", "connect this client's QP to the peer's QP (whose payload per packet is `mtu`)", _NULL,
+        _i("qpn", 0, U32), _i("peer_qpn", 0, U32), _i("mtu", 64, MAX_PAYLOAD, required=False)),
     _op("destroy_qp", "destroy this client's QP", _NULL, _i("qpn", 0, U32)),
     _op("post_send", "RDMA write (with immediate if `imm`) from region `mr`", _NULL,
         _i("qpn", 0, U32), _i("wr_id", 0, U64), _i("mr", 0, U32), _i("offset", 0, U64), _i("length", 0, U64),

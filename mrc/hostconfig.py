@@ -43,6 +43,8 @@ from .topology import (
 from .topology import Path as TopoPath
 from .transport import NsccConfig, QpAttr
 from .units import parse_rate, parse_size
+from .wire.consts import DEFAULT_PAYLOAD, MAX_PAYLOAD, MIN_PAYLOAD
+from .wire.packet import LINK_OVERHEAD, payload_for_mtu
 
 XdpMode = Literal["native", "generic", "auto"]
 Shape = Literal["back-to-back", "clos"]
@@ -74,7 +76,8 @@ _PLANE: Final = ("index", "interface", "pci", "mac", "address", "gateway", "xdp"
 _FABRIC: Final = ("shape", "topology", "host", "usid_block")
 _PEER: Final = ("name", "mrc_address", "plane")
 _PEER_PLANE: Final = ("address", "paths")
-_ENGINE: Final = ("evs", "cc", "reorder_us", "probe_timeout_us", "ack_timeout", "base_rtt_us", "max_window")
+_ENGINE: Final = ("evs", "cc", "reorder_us", "probe_timeout_us", "ack_timeout", "base_rtt_us", "max_window",
+                  "mtu")
 _METRICS: Final = ("address",)
 _CONTROL: Final = ("socket",)
 
@@ -142,6 +145,9 @@ class Engine:
     ack_timeout: int = 15  # exponent: 1.024 us x 2^15 = 33.6 ms (the testbed's, docs/daemon.md)
     base_rtt_us: int = 500
     max_window_bytes: int | None = None  # None: planes x the link buffer / 3 (as on the testbed)
+    # payload bytes per packet (a power of two, 256..8192); None: the largest the smallest port MTU
+    # carries whole (`payload_for_mtu`), found by mrcd at start
+    mtu: int | None = None
 
 
 @dataclass(frozen=True)
@@ -165,6 +171,8 @@ class HostConfig:
     engine: Engine = field(default_factory=Engine)
     metrics: tuple[str, int] | None = None
     socket: FsPath = FsPath(DEFAULT_SOCKET)
+    # the file's key -> line (`key_lines`), for the problems mrcd finds at start (a port's MTU)
+    source_lines: Mapping[str, int] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def fabric_host(self) -> str:
@@ -263,11 +271,37 @@ def ev_table(cfg: HostConfig, peer: str) -> list[EvRoute]:
 # ------------------------------------------------------------------------------------------- engine objects
 
 
-def qp_attr(cfg: HostConfig) -> QpAttr:
-    """The QP attributes mrcd gives every QP (as `Daemon.qp_attr`, from the file's [engine])."""
+def payload_size(cfg: HostConfig, port_mtus: Mapping[str, int]) -> int:
+    """The QPs' payload per packet on ports of these MTUs (interface name -> bytes): [engine] mtu, else
+    the largest the smallest port carries whole. A HostConfigError when [engine] mtu does not fit in a
+    port (its packets would be dropped at the port, or by a peer's of the same MTU) or when a port's MTU
+    is too small for any payload. A path's MTU can still be smaller than its ports' (a switch at 1500
+    behind jumbo-frame NICs): then [engine] mtu must say so."""
+    need = cfg.engine.mtu
+    for ifname, mtu in sorted(port_mtus.items(), key=lambda kv: kv[1]):
+        if need is None:
+            try:
+                return payload_for_mtu(mtu)
+            except ValueError as err:
+                raise HostConfigError(cfg.source, "plane.interface", f"{ifname}: {err}") from None
+        if need + LINK_OVERHEAD > mtu:
+            raise HostConfigError(
+                cfg.source, "engine.mtu",
+                f"{need}-byte payloads need an MTU of at least {need + LINK_OVERHEAD} on every port "
+                f"({LINK_OVERHEAD} bytes of headers with the SRv6 encapsulation); {ifname} has {mtu} "
+                f"(at most {payload_for_mtu(mtu) if mtu >= MIN_PAYLOAD + LINK_OVERHEAD else 'none'} fits)",
+                key_line(cfg.source_lines, "engine.mtu"))
+        return need
+    return need if need is not None else DEFAULT_PAYLOAD
+
+
+def qp_attr(cfg: HostConfig, payload: int = DEFAULT_PAYLOAD) -> QpAttr:
+    """The QP attributes mrcd gives every QP (as `Daemon.qp_attr`, from the file's [engine]), with
+    `payload` bytes per packet (`payload_size`). No AckReq floor: mrcd's delayed ACK answers within one
+    loop turn (QpAttr.ack_req_floor)."""
     e = cfg.engine
     return QpAttr(timeout=e.ack_timeout, reorder_ns=e.reorder_us * 1000,
-                  probe_timeout_ns=e.probe_timeout_us * 1000)
+                  probe_timeout_ns=e.probe_timeout_us * 1000, mtu=payload, ack_req_floor=0)
 
 
 def max_window(cfg: HostConfig) -> int:
@@ -280,11 +314,12 @@ def max_window(cfg: HostConfig) -> int:
     return len(cfg.planes) * buf // 3
 
 
-def nscc_config(cfg: HostConfig) -> NsccConfig | None:
-    """The CC profile of mrcd's QPs: NSCC for the base RTT and window, or None for ``cc = "none"``."""
+def nscc_config(cfg: HostConfig, payload: int = DEFAULT_PAYLOAD) -> NsccConfig | None:
+    """The CC profile of mrcd's QPs (`payload` bytes per packet): NSCC for the base RTT and window, or
+    None for ``cc = "none"``."""
     if cfg.engine.cc == "none":
         return None
-    return NsccConfig.for_path(cfg.engine.base_rtt_us * 1000, max_window(cfg))
+    return NsccConfig.for_path(cfg.engine.base_rtt_us * 1000, max_window(cfg), payload)
 
 
 def port_rates(cfg: HostConfig) -> list[int | None]:
@@ -489,7 +524,7 @@ def _build(d: _Doc, doc: Mapping[str, Any], base: FsPath) -> HostConfig:
             raise d.fail("peer", "missing: one [[peer]] table per peer (or fabric.topology)")
         peers = _peers(d, doc["peer"], fabric, name, len(planes), engine.evs)
     cfg = HostConfig(d.source, name, mrc_address, mrc_prefix, planes, fabric, peers, engine,
-                     _metrics(d, doc), _control(d, doc))
+                     _metrics(d, doc), _control(d, doc), d.lines)
     _check_addresses(d, cfg)
     return cfg
 
@@ -679,10 +714,19 @@ def _engine(d: _Doc, raw: Any, planes: int) -> Engine:
         if not MIN_WINDOW <= window <= MAX_WINDOW:
             raise d.fail("engine.max_window", f"must be 8KiB..1GiB ({MIN_WINDOW}..{MAX_WINDOW} bytes), "
                                               f"got {window}")
+    mtu = None
+    if "mtu" in e and e["mtu"] != "auto":
+        try:
+            mtu = parse_size(e["mtu"])
+        except (ValueError, OverflowError) as err:
+            raise d.fail("engine.mtu", f"must be \"auto\" or a payload size: {err}") from None
+        if not MIN_PAYLOAD <= mtu <= MAX_PAYLOAD or mtu & (mtu - 1):
+            raise d.fail("engine.mtu", f"must be \"auto\" or a power of two {MIN_PAYLOAD}..{MAX_PAYLOAD} "
+                                       f"(payload bytes per packet), got {mtu}")
     return Engine(evs, cc, num("reorder_us", 1, MAX_US, dflt.reorder_us),
                   num("probe_timeout_us", 1, MAX_US, dflt.probe_timeout_us),
                   num("ack_timeout", 0, 24, dflt.ack_timeout),
-                  num("base_rtt_us", 1, MAX_US, dflt.base_rtt_us), window)
+                  num("base_rtt_us", 1, MAX_US, dflt.base_rtt_us), window, mtu)
 
 
 def _topology_peers(fabric: Fabric) -> tuple[Peer, ...]:

@@ -24,7 +24,7 @@ How each signal moves the window (queuing delay d = RTT - service time - base_rt
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 from mrc.wire.consts import DEFAULT_PAYLOAD
@@ -64,6 +64,14 @@ class NsccConfig:
             qa_threshold=4 * target,
             target_delay=target,
         )
+
+    def with_mtu(self, old: int, new: int) -> NsccConfig:
+        """This profile for packets of `new` payload bytes where it was made for `old` (a QP whose path
+        MTU, agreed at connect, is smaller than its port's): the parameters that `for_path` sizes in
+        packets (the increase batch, eta, fi, the smallest max_cwnd) scaled by new / old."""
+        k = new / old
+        return replace(self, adjust_bytes_threshold=max(1, round(self.adjust_bytes_threshold * k)),
+                       eta=self.eta * k, fi=self.fi * k, max_cwnd=max(2 * new, self.max_cwnd))
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

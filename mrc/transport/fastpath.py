@@ -276,7 +276,7 @@ def send_new(self: Requester, wr: SendWr, now: int, out: list[Datagram]) -> bool
     stamp = now + self.ts_off
     since = self.ackreq_since
     every = cwnd // self.ackreq_div if self.ackreq_div else 0
-    if every >= ack_floor:
+    if ack_floor and every >= ack_floor:
         every = 0
     if sent == 0:
         wr.first_psn = psn

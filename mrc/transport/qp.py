@@ -12,9 +12,10 @@ importable from here as before.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Final
 
-from mrc.wire.consts import PSN_MASK
+from mrc.wire.consts import MAX_PAYLOAD, PSN_MASK
 from mrc.wire.packet import build_probe
 
 from .cc import NsccConfig
@@ -43,11 +44,25 @@ class QueuePair(Requester, Responder):
 
     # ================================================================== verbs
 
-    def connect(self, remote_gid: bytes, remote_qpn: int, rq_psn: int | None = None) -> None:
+    def connect(self, remote_gid: bytes, remote_qpn: int, rq_psn: int | None = None,
+                path_mtu: int | None = None) -> None:
         """RESET/INIT -> RTR -> RTS in one call: bind the QP to its peer (GID, QPN) and the PSN the peer
-        starts at (default: our own initial PSN, as the loopback harness configures both ends alike)."""
+        starts at (default: our own initial PSN, as the loopback harness configures both ends alike).
+        `path_mtu`, the peer's payload per packet (its QP's `mtu`, exchanged with the QPN, as RC QPs
+        set IBV_QP_PATH_MTU at RTR): when smaller than ours, ours becomes it, so that packets sized
+        for our ports are not dropped at a peer whose ports take less."""
         if self.state not in (QpState.RESET, QpState.INIT):
             raise ValueError(f"connect in state {self.state.name}")
+        if path_mtu is not None:
+            bad = isinstance(path_mtu, bool) or not isinstance(path_mtu, int)
+            if bad or not 64 <= path_mtu <= MAX_PAYLOAD:
+                raise ValueError(f"QP {self.qpn:#x}: path_mtu must be 64..{MAX_PAYLOAD}, got {path_mtu!r}")
+            if path_mtu < self.mtu:
+                cc = self.cc_spec
+                if isinstance(cc, NsccConfig):
+                    cc = cc.with_mtu(self.mtu, path_mtu)
+                self.reconfigure(dataclasses.replace(self.attr, mtu=path_mtu), self.paths.profile, cc,
+                                 self.hint)
         if self.state == QpState.RESET:
             self.modify(QpState.INIT)
         self.modify(QpState.RTR, remote_gid=remote_gid, remote_qpn=remote_qpn, rq_psn=rq_psn)

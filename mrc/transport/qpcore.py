@@ -156,7 +156,8 @@ class QpCore:
             self.cc.cwnd = hint.initial_cwnd(self.cc.cwnd, attr.mtu)
         self.paths.ev_cqs = ctx.ev_cqs
         self.mtu = attr.mtu
-        self.ack_floor = attr.ack_coalesce * attr.mtu
+        # AckReq on every packet below this many bytes in flight (QpAttr.ack_req_floor; 0: never)
+        self.ack_floor = attr.ack_coalesce * attr.mtu if attr.ack_req_floor < 0 else attr.ack_req_floor
         self.ackreq_div = attr.ack_req_per_window  # AckReq at least this often per congestion window
         self.ackreq_since = 0  # bytes sent since the last packet with AckReq
         # The responder's coalescing run alternates between ack_coalesce and one less. A SACK echoes the

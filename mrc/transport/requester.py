@@ -137,7 +137,7 @@ class Requester(Recovery):
         stamp = now + self.ts_off
         since = self.ackreq_since
         every = cwnd // self.ackreq_div if self.ackreq_div else 0
-        if every >= ack_floor:  # the responder's coalescing already acknowledges often enough
+        if ack_floor and every >= ack_floor:  # the responder's coalescing already acknowledges often enough
             every = 0
         if sent == 0:
             wr.first_psn = psn

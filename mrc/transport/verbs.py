@@ -222,6 +222,12 @@ class QpAttr:
     ack_coalesce: int = 16  # responder SACKs at least every this many data packets (64 KiB at 4 KiB)
     ack_delay_ns: int = 4_000  # ... or this long after an unacknowledged arrival
     ack_req_per_window: int = 4  # requester: AckReq at least every cwnd / this many bytes (0: off)
+    # requester: AckReq on every packet sent while fewer than this many bytes are in flight, so that a
+    # window too small for the responder's coalescing is answered at once rather than after its
+    # ack_delay_ns (-1: ack_coalesce x mtu). 0: off, for an engine whose delayed ACK already answers
+    # within one turn of a polling loop (mrcd): there, AckReq on every packet of a CPU-bound sender
+    # (whose window is never full) turns one SACK per turn into one per packet (docs/daemon.md)
+    ack_req_floor: int = -1
     reorder_ns: int = 2_000  # minimum reordering tolerance before a SACK hole is a loss
     # a SACK hole is also a loss once a packet sent later on the same port (one FIFO to the wire, one
     # plane) was acknowledged and the hole is older than the port's current RTT + its adaptive
@@ -279,6 +285,8 @@ class QpAttr:
             raise ValueError("ack_coalesce must be >= 1")
         if not 0 <= self.ack_req_per_window <= 64:
             raise ValueError("ack_req_per_window must be 0..64")
+        if not -1 <= self.ack_req_floor <= 1 << 30:
+            raise ValueError("ack_req_floor must be -1 (ack_coalesce x mtu) .. 1 GiB")
         if not -1 <= self.steer_delay_ns <= 1_000_000_000:
             raise ValueError("steer_delay_ns must be -1 (off) .. 1 s")
 

@@ -23,6 +23,9 @@ MXH_VERSION: Final = 1
 DEFAULT_PAYLOAD: Final = 4096
 #: Largest payload one packet may carry: a 9000-byte fabric MTU less both IPv6 headers and ours.
 MAX_PAYLOAD: Final = 8192
+#: Smallest path MTU payload (IB's smallest MTU, 256); every payload size a QP uses is a power of two
+#: in MIN_PAYLOAD..MAX_PAYLOAD, as IB's MTU enumeration (256..4096) extended by one step.
+MIN_PAYLOAD: Final = 256
 
 BTH_LEN: Final = 12
 RETH_LEN: Final = 16

@@ -30,12 +30,15 @@ from .consts import (
     EV_INDEX_MAX,
     EV_SPORT_BASE,
     ICRC_LEN,
+    IPV6_LEN,
     MAX_PAYLOAD,
+    MIN_PAYLOAD,
     MXH_LEN,
     MXH_VERSION,
     PSN_MASK,
     QPN_MASK,
     SACK_MAX_WORDS,
+    UDP_LEN,
     MxhFlag,
     Opcode,
 )
@@ -57,6 +60,23 @@ WRITE_HDR_LEN: Final = _WRITE.size  # 52
 WRITE_IMM_HDR_LEN: Final = _WRITE_IMM.size  # 56
 CTRL_HDR_LEN: Final = _CTRL.size  # 36
 assert CTRL_HDR_LEN == BTH_LEN + MXH_LEN
+
+#: What a link carries around one packet's payload, at most: the outer IPv6 header of the SRv6
+#: encapsulation (H.Encaps.Red with the micro-SID carrier in the destination address, no SRH), the inner
+#: IPv6 and UDP headers, the longest data header (WRITE with immediate) and the ICRC.
+LINK_OVERHEAD: Final = IPV6_LEN + IPV6_LEN + UDP_LEN + WRITE_IMM_HDR_LEN + ICRC_LEN  # 148
+
+
+def payload_for_mtu(link_mtu: int) -> int:
+    """The largest payload per packet that a link of `link_mtu` bytes carries whole, encapsulation
+    included: a power of two in MIN_PAYLOAD..MAX_PAYLOAD (1500 -> 1024, 9000 -> 8192; 4096 needs 4244).
+    The QP's `mtu` on a fabric whose links all have this MTU; a link below 404 bytes carries no payload
+    size of the format, which is a ValueError."""
+    room = link_mtu - LINK_OVERHEAD
+    if room < MIN_PAYLOAD:
+        raise ValueError(f"an MTU of {link_mtu} bytes leaves {room} for the payload; the smallest "
+                         f"payload is {MIN_PAYLOAD} (an MTU of at least {MIN_PAYLOAD + LINK_OVERHEAD})")
+    return min(MAX_PAYLOAD, 1 << (room.bit_length() - 1))
 
 _TRIM_FLAGS: Final = int(MxhFlag.TRIMMED | MxhFlag.PRIO)
 _TRIMMED: Final = int(MxhFlag.TRIMMED)

@@ -31,7 +31,9 @@ def test_udp_baseline(tb: dict[str, Any]) -> None:  # noqa: F811
     b = doc["baseline"]
     assert b["kind"] == "udp"
     assert b["planes"] == [1, 2] and b["evs"] > 0
-    assert b["packets_sent"] == b["bytes"] // 4096 == 1024
+    # the packet size of mrcd's QPs on default.toml (link MTU 9000): 8 KiB
+    assert b["payload"] == 8192
+    assert b["packets_sent"] == b["bytes"] // 8192 == 512
     assert b["received_bytes"] > 0 and b["packets_received"] > 0
     assert 0 < b["delivered"] <= 1.0
     assert b["goodput_gbps"] > 0
@@ -42,3 +44,18 @@ def test_udp_baseline(tb: dict[str, Any]) -> None:  # noqa: F811
         assert hid and fd.ingress.maps["mrc_allowed_qps"].get(abi.QpKey(hid, UDP_QPN)) is None
     after = WriteBench(BenchConfig(tb["name"], "h0", "h2", [1 << 20])).run()
     assert after["bit_exact"]
+
+
+def _tx_packets(fd: FabricDataplane, host: str) -> int:
+    return sum(int(r["tx_packets"]) for r in fd.host_stats(host)["planes"].values())
+
+
+def test_mrcd_sends_the_largest_payload_the_links_carry(tb: dict[str, Any]) -> None:  # noqa: F811
+    # default.toml's links have an MTU of 9000: 8 KiB payloads (payload_for_mtu), so a 4 MiB WRITE is
+    # 512 data packets and a few control packets, where 4 KiB payloads (the engine's default) make 1024
+    with FabricDataplane.open(tb["name"]) as fd:
+        before = _tx_packets(fd, "h0")
+        doc = WriteBench(BenchConfig(tb["name"], "h0", "h2", [4 << 20])).run()
+        sent = _tx_packets(fd, "h0") - before
+    assert doc["bit_exact"] and doc["rows"][0]["retransmits"] == 0
+    assert 512 <= sent < 600, sent

@@ -185,6 +185,31 @@ def test_explicit_clos_paths_and_ev_table() -> None:
     assert hops == [ipaddress.IPv6Address("fe80::1"), ipaddress.IPv6Address("fc00:2::1")]
 
 
+def test_the_payload_follows_the_smallest_port_mtu_or_the_file() -> None:
+    # a real host's NICs often have an MTU of 1500: 4 KiB payloads (the engine's default) would be
+    # dropped at the port, so mrcd takes the largest power of two the smallest port carries whole
+    auto = hostconfig.loads(BASE, "a.toml")
+    assert hostconfig.payload_size(auto, {"eth1": 9000, "eth2": 9000}) == 8192
+    assert hostconfig.payload_size(auto, {"eth1": 9000, "eth2": 1500}) == 1024
+    assert hostconfig.payload_size(auto, {"eth1": 4244}) == 4096
+    attr = hostconfig.qp_attr(auto, 1024)
+    attr.check()
+    assert (attr.mtu, attr.ack_req_floor) == (1024, 0)
+    window = hostconfig.max_window(auto)
+    assert hostconfig.nscc_config(auto, 1024) == NsccConfig.for_path(500_000, window, 1024)
+    fixed = hostconfig.loads(BASE + '[engine]\nmtu = "4KiB"\n', "f.toml")
+    assert fixed.engine.mtu == 4096
+    assert hostconfig.payload_size(fixed, {"eth1": 9000, "eth2": 4244}) == 4096
+    with pytest.raises(hostconfig.HostConfigError) as err:
+        hostconfig.payload_size(fixed, {"eth1": 9000, "eth2": 1500})
+    assert str(err.value) == ("f.toml:24: engine.mtu: 4096-byte payloads need an MTU of at least 4244 on "
+                              "every port (148 bytes of headers with the SRv6 encapsulation); eth2 has "
+                              "1500 (at most 1024 fits)")
+    assert hostconfig.loads(BASE + '[engine]\nmtu = "auto"\n', "x.toml").engine.mtu is None
+    with pytest.raises(hostconfig.HostConfigError, match=r"a.toml: plane.interface: eth2: an MTU of 300"):
+        hostconfig.payload_size(auto, {"eth1": 9000, "eth2": 300})
+
+
 def test_engine_objects_follow_the_file() -> None:
     cfg = hostconfig.loads(BASE + '[engine]\nevs = 16\ncc = "none"\nreorder_us = 500\n'
                                   "probe_timeout_us = 7000\nack_timeout = 10\n", "e.toml")
@@ -306,6 +331,9 @@ ERRORS = [
     (BASE.replace("[[peer]]", "[[per]]").replace("[[peer.plane]]", "[[per.plane]]"), "per", 16,
      "unknown key 'per' (did you mean 'peer'?)"),
     (BASE.split("[[peer]]")[0], "peer", None, "missing: one [[peer]] table per peer"),
+    (BASE + '[engine]\nmtu = 3000\n', "engine.mtu", 24, "must be \"auto\" or a power of two 256..8192"),
+    (BASE + '[engine]\nmtu = "16KiB"\n', "engine.mtu", 24, "got 16384"),
+    (BASE + '[engine]\nmtu = "jumbo"\n', "engine.mtu", 24, "must be \"auto\" or a payload size"),
 ]
 
 

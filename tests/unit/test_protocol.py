@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 import selectors
 import socket
 import threading
@@ -81,6 +82,7 @@ def _client_requests() -> list[dict[str, Any]]:
     qp = c.create_qp("h2")
     c.create_qp("h2", evs=1, planes=[0], cc="null")
     c.connect(qp, 300)
+    c.connect(qp, 300, 4096)  # protocol 1.1: the peer QP's payload
     c.post_send(qp, wr_id=1, mr=mr, offset=0, length=4096, remote_addr=8192, rkey=7)
     c.post_send(qp, wr_id=2, mr=mr, offset=0, length=0, remote_addr=8192, rkey=7, imm=9)
     c.post_recv(qp, 3)
@@ -245,8 +247,9 @@ def test_mrcd_refuses_a_client_of_another_major_version(served: tuple[Path, Cont
     path, server = served
     with MrcClient(path, timeout=5.0) as c:
         assert c.call("hello", protocol="1.7")["host"] == "h0"  # a newer minor is fine
-        with pytest.raises(ProtocolError, match=r"protocol version mismatch: the client speaks 2\.0 "
-                                                r"\(newer major\), this side speaks 1\.0: upgrade mrcd") as e:
+        mine = re.escape(PROTOCOL_VERSION)
+        want = rf"the client speaks 2\.0 \(newer major\), this side speaks {mine}: upgrade mrcd"
+        with pytest.raises(ProtocolError, match="protocol version mismatch: " + want) as e:
             c.call("hello", protocol="2.0")
         assert e.value.kind is ErrorKind.REFUSED
         with pytest.raises(ProtocolError, match=r"MAJOR\.MINOR") as e:

@@ -9,11 +9,14 @@ import itertools
 import numpy as np
 import pytest
 
-from mrc.sim.loopback import LoopbackConfig, build, run_transfer
+from mrc.sim.loopback import GID_A, GID_B, LoopbackConfig, LoopbackFabric, LoopbackRun, build, run_transfer
 from mrc.transport import (
     AsyncEventKind,
     Context,
     EvProfile,
+    Nscc,
+    NsccConfig,
+    QpAttr,
     QpState,
     QueuePair,
     WcStatus,
@@ -199,3 +202,33 @@ def test_async_events_are_typed() -> None:
     ev = r.a.poll_async_events()
     assert [e.kind for e in ev] == [AsyncEventKind.QP_FATAL] and ev[0].kind == "QP_FATAL"
     assert run_transfer(build(LoopbackConfig(size=1 << 16, seed=2)))["bit_exact"]
+
+
+def test_connect_takes_the_smaller_path_mtu_of_the_two_ends() -> None:
+    # A's ports take 8 KiB payloads, B's 2 KiB (an MTU of 2200): exchanged with the QPNs, as RC QPs set
+    # IBV_QP_PATH_MTU at RTR, both QPs send 2 KiB packets, whose bytes arrive intact; without it A's
+    # 8 KiB packets would be dropped at B's ports
+    cfg = LoopbackConfig(size=1 << 20, seed=2)
+    fab = cfg.fabric
+    a = Context(GID_A, ports=fab.planes, seed=5, name="A")
+    b = Context(GID_B, ports=fab.planes, seed=6, name="B")
+    nscc = NsccConfig.for_path(10_000, 1 << 20, 8192)
+    qps = []
+    for ctx, mtu in ((a, 8192), (b, 2048)):
+        prof = ctx.create_ev_profile(EvProfile.even(1, cfg.evs, fab.planes))
+        qps.append(ctx.create_qp(ctx.create_cq(), ev_profile=prof, cc_profile=ctx.create_cc_profile(nscc),
+                                 attr=QpAttr(mtu=mtu)))
+    qa, qb = qps
+    with pytest.raises(ValueError, match=r"path_mtu must be 64\.\.8192"):
+        qa.connect(GID_B, qb.qpn, path_mtu=16384)
+    assert qa.state == QpState.INIT and qa.mtu == 8192
+    qa.connect(GID_B, qb.qpn, path_mtu=qb.mtu)
+    qb.connect(GID_A, qa.qpn, path_mtu=qa.mtu)
+    assert (qa.mtu, qb.mtu, qa.attr.mtu) == (2048, 2048, 2048)
+    cc = qa.cc
+    assert isinstance(cc, Nscc) and cc.cfg.eta == pytest.approx(0.15 * 2048) and cc.min_cwnd == 2048
+    src = np.frombuffer(np.random.default_rng(2).bytes(cfg.size), dtype=np.uint8).copy()
+    run = LoopbackRun(cfg, a, b, qa, qb, LoopbackFabric(fab, a, b, cfg.seed), src, np.zeros_like(src))
+    doc = run_transfer(run)
+    assert doc["completed"] and doc["bit_exact"]
+    assert doc["data_packets"] == (1 << 20) // 2048

@@ -16,6 +16,7 @@ from mrc.sim.loopback import (
     LoopbackConfig,
     LoopbackRun,
     build,
+    loopback,
     run_transfer,
 )
 from mrc.transport import EvState, QpAttr, QpState, WcStatus
@@ -369,3 +370,19 @@ def test_every_ev_gets_acknowledgement_feedback(monkeypatch: pytest.MonkeyPatch)
         assert echoed == set(range(evs)), (evs, len(echoed))
         # still coalesced: about one SACK per 15.5 data packets, not one per packet
         assert r.qb.c["sack_tx"] <= doc["data_packets"] / 14
+
+
+def test_no_ack_req_floor_keeps_a_small_window_full_with_a_third_of_the_sacks() -> None:
+    # one 25 Gbit/s plane: NSCC's window (~46 KB) stays under the AckReq floor (16 x 4 KiB), so by
+    # default every packet asks for a SACK; with QpAttr.ack_req_floor=0 (mrcd's) the AckReq every
+    # cwnd / 4 bytes and the responder's coalescing keep the window just as full with a third of them
+    fab = FabricConfig(planes=1, rate_gbps=25.0, delay_ns=4_000)
+    docs = {fl: loopback(LoopbackConfig(size=4 << 20, seed=3, evs=16, fabric=fab,
+                                        attr=QpAttr(ack_req_floor=fl))) for fl in (-1, 0)}
+    for d in docs.values():
+        assert d["completed"] and d["bit_exact"] and d["data_packets"] == 1024
+    assert docs[-1]["sacks"] == 1024
+    assert docs[0]["sacks"] <= 0.4 * docs[-1]["sacks"]
+    assert docs[0]["sim_time_s"] <= 1.01 * docs[-1]["sim_time_s"]
+    with pytest.raises(ValueError, match="ack_req_floor"):
+        QpAttr(ack_req_floor=-2).check()
