@@ -2,7 +2,7 @@
 """Where an mrcd's time goes at gigabit speeds (docs/daemon.md, "Gigabit speeds: where the time goes").
 Needs root (testbeds with mrcds).
 
-    sudo .venv/bin/python bench/gigabit.py [--ab batch|mtu|floor] [--rate 10gbit] [--size 256M]
+    sudo .venv/bin/python bench/gigabit.py [--ab batch|mtu|floor|pace] [--rate 10gbit] [--size 256M]
                                            [--iters 2] [--rounds 6] [--profile DIR] [-j]
 
 Round by round, alternating between the two arms of ``--ab``, a fresh testbed of
@@ -15,6 +15,8 @@ and per MiB. The arms (the first is the older behaviour):
 * ``mtu`` (the default): links of MTU 4244, whose payload is 4 KiB, and of the default 9000 (8 KiB);
 * ``floor``: ``MRC_ACK_REQ_FLOOR=-1`` (AckReq on every packet below ack_coalesce x mtu in flight, the
   engine's default) and mrcd's own 0 (no floor).
+* ``pace``: ``MRC_PACE_DEBT=0`` (the pacer waits for a whole datagram's worth of tokens) and ``=1`` (a
+  datagram goes on any credit, the bucket taken into debt; the default).
 
 Prints per round and the medians, and the median of the paired (same round) ratios, second arm / first.
 
@@ -65,6 +67,7 @@ ARMS: dict[str, tuple[Arm, Arm]] = {
     "mtu": (Arm("mtu 4244 (4 KiB payload)", {}, 4244), Arm("mtu 9000 (8 KiB payload)", {}, 9000)),
     "floor": (Arm("MRC_ACK_REQ_FLOOR=-1", {"MRC_ACK_REQ_FLOOR": "-1"}),
               Arm("MRC_ACK_REQ_FLOOR=0", {"MRC_ACK_REQ_FLOOR": "0"})),
+    "pace": (Arm("MRC_PACE_DEBT=0", {"MRC_PACE_DEBT": "0"}), Arm("MRC_PACE_DEBT=1", {"MRC_PACE_DEBT": "1"})),
 }
 
 
