@@ -113,10 +113,12 @@ class TestbedSite:
         mtu = payload_for_mtu(topo.link.mtu)
         self.qp_attr = QpAttr(timeout=15, reorder_ns=reorder_ns, probe_timeout_ns=probe_timeout_ns, mtu=mtu,
                               ack_req_floor=0)
-        # per plane a link of link.rate; the host's window covers about half of the plane queues' buffers
-        # together, so the queues ECN-mark but rarely drop (docs/daemon.md)
-        self.nscc: NsccConfig | None = NsccConfig.for_path(500_000, topo.planes * topo.link.buffer_bytes // 3,
-                                                           mtu)
+        # per plane a link of link.rate; the host's window is 1.5 x the BDP at a 500 us base RTT, which
+        # is at least a third of the plane queues' buffers together (so that they ECN-mark but rarely
+        # drop) and at most all of them (hostconfig.window_bdp, docs/daemon.md)
+        bdp = hostconfig.window_bdp(topo.planes, topo.planes * topo.link.rate_bps, topo.link.buffer_bytes,
+                                    500_000)
+        self.nscc: NsccConfig | None = NsccConfig.for_path(500_000, bdp, mtu)
         self.fd = FabricDataplane.open(testbed)
         if self.fd.egress is None or self.fd.ingress is None:
             self.fd.close()
@@ -192,10 +194,10 @@ class ConfigSite:
         except BaseException:
             self.hd.close()
             raise
-        self.qp_attr = hostconfig.qp_attr(cfg, payload)
-        self.nscc: NsccConfig | None = hostconfig.nscc_config(cfg, payload)
         self.port_ifname = [p.ifname for p in self.hd.ports]
         self.port_rate_bps = [p.rate_bps for p in self.hd.ports]
+        self.qp_attr = hostconfig.qp_attr(cfg, payload)
+        self.nscc: NsccConfig | None = hostconfig.nscc_config(cfg, payload, self.port_rate_bps)
         self.paths: PathWriter = self.hd
 
     def ifindex_plane(self) -> dict[int, int]:

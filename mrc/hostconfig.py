@@ -25,7 +25,7 @@ import difflib
 import ipaddress
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path as FsPath
 from typing import Any, Final, Literal, cast
 
@@ -304,22 +304,39 @@ def qp_attr(cfg: HostConfig, payload: int = DEFAULT_PAYLOAD) -> QpAttr:
                   probe_timeout_ns=e.probe_timeout_us * 1000, mtu=payload, ack_req_floor=0)
 
 
-def max_window(cfg: HostConfig) -> int:
-    """NSCC's window in bytes: [engine] max_window, else planes x the link buffer / 3 (a topology's
-    link buffer, else `LinkParams`'s default), as `Daemon._nscc` on the testbed."""
+def window_bdp(planes: int, rate_bps: int, buffer_bytes: int, base_rtt_ns: int) -> int:
+    """The BDP, in bytes, that NSCC's largest window is 1.5 times (`NsccConfig.for_path`) when no window
+    is configured: `rate_bps` (all planes together) x the base RTT, at least a third of the plane queues'
+    buffers together and at most all of them. The floor keeps slow links' windows as they were (at 100
+    Mbit/s a 500 us base RTT is 25 KB, a third of four 128 KiB queues 170 KB: the queues ECN-mark but
+    rarely drop); the cap keeps what a window may put in the fabric within its queues. Why the rate at
+    all: at 10 Gbit/s the floor alone held a bulk WRITE at 2.9 Gbit/s with the window full and the CPUs
+    idle a third of the time (docs/daemon.md, "Gigabit speeds")."""
+    buffers = planes * buffer_bytes
+    return max(buffers // 3, min(rate_bps * base_rtt_ns // 8_000_000_000, buffers))
+
+
+def max_window(cfg: HostConfig, port_rates_bps: list[int] | None = None) -> int:
+    """NSCC's largest window in bytes: [engine] max_window, else 1.5 x `window_bdp` for the ports' rates
+    (bit/s, mrcd reads them at start; None: the buffer's third alone) and the link buffer (a topology's,
+    else `LinkParams`'s default), as on the testbed."""
     if cfg.engine.max_window_bytes is not None:
         return cfg.engine.max_window_bytes
     topo = cfg.fabric.topology
     buf = topo.link.buffer_bytes if topo is not None else LinkParams().buffer_bytes
-    return len(cfg.planes) * buf // 3
+    rate = sum(port_rates_bps) if port_rates_bps else 0
+    return window_bdp(len(cfg.planes), rate, buf, cfg.engine.base_rtt_us * 1000) * 3 // 2
 
 
-def nscc_config(cfg: HostConfig, payload: int = DEFAULT_PAYLOAD) -> NsccConfig | None:
-    """The CC profile of mrcd's QPs (`payload` bytes per packet): NSCC for the base RTT and window, or
-    None for ``cc = "none"``."""
+def nscc_config(cfg: HostConfig, payload: int = DEFAULT_PAYLOAD,
+                port_rates_bps: list[int] | None = None) -> NsccConfig | None:
+    """The CC profile of mrcd's QPs (`payload` bytes per packet): NSCC for the base RTT and window
+    (`max_window`: its max_cwnd), or None for ``cc = "none"``."""
     if cfg.engine.cc == "none":
         return None
-    return NsccConfig.for_path(cfg.engine.base_rtt_us * 1000, max_window(cfg), payload)
+    base = cfg.engine.base_rtt_us * 1000
+    window = max_window(cfg, port_rates_bps)
+    return replace(NsccConfig.for_path(base, window * 2 // 3, payload), max_cwnd=max(2 * payload, window))
 
 
 def port_rates(cfg: HostConfig) -> list[int | None]:
@@ -376,7 +393,12 @@ def describe(cfg: HostConfig) -> list[str]:
             out.append(f"  plane {plane} -> {peer.planes[plane].address} via {via}: {evs} EVs on {on}: "
                        f"{shown}")
     e = cfg.engine
-    cc = (f"nscc (base RTT {e.base_rtt_us} us, window {max_window(cfg)} bytes)" if e.cc == "nscc" else "none")
+    rates = port_rates(cfg)
+    if e.max_window_bytes is not None or all(r is not None for r in rates):
+        window = f"window {max_window(cfg, [r for r in rates if r is not None])} bytes"
+    else:  # mrcd reads the interfaces' speeds at start
+        window = f"window from the ports' speeds at start, at least {max_window(cfg)} bytes"
+    cc = f"nscc (base RTT {e.base_rtt_us} us, {window})" if e.cc == "nscc" else "none"
     out.append(f"engine: {e.evs} EVs per peer; CC {cc}; ACK timeout 2^{e.ack_timeout} x 1.024 us = "
                f"{_ack_ms(e.ack_timeout)}; reorder tolerance {e.reorder_us} us; "
                f"probe timeout {e.probe_timeout_us} us")

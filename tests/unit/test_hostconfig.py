@@ -14,7 +14,6 @@ import pytest
 from mrc import hostconfig, topology
 from mrc.ctl.controller import Controller
 from mrc.errors import ConfigError
-from mrc.transport import NsccConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -195,8 +194,9 @@ def test_the_payload_follows_the_smallest_port_mtu_or_the_file() -> None:
     attr = hostconfig.qp_attr(auto, 1024)
     attr.check()
     assert (attr.mtu, attr.ack_req_floor) == (1024, 0)
-    window = hostconfig.max_window(auto)
-    assert hostconfig.nscc_config(auto, 1024) == NsccConfig.for_path(500_000, window, 1024)
+    nscc = hostconfig.nscc_config(auto, 1024)
+    assert nscc is not None and nscc.eta == pytest.approx(0.15 * 1024)
+    assert nscc.max_cwnd == hostconfig.max_window(auto)
     fixed = hostconfig.loads(BASE + '[engine]\nmtu = "4KiB"\n', "f.toml")
     assert fixed.engine.mtu == 4096
     assert hostconfig.payload_size(fixed, {"eth1": 9000, "eth2": 4244}) == 4096
@@ -219,11 +219,20 @@ def test_engine_objects_follow_the_file() -> None:
     assert hostconfig.nscc_config(cfg) is None
     assert len(hostconfig.ev_paths(cfg, "b")) == 16
     cfg = hostconfig.loads(BASE + '[engine]\nbase_rtt_us = 40\nmax_window = "1MiB"\n', "e.toml")
-    assert hostconfig.nscc_config(cfg) == NsccConfig.for_path(40_000, 1 << 20)
+    nscc = hostconfig.nscc_config(cfg)
+    assert nscc is not None and nscc.max_cwnd == 1 << 20  # [engine] max_window is the largest window
+    assert nscc.base_rtt == 40_000 and nscc.target_delay == 30_000
     dflt = hostconfig.loads(BASE, "d.toml")
     assert (dflt.engine.evs, dflt.engine.cc, dflt.metrics, dflt.socket) == (
         64, "nscc", None, Path(hostconfig.DEFAULT_SOCKET))
-    assert hostconfig.max_window(dflt) == 2 * topology.LinkParams().buffer_bytes // 3
+    buf = topology.LinkParams().buffer_bytes
+    assert hostconfig.max_window(dflt) == 2 * buf // 3 * 3 // 2  # rates unknown: a third of 2 buffers
+    # the window follows the ports' BDP at the base RTT (500 us), between a third of the queues' buffers
+    # and all of them: 2 x 100 Mbit/s (12.5 KB) -> the third; 2 x 1 Gbit/s -> 125 KB; 2 x 10 -> the buffers
+    assert hostconfig.max_window(dflt, [10**8, 10**8]) == 2 * buf // 3 * 3 // 2
+    assert hostconfig.max_window(dflt, [10**9, 10**9]) == 125_000 * 3 // 2
+    assert hostconfig.max_window(dflt, [10**10, 10**10]) == 2 * buf * 3 // 2
+    assert hostconfig.window_bdp(4, 4 * 10**10, 128 << 10, 500_000) == 512 << 10
     assert hostconfig.port_rates(dflt) == [None, None]
     assert hostconfig.loads(BASE + "[metrics]\n", "m.toml").metrics == ("127.0.0.1", 9470)
     assert hostconfig.loads(BASE + '[metrics]\naddress = "[::1]:9100"\n', "m.toml").metrics == ("::1", 9100)
