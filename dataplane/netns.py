@@ -150,9 +150,16 @@ def enter_for_exec(name: str) -> None:
 
 
 def ipr(name: str) -> Any:
-    """A pyroute2 IPRoute bound to namespace ``name`` (HERE: the caller's)."""
+    """A pyroute2 IPRoute bound to namespace ``name`` (HERE: the caller's), its netlink socket made with
+    the calling thread inside the namespace (`entered`). Not pyroute2's ``netns=``, which forks a child
+    process for every socket: a fork from one thread while another runs a multithreaded OpenBLAS call
+    hangs that call for good (OpenBLAS's fork handler stops the worker threads the call waits on). That
+    hung ``mrcctl allreduce`` when its link-heal timer fired during an iteration's vNMSE."""
     from pyroute2 import IPRoute
 
     if name == HERE:
         return IPRoute()
-    return IPRoute(netns=name, flags=0)
+    if not exists(name):
+        raise FileNotFoundError(errno.ENOENT, "no such network namespace", str(NETNS_RUN_DIR / name))
+    with entered(name):
+        return IPRoute()

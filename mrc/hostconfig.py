@@ -144,7 +144,7 @@ class Engine:
     probe_timeout_us: int = 20000
     ack_timeout: int = 15  # exponent: 1.024 us x 2^15 = 33.6 ms (the testbed's, docs/daemon.md)
     base_rtt_us: int = 500
-    max_window_bytes: int | None = None  # None: planes x the link buffer / 3 (as on the testbed)
+    max_window_bytes: int | None = None  # None: 1.5 x window_bdp of the ports (as on the testbed)
     # payload bytes per packet (a power of two, 256..8192); None: the largest the smallest port MTU
     # carries whole (`payload_for_mtu`), found by mrcd at start
     mtu: int | None = None
