@@ -221,6 +221,7 @@ def write(server: str, sizes: list[int], *, iters: int = 1, evs: int | None = No
         try:
             dst, far_qpn, far_addr, far_rkey = (str(far["host"]), int(far["qpn"]), int(far["addr"]),
                                                 int(far["rkey"]))
+            far_mtu = None if far.get("mtu") is None else int(far["mtu"])  # a server before the path MTU
         except (KeyError, TypeError, ValueError):
             raise MrcError(f"{server}: not a bench serve reply: {far}") from None
         mr = mrcd.reg_mr(biggest)
@@ -228,8 +229,7 @@ def write(server: str, sizes: list[int], *, iters: int = 1, evs: int | None = No
         view = np.frombuffer(mr.buf, dtype=np.uint8)
         try:
             view[:] = np.random.default_rng(seed).integers(0, 256, biggest, dtype=np.uint8)
-            far_mtu = far.get("mtu")
-            mrcd.connect(qp, far_qpn, None if far_mtu is None else int(far_mtu))
+            mrcd.connect(qp, far_qpn, far_mtu)
             ch.send({"op": "connect", "qpn": qp.qpn, "mtu": qp.mtu})
             ch.recv()
             rows = []

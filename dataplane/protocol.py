@@ -22,7 +22,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from mrc.errors import MrcError
-from mrc.wire.consts import MAX_PAYLOAD
+from mrc.wire.consts import MAX_PAYLOAD, MIN_PAYLOAD
 
 #: The protocol this code speaks. Bump MINOR when adding an optional field or an op, MAJOR when a request
 #: that was valid before would be read differently.
@@ -127,7 +127,7 @@ OPS: Final[Mapping[str, OpSpec]] = {s.name: s for s in (
         Field("peer", "str"), _i("evs", 1, 0xFFFF, required=False),
         Field("planes", "int_list", False, 0, 255), Field("cc", "str", False, choices=("nscc", "null"))),
     _op("connect", "connect this client's QP to the peer's QP (whose payload per packet is `mtu`)", _NULL,
-        _i("qpn", 0, U32), _i("peer_qpn", 0, U32), _i("mtu", 64, MAX_PAYLOAD, required=False)),
+        _i("qpn", 0, U32), _i("peer_qpn", 0, U32), _i("mtu", MIN_PAYLOAD, MAX_PAYLOAD, required=False)),
     _op("destroy_qp", "destroy this client's QP", _NULL, _i("qpn", 0, U32)),
     _op("post_send", "RDMA write (with immediate if `imm`) from region `mr`", _NULL,
         _i("qpn", 0, U32), _i("wr_id", 0, U64), _i("mr", 0, U32), _i("offset", 0, U64), _i("length", 0, U64),

@@ -162,6 +162,8 @@ def test_choices_lists_and_bools_are_checked() -> None:
         {"op": "link_status", "link": ["a"], "state": "down"},
         {"op": "link_status", "link": ["a", "b"], "state": "sideways"},
         {"op": "no_such_op"},
+        {"op": "connect", "qpn": 256, "peer_qpn": 257, "mtu": 64},  # a payload mrcd's QPs never take
+        {"op": "connect", "qpn": 256, "peer_qpn": 257, "mtu": 16384},
     ]
     for req in bad:
         with pytest.raises(ProtocolError) as e:
