@@ -56,8 +56,11 @@ _BUF: Final = 9216
 #: IPv6 80, UDP 8
 WIRE_OVERHEAD: Final = 102
 PACE_BURST: Final = 16 << 10
-#: the pacer lets a datagram go on any credit, taking the bucket into debt (`SocketDriver._pace`);
-#: ``MRC_PACE_DEBT=0``: the older rule, which waited for a whole datagram's worth (for side-by-side runs)
+#: a datagram whose tokens are short by no more than the port earns in this long goes at once, the bucket
+#: taken into that much debt (`SocketDriver._pace`): a wait shorter than a turn of mrcd's loop only
+#: costs the turn. ``MRC_PACE_DEBT=0`` (read at import): the older rule, which waited for a whole
+#: datagram's worth
+PACE_SLACK_NS: Final = 20_000
 PACE_DEBT: Final = os.environ.get("MRC_PACE_DEBT", "1").strip() != "0"
 #: datagrams per sendmmsg / recvmmsg call
 MMSG_BATCH: Final = 64
@@ -227,11 +230,14 @@ class SocketDriver:
 
     def _pace(self, t: int, new: list[Datagram]) -> None:
         """Move what each port's token bucket allows from the port queues to `_pending`. A datagram goes
-        while the bucket has any credit and may take it below zero (the debt waits out before the next):
-        the rate is the port's over any span, the burst at most PACE_BURST + one datagram. Why not
-        "wait for a datagram's worth": with 8 KiB datagrams a 16 KiB bucket then held one and a small
-        deficit, so 95 % of them waited a fraction of a microsecond, each wait a turn of mrcd's loop (a
-        sleep, an epoll call and the turn's work) for nothing."""
+        when its tokens are short by at most what the port earns in PACE_SLACK_NS, taking the bucket
+        into that debt (the next one waits it out): the rate is the port's over any span, the burst at
+        most PACE_BURST + PACE_SLACK_NS of the rate. Why not "wait for a datagram's worth": with 8 KiB
+        datagrams a 16 KiB bucket then held one and a small deficit, so 95 % of them waited a fraction
+        of a microsecond at 10 Gbit/s, each wait a turn of mrcd's loop (a sleep, an epoll call and the
+        turn's work) for nothing. Why not any credit at all: at 100 Mbit/s that let a burst grow by a
+        whole datagram (660 us of the port), more of the ECN threshold of the switch port behind it,
+        and a slowed link was told from the healthy ones less clearly."""
         pend = self._pending
         nports = len(self._rate)
         for dg in new:
@@ -247,12 +253,11 @@ class SocketDriver:
                 continue
             tok = min(float(PACE_BURST), self._tokens[p] + (t - self._filled[p]) * self._rate[p])
             self._filled[p] = t
-            debt = self.pace_debt
+            slack = self._rate[p] * PACE_SLACK_NS if self.pace_debt else 0.0
             while q:
                 need = len(q[0].data) + WIRE_OVERHEAD
-                wait = tok <= 0 if debt else tok < need and tok < PACE_BURST
-                if wait:
-                    wait_ns = t + int(((-tok) if debt else need - tok) / self._rate[p]) + 1
+                if tok < need - slack and tok < PACE_BURST:
+                    wait_ns = t + int((need - slack - tok) / self._rate[p]) + 1
                     if self._pace_at is None or wait_ns < self._pace_at:
                         self._pace_at = wait_ns
                     break

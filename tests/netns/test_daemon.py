@@ -220,21 +220,35 @@ def test_a_stalled_peer_mrcd_does_not_hold_up_the_local_reaction(tb: dict[str, A
         assert c.call("hello")["host"] == "h3"
 
 
+def _sent_toward(fd: FabricDataplane, node: str, peer: str) -> int:
+    """Bytes `node`'s switch port toward `peer` passed on (forwarded, marked or trimmed)."""
+    for row in fd.stats(node)["ports"].get(node, {}).values():
+        if row["peer"] == peer:
+            return sum(int(row["actions"][a]["bytes"]) for a in ("forward", "ecn_mark", "trim"))
+    raise AssertionError(f"no port of {node} toward {peer}")
+
+
 def test_a_slowed_link_is_steered_around(tb: dict[str, Any]) -> None:
     """A leaf-spine link of plane 0 at a tenth of its rate, routing unchanged: the transfer completes
-    bit-exact and plane 0 carries clearly less than the others (its other spine still works: the slow
-    path's EV is penalised by the ECN of the switch port's virtual queue, which follows the link's new
-    rate). Before, the whole QP slowed to the slow path's pace on every plane alike."""
+    bit-exact, the slowed link carries clearly less than its plane's healthy one (the slow path's EVs
+    are penalised by the delay rule and the ECN of the switch port's virtual queue, which follows the
+    link's new rate), and the transfer is not held to the slow path's pace. Before, the whole QP slowed
+    to that pace on every plane alike (4 x 10 Mbit/s). Measured at the leaf's ports rather than as
+    plane 0's share: plane 0's healthy spine can carry all of that plane's traffic, so the better the
+    steering, the closer plane 0's share comes to the others' (0.67-0.86 of them with both cores busy)."""
     from mrc.ctl.cli import main
 
     assert main(["testbed", "link", "set", "p0l0", "p0s0", "--rate", "10mbit", "--name", tb["name"]]) == 0
     try:
-        doc = WriteBench(BenchConfig(tb["name"], "h0", "h2", [32 << 20], iters=1)).run()
+        with FabricDataplane.open(tb["name"]) as fd:
+            before = {s: _sent_toward(fd, "p0l0", s) for s in ("p0s0", "p0s1")}
+            doc = WriteBench(BenchConfig(tb["name"], "h0", "h2", [32 << 20], iters=1)).run()
+            sent = {s: _sent_toward(fd, "p0l0", s) - before[s] for s in ("p0s0", "p0s1")}
     finally:
         main(["testbed", "link", "set", "p0l0", "p0s0", "--rate", "100mbit", "--name", tb["name"]])
     assert doc["bit_exact"]
-    share = doc["rows"][0]["plane_gbps"]
-    assert share["0"] < 0.8 * min(share[p] for p in ("1", "2", "3")), share
+    assert sent["p0s0"] < 0.5 * sent["p0s1"], sent
+    assert doc["goodput_gbps"] > 0.1, doc["rows"][0]["plane_gbps"]  # 4 x 10 Mbit/s would be 0.04
 
 
 def test_incast_trims_and_nacks_without_timeouts(tb: dict[str, Any]) -> None:

@@ -11,7 +11,14 @@ from typing import Any
 import pytest
 
 from mrc.dataplane import mmsg
-from mrc.dataplane.driver import IPV6_PKTINFO, IPV6_RECVPKTINFO, PACE_BURST, WIRE_OVERHEAD, SocketDriver
+from mrc.dataplane.driver import (
+    IPV6_PKTINFO,
+    IPV6_RECVPKTINFO,
+    PACE_BURST,
+    PACE_SLACK_NS,
+    WIRE_OVERHEAD,
+    SocketDriver,
+)
 from mrc.dataplane.udp import ECN_CE, ECN_ECT0
 from mrc.transport import Datagram
 
@@ -245,3 +252,17 @@ def test_a_sender_below_the_port_rate_is_not_held() -> None:
             clock[0] = 10**9 + k * period
             old._pace(clock[0], [Datagram(bytearray(size), 0, 0, LO) for _ in range(2)])
         assert old.paced >= 99
+
+
+def test_the_slack_is_time_of_the_port_rate() -> None:
+    # 20 us of slack is 25 KB at 10 Gbit/s (four 8 KiB datagrams leave a full 16 KiB bucket at once,
+    # 27 us of the port) but 250 B at 100 Mbit/s (one does: a burst grows by 20 us of the port, not by
+    # a datagram)
+    size = 8192 + 56
+    for rate, burst in ((10**10, 4), (10**8, 1)):
+        clock = [10**9]
+        with _rx() as sock:
+            d = _paced_driver(sock, rate, clock)
+            d._pace(clock[0], [Datagram(bytearray(size), 0, 0, LO) for _ in range(6)])
+            assert len(d._pending) == burst, rate
+            assert len(d._pending) * (size + WIRE_OVERHEAD) <= PACE_BURST + rate / 8e9 * PACE_SLACK_NS + size
