@@ -514,6 +514,14 @@ def test_operator_commands_json(tb: dict[str, Any]) -> None:
     assert rc != 0 and "nope" in doc["error"]
 
 
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie (a zombie's files are closed, its exit handlers ran)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def test_sigterm_removes_entries_and_socket(tb: dict[str, Any]) -> None:
     """Last: h3's mrcd, stopped by SIGTERM, removes its path-map entries and its socket."""
     name = tb["name"]
@@ -522,9 +530,12 @@ def test_sigterm_removes_entries_and_socket(tb: dict[str, Any]) -> None:
     with FabricDataplane.open(name) as fd:
         assert fd.lookup_path("h3", "h0", 63) is not None
         os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and path.exists():
+        # until the process has ended (a zombie or gone): mrcd closes its control socket before it
+        # removes its map entries, so the socket's absence alone raced the check under load
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and _running(pid):
             time.sleep(0.05)
+        assert not _running(pid)
         assert not path.exists()
         assert fd.lookup_path("h3", "h0", 63) is None
         assert fd.lookup_path("h0", "h3", 63) is not None  # the others' are untouched
@@ -540,15 +551,9 @@ def test_sigkill_leaves_only_what_detach_removes(tb: dict[str, Any]) -> None:
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
 
-    def alive() -> bool:  # until it is a zombie (its files are closed) or gone
-        try:
-            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-        except OSError:
-            return False
-
-    while time.monotonic() < deadline and alive():
+    while time.monotonic() < deadline and _running(pid):
         time.sleep(0.05)
-    assert not alive()
+    assert not _running(pid)
     path = socket_path(tb["tb"].ns("h1"))
     assert path.exists()
     with pytest.raises(MrcError, match=r"no mrcd is listening|no greeting|closed the connection"):
