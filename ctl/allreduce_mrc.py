@@ -88,13 +88,23 @@ def place_ranks(hosts: list[str], ranks: int, ranks_per_host: int | None = None)
     return [hosts[r // ranks_per_host] for r in range(ranks)]
 
 
+#: glibc malloc for the rank processes: blocks up to 32 MiB (glibc's largest mmap threshold) come from
+#: the heap and freed heap memory stays in the process, so the multi-MiB message buffers of one step
+#: reuse the pages of the last instead of asking the kernel for fresh, zeroed ones (mmap threshold and
+#: trimming otherwise adapt per free and return them). Measured in docs/collective.md, "Rank memory".
+RANK_MALLOC: Final = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824"
+
+
 def rank_env() -> dict[str, str]:
-    """The rank processes' environment: one BLAS thread per rank. n processes each spinning a thread pool
-    on a small machine slow the codec's dot products twenty-fold (measured: 570 -> 28 ms for 1 MiB at 4
-    ranks on 2 cores)."""
+    """The rank processes' environment: one BLAS thread per rank (n processes each spinning a thread pool
+    on a small machine slow the codec's dot products twenty-fold: measured 570 -> 28 ms for 1 MiB at 4
+    ranks on 2 cores) and RANK_MALLOC, unless the caller's environment sets GLIBC_TUNABLES itself.
+    MRC_RING_ZERO_COPY=0 leaves malloc as it is (the old behaviour, for side-by-side runs)."""
     env = dict(os.environ)
     for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env.setdefault(k, "1")
+    if env.get("MRC_RING_ZERO_COPY", "1").strip() != "0":
+        env.setdefault("GLIBC_TUNABLES", RANK_MALLOC)
     return env
 
 
@@ -228,6 +238,7 @@ class MrcRunner:
         self.ranks_per_host = ranks // len(self.hosts)
         # per measured iteration: message bytes of all ranks through MRC and to co-located ranks
         self.split_bytes: dict[int, tuple[int, int]] = {}
+        self.rank_cpu: dict[int, tuple[float, int]] = {}  # step -> (ranks' CPU s, their page faults)
         if fail_link is not None:
             self.tb.link(fail_link[0], fail_link[1])
         self.fail_link = fail_link
@@ -384,6 +395,8 @@ class MrcRunner:
         if step >= 0:
             self.split_bytes[step] = (sum(int(a.get("mrc_bytes", 0)) for a in answers),
                                       sum(int(a.get("local_bytes", 0)) for a in answers))
+            self.rank_cpu[step] = (round(sum(float(a.get("cpu_s", 0.0)) for a in answers), 4),
+                                   sum(int(a.get("page_faults", 0)) for a in answers))
         if step >= 0 and self.t_ref is not None:
             self.iter_marks.append({"iter": step, "start_s": (t0 - self.t_ref) / 1e9,
                                     "end_s": (t1 - self.t_ref) / 1e9, "link_down": down})
@@ -397,7 +410,7 @@ class MrcRunner:
         ref = self.t_ref or 0
         doc: dict[str, Any] = {"testbed": self.testbed, "hosts": self.hosts, "rendezvous": self.rendezvous,
                                "slot_bytes": self.slot_bytes, "ranks_per_host": self.ranks_per_host,
-                               "split_bytes": dict(self.split_bytes)}
+                               "split_bytes": dict(self.split_bytes), "rank_cpu": dict(self.rank_cpu)}
         if self.fail_link is not None:
             a, b, at = self.fail_link
             doc["failure"] = {

@@ -12,8 +12,9 @@ object per line:
         launcher sends it once every rank has loaded: the clock starts together, not skewed by how
         long each rank took to read its input), all-reduce it (mrc.collective.allreduce), write the
         result to OUTPUT; answer {"ok": {"t_start_ns", "t_end_ns", "wire_bytes", "mrc_bytes",
-        "local_bytes", "messages", "bits_per_hop"}} (mrc_bytes + local_bytes = wire_bytes: this run's
-        message bytes that went through MRC / to co-located ranks)
+        "local_bytes", "messages", "bits_per_hop", "cpu_s", "page_faults"}} (mrc_bytes + local_bytes =
+        wire_bytes: this run's message bytes that went through MRC / to co-located ranks; cpu_s: the
+        rank's user + system time during the all-reduce, page_faults its minor faults then)
     {"op": "quit"}  (or end of stdin: the launcher went away)  -> destroy the QPs and exit
 
 Any failure is answered {"error": "one line"}; after a transport failure the rank exits (its peers then
@@ -23,12 +24,13 @@ fail their own waits and say so).
 from __future__ import annotations
 
 import json
+import resource
 import sys
 import time
 
 import numpy as np
 
-from mrc.collective import Config, TransportError, allreduce
+from mrc.collective import Config, TransportError, allreduce, ring
 from mrc.dataplane.collective import RankTransport, open_store
 from mrc.errors import MrcError
 
@@ -51,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     except (MrcError, OSError) as e:
         say({"error": f"rank {a.rank} ({hosts[a.rank]}): {e}"})
         return 1
+    out: np.ndarray | None = None  # the result buffer, kept while the size stays (ring.ZERO_COPY)
     try:
         say({"ready": {"rank": a.rank, "host": hosts[a.rank], "qpn": {p: q.qpn for p, q in t.qps.items()}}})
         for line in sys.stdin:
@@ -69,18 +72,24 @@ def main(argv: list[str] | None = None) -> int:
             if go.get("op") != "go":
                 say({"error": f"rank {a.rank}: expected the go line, got {go.get('op')!r}"})
                 return 1
+            if ring.ZERO_COPY and (out is None or out.size != x.size):
+                out = np.empty(x.size, np.float32)
             mrc0, local0 = t.mrc_bytes, t.local_bytes
             try:
+                u0 = resource.getrusage(resource.RUSAGE_SELF)
                 t0 = time.monotonic_ns()
-                res = allreduce(t, x, cfg, int(cmd["step"]))
+                res = allreduce(t, x, cfg, int(cmd["step"]), out=out if ring.ZERO_COPY else None)
                 t1 = time.monotonic_ns()
+                u1 = resource.getrusage(resource.RUSAGE_SELF)
             except (TransportError, MrcError, OSError) as e:
                 say({"error": f"rank {a.rank} ({hosts[a.rank]}): {e}"})
                 return 1
             res.out.tofile(cmd["output"])
+            cpu = (u1.ru_utime - u0.ru_utime) + (u1.ru_stime - u0.ru_stime)
             say({"ok": {"t_start_ns": t0, "t_end_ns": t1, "wire_bytes": res.wire_bytes,
                          "mrc_bytes": t.mrc_bytes - mrc0, "local_bytes": t.local_bytes - local0,
-                         "messages": res.messages, "bits_per_hop": list(res.bits_per_hop)}})
+                         "messages": res.messages, "bits_per_hop": list(res.bits_per_hop),
+                         "cpu_s": round(cpu, 4), "page_faults": u1.ru_minflt - u0.ru_minflt}})
     finally:
         t.close()
     return 0

@@ -213,6 +213,7 @@ def _run_mrc(out: Output, ranks: int, size: int, cfg: Config, iters: int, dist: 
     doc["config"].update({k: extra[k] for k in ("testbed", "hosts", "ranks_per_host", "rendezvous",
                                                 "slot_bytes")})
     add_split_bytes(doc, extra["split_bytes"])
+    add_rank_cpu(doc, extra["rank_cpu"])
     for k in ("failure", "timeline"):
         if k in extra:
             doc[k] = extra[k]
@@ -230,6 +231,20 @@ def add_split_bytes(doc: dict[str, Any], split: dict[int, tuple[int, int]]) -> N
     if ok:
         doc["summary"]["mean_wire_bytes_mrc"] = statistics.fmean(r["wire_bytes_mrc"] for r in ok)
         doc["summary"]["mean_wire_bytes_local"] = statistics.fmean(r["wire_bytes_local"] for r in ok)
+
+
+def add_rank_cpu(doc: dict[str, Any], cpu: dict[int, tuple[float, int]]) -> None:
+    """Per iteration, `rank_cpu_s` (user + system seconds of all rank processes during the all-reduce)
+    and `rank_page_faults` (their minor page faults: fresh memory the kernel zeroed); the summary gets
+    their means. The mrcds' CPU is not in it (`mrcctl stats`)."""
+    ok = []
+    for row in doc["iterations"]:
+        if row.get("time_s") is not None and row["iter"] in cpu:
+            row["rank_cpu_s"], row["rank_page_faults"] = cpu[row["iter"]]
+            ok.append(row)
+    if ok:
+        doc["summary"]["mean_rank_cpu_s"] = round(statistics.fmean(r["rank_cpu_s"] for r in ok), 4)
+        doc["summary"]["mean_rank_page_faults"] = statistics.fmean(r["rank_page_faults"] for r in ok)
 
 
 _MAIN_PID = 0

@@ -248,7 +248,7 @@ class MrcTransport:
         self.pending[p].add(wr)
         return wr
 
-    def send(self, dst: int, tag: int, data: bytes) -> None:
+    def send(self, dst: int, tag: int, data: bytes | memoryview) -> None:
         if dst not in self.remote:
             raise TransportError(f"rank {self._rank}: bad destination {dst}")
         if not 0 <= tag <= TAG_MASK:
@@ -344,7 +344,7 @@ class RankTransport:
     def qps(self) -> dict[int, ClientQp]:
         return self.mrc.qps if self.mrc is not None else {}
 
-    def send(self, dst: int, tag: int, data: bytes) -> None:
+    def send(self, dst: int, tag: int, data: bytes | memoryview) -> None:
         if dst in self._local:
             self.local.send(dst, tag, data)
             self.local_bytes += len(data)

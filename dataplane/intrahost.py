@@ -242,7 +242,7 @@ class IntraHost:
                                      f"{self.timeout_s} s")
             self._pump(c, min(0.5, left))
 
-    def send(self, dst: int, tag: int, data: bytes) -> None:
+    def send(self, dst: int, tag: int, data: bytes | memoryview) -> None:
         c = self.conns.get(dst)
         if c is None:
             raise TransportError(f"rank {self.rank}: rank {dst} is not on this host")

@@ -59,7 +59,7 @@ class TorchTransport:
     def _global(self, r: int) -> int:
         return r if self._group is None else int(self._dist.get_global_rank(self._group, r))
 
-    def send(self, dst: int, tag: int, data: bytes) -> None:
+    def send(self, dst: int, tag: int, data: bytes | memoryview) -> None:
         import torch
 
         head = torch.tensor([len(data)], dtype=torch.int64)

@@ -110,7 +110,9 @@ def join_stats(stats: tuple[float, float, float, float], frames: list[bytes]) ->
     return STATS.pack(*stats) + join(frames)
 
 
-def split_stats(message: bytes, count: int) -> tuple[tuple[float, float, float, float], list[memoryview]]:
+def split_stats(
+    message: bytes | memoryview, count: int
+) -> tuple[tuple[float, float, float, float], list[memoryview]]:
     """(statistics, frames) of a `join_stats` message; CodecError if it is malformed (too short, a
     non-finite statistic, or framing that does not add up)."""
     if len(message) < STATS.size:

@@ -32,6 +32,7 @@ in docs/collective.md, "Partial sums: grouped scales, data-driven bits, hierarch
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,6 +47,14 @@ from .schedule import aware_bits, measured_bits
 from .transport import Transport
 
 F32 = npt.NDArray[np.float32]
+#: A message: what `Transport.send` takes (every transport copies it before `send` returns).
+Message = bytes | memoryview
+#: Uncompressed messages as views of the arrays they come from, and the result assembled into a buffer
+#: the caller may keep across calls, instead of a copy of each 4 MiB segment per step and a fresh result
+#: per call (fresh memory is zeroed page by page by the kernel: 51,000 page faults and 0.1-0.3 s of
+#: system time per 64 MiB all-reduce and rank, measured in docs/collective.md, "Rank memory").
+#: MRC_RING_ZERO_COPY=0 restores the copies (read once, at import: side-by-side runs use two processes).
+ZERO_COPY: bool = os.environ.get("MRC_RING_ZERO_COPY", "1").strip() != "0"
 COMPRESSIONS = ("none", *SCHEMES)
 PARTIAL_SUMS = ("naive", "aware", "measured")
 ALGORITHMS = ("ring", "oneshot")
@@ -135,32 +144,55 @@ class _Counter:
         self.bytes = 0
         self.messages = 0
 
-    def send(self, dst: int, tag: int, data: bytes) -> None:
+    def send(self, dst: int, tag: int, data: Message) -> None:
         self.bytes += len(data)
         self.messages += 1
         self.t.send(dst, tag, data)
 
 
-def allreduce(t: Transport, x: npt.ArrayLike, cfg: Config, step: int = 0, residual: bool = False) -> Result:
+def allreduce(t: Transport, x: npt.ArrayLike, cfg: Config, step: int = 0, residual: bool = False,
+              out: F32 | None = None) -> Result:
     """Sum (or average, cfg.average) of every rank's 1-D float32 buffer. `step` must be the same on every
-    rank (it seeds the rotations); `residual` also returns this rank's quantization residual."""
+    rank (it seeds the rotations); `residual` also returns this rank's quantization residual. `out`: a
+    contiguous float32 buffer of the input's length, not overlapping it, that the ring writes its
+    result into (Result.out is then `out`): a caller that all-reduces buffers of one size again and
+    again keeps one, instead of the fresh pages of a new result each time."""
     a = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    if out is not None:
+        _check_out(out, a)
     n = t.world_size
     if n == 1:
-        return Result(a.copy(), residual=np.zeros_like(a) if residual else None)
+        if out is None:
+            out = a.copy()
+        else:
+            out[:] = a
+        return Result(out, residual=np.zeros_like(a) if residual else None)
     if cfg.algorithm == "oneshot":
         res = _oneshot(t, a, cfg, step, residual)
+        if out is not None:
+            out[:] = res.out
+            res.out = out
     elif cfg.scheme == "none":
-        res = _ring(t, a, cfg, step, _RawChunks(), residual)
+        res = _ring(t, a, cfg, step, _RawChunks(), residual, out)
     elif cfg.partial_sums == "naive":
-        res = _ring(t, a, cfg, step, _CodecChunks(cfg, step), residual)
+        res = _ring(t, a, cfg, step, _CodecChunks(cfg, step), residual, out)
     elif cfg.partial_sums == "aware":
-        res = _ring(t, a, cfg, step, _ScheduledChunks(cfg, step, n), residual)
+        res = _ring(t, a, cfg, step, _ScheduledChunks(cfg, step, n), residual, out)
     else:
-        res = _ring(t, a, cfg, step, _MeasuredChunks(cfg, step, n), residual)
+        res = _ring(t, a, cfg, step, _MeasuredChunks(cfg, step, n), residual, out)
     if cfg.average:
         res.out /= np.float32(n)
     return res
+
+
+def _check_out(out: F32, a: F32) -> None:
+    if not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.ndim != 1 \
+            or not out.flags.c_contiguous or not out.flags.writeable:
+        raise UsageError("out must be a writable contiguous 1-D float32 array")
+    if out.size != a.size:
+        raise UsageError(f"out holds {out.size} elements, the input {a.size}")
+    if np.shares_memory(out, a):
+        raise UsageError("out must not overlap the input (the ring reads the input until its last step)")
 
 
 class _Chunks:
@@ -172,14 +204,14 @@ class _Chunks:
 
     sizes: dict[int, list[int]]
 
-    def pack(self, c: int, i: int, seg: F32, k: int) -> bytes:
+    def pack(self, c: int, i: int, seg: F32, k: int) -> Message:
         raise NotImplementedError
 
-    def unpack(self, c: int, i: int, msg: bytes, k: int) -> F32:
+    def unpack(self, c: int, i: int, msg: Message, k: int) -> F32:
         raise NotImplementedError
 
     def advance(self, c: int, i: int, msg: bytes, own: F32, k: int,
-                want_sum: bool) -> tuple[bytes, F32 | None]:
+                want_sum: bool) -> tuple[Message, F32 | None]:
         work = self.unpack(c, i, msg, k - 1)
         work += own
         return self.pack(c, i, work, k), work
@@ -189,15 +221,27 @@ class _Chunks:
 
 
 class _RawChunks(_Chunks):
-    def pack(self, c: int, i: int, seg: F32, k: int) -> bytes:
-        return seg.tobytes()
+    """Uncompressed: a segment's float32 bytes. With ZERO_COPY a message is a view of the array it comes
+    from (the caller's input for the first hop, a hop's fresh sum after that; neither changes while the
+    message waits) and an incoming segment is read in place; otherwise both are copies."""
 
-    def unpack(self, c: int, i: int, msg: bytes, k: int) -> F32:
-        out = np.frombuffer(msg, np.float32).copy()
-        if out.size != self.sizes[c][i]:
-            raise UsageError(f"chunk segment of {out.size} elements received where "
+    def pack(self, c: int, i: int, seg: F32, k: int) -> Message:
+        return seg.data.cast("B") if ZERO_COPY else seg.tobytes()
+
+    def unpack(self, c: int, i: int, msg: Message, k: int) -> F32:
+        """The segment (read-only with ZERO_COPY: a view of `msg`)."""
+        seg = np.frombuffer(msg, np.float32)
+        if seg.size != self.sizes[c][i]:
+            raise UsageError(f"chunk segment of {seg.size} elements received where "
                              f"{self.sizes[c][i]} were expected")
-        return out
+        return seg if ZERO_COPY else seg.copy()
+
+    def advance(self, c: int, i: int, msg: bytes, own: F32, k: int,
+                want_sum: bool) -> tuple[Message, F32 | None]:
+        if not ZERO_COPY:
+            return super().advance(c, i, msg, own, k, want_sum)
+        work = np.add(self.unpack(c, i, msg, k - 1), own)  # the one new array of the hop
+        return self.pack(c, i, work, k), work
 
 
 class _CodecChunks(_Chunks):
@@ -258,11 +302,11 @@ class _CodecChunks(_Chunks):
             out[o : o + size] = part
         return out
 
-    def unpack(self, c: int, i: int, msg: bytes, k: int) -> F32:
+    def unpack(self, c: int, i: int, msg: Message, k: int) -> F32:
         return self._decode(c, i, frame.split(msg, len(self._pieces(c, i))))
 
     def advance(self, c: int, i: int, msg: bytes, own: F32, k: int,
-                want_sum: bool) -> tuple[bytes, F32 | None]:
+                want_sum: bool) -> tuple[Message, F32 | None]:
         if want_sum:
             return super().advance(c, i, msg, own, k, want_sum)
         return self.hop(c, i, msg, own, k), None  # decode + add + encode in one call
@@ -324,7 +368,7 @@ class _MeasuredChunks(_CodecChunks):
         self.used.setdefault(1, []).append(self.first)
         return frame.join_stats((self.first, 0.0, 0.0, e), self._encode(c, i, seg, 1, self.first))
 
-    def unpack(self, c: int, i: int, msg: bytes, k: int) -> F32:
+    def unpack(self, c: int, i: int, msg: Message, k: int) -> F32:
         if k >= self.n:
             return super().unpack(c, i, msg, k)
         _, frames = frame.split_stats(msg, len(self._pieces(c, i)))
@@ -368,7 +412,8 @@ def send_window(t: Transport) -> int:
     return max(1, int(getattr(t, "send_window", 1)))
 
 
-def _ring(t: Transport, a: F32, cfg: Config, step: int, rep: _Chunks, want_residual: bool) -> Result:
+def _ring(t: Transport, a: F32, cfg: Config, step: int, rep: _Chunks, want_residual: bool,
+          out: F32 | None = None) -> Result:
     """Ring reduce-scatter + all-gather, pipelined by segment.
 
     Message g (g = 0 .. 2 (n-1) m - 1, m segments per chunk) is segment g % m of ring step g // m:
@@ -393,7 +438,8 @@ def _ring(t: Transport, a: F32, cfg: Config, step: int, rep: _Chunks, want_resid
     def own(c: int, i: int) -> F32:
         return a[offs[c][i] : offs[c][i] + sizes[c][i]]
 
-    out = np.empty(a.size, np.float32)  # the result, each decoded segment copied to its place once
+    if out is None:  # the result, each decoded segment copied to its place once
+        out = np.empty(a.size, np.float32)
 
     def place(c: int, i: int, seg: F32) -> F32:
         out[offs[c][i] : offs[c][i] + seg.size] = seg
@@ -405,7 +451,7 @@ def _ring(t: Transport, a: F32, cfg: Config, step: int, rep: _Chunks, want_resid
     m = max(len(v) for v in sizes.values())
     total = 2 * (n - 1) * m
     resid: dict[int, dict[int, F32]] = {c: {} for c in range(n)}
-    out_msgs: dict[int, bytes] = {}
+    out_msgs: dict[int, Message] = {}
 
     def build_first(g: int) -> None:
         c, i = r % n, g

@@ -45,8 +45,10 @@ class Transport(Protocol):
     @property
     def world_size(self) -> int: ...
 
-    def send(self, dst: int, tag: int, data: bytes) -> None:
-        """Post `data` to rank `dst`; may return before delivery."""
+    def send(self, dst: int, tag: int, data: bytes | memoryview) -> None:
+        """Post `data` (bytes, or a memoryview of format "B") to rank `dst`; may return before delivery,
+        but keeps no reference to `data`: its bytes are copied (into a queue, a staging slot, a shared
+        ring) before `send` returns, so the caller may reuse the memory behind a view."""
 
     def recv(self, src: int, tag: int) -> bytes:
         """The next chunk from rank `src`, which must carry `tag`."""
@@ -93,7 +95,7 @@ class InProcTransport:
     def world_size(self) -> int:
         return self._hub.n
 
-    def send(self, dst: int, tag: int, data: bytes) -> None:
+    def send(self, dst: int, tag: int, data: bytes | memoryview) -> None:
         if dst == self._rank or not 0 <= dst < self._hub.n:
             raise TransportError(f"rank {self._rank}: bad destination {dst}")
         self._hub._q[(self._rank, dst)].put((tag, bytes(data)))

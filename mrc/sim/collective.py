@@ -53,7 +53,7 @@ class _Recorder:
     def world_size(self) -> int:
         return self.inner.world_size
 
-    def send(self, dst: int, tag: int, data: bytes) -> None:
+    def send(self, dst: int, tag: int, data: bytes | memoryview) -> None:
         self.messages.append((*ring_position(tag, self.world_size), len(data)))
         self.inner.send(dst, tag, data)
 

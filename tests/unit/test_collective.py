@@ -223,7 +223,7 @@ class _BoundedTransport:
     def world_size(self) -> int:
         return int(self.inner.world_size)
 
-    def send(self, dst: int, tag: int, data: bytes) -> None:
+    def send(self, dst: int, tag: int, data: bytes | memoryview) -> None:
         if not self.permits[(self.rank, dst)].acquire(timeout=20):
             raise TimeoutError(f"rank {self.rank}: no credit toward {dst}: deadlock")
         self.inner.send(dst, tag, data)

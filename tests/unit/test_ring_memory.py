@@ -1,0 +1,135 @@
+"""The ring's memory on the uncompressed path (docs/collective.md, "Rank memory"): messages are views of
+the arrays they come from, the result goes into a buffer the caller keeps, and the rank processes'
+malloc keeps multi-MiB blocks instead of handing them back to the kernel, which would zero fresh pages
+for the next step. Results are the same bytes with the copies (MRC_RING_ZERO_COPY=0) and without."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from mrc.collective import Config, Transport, allreduce, ring, run_inproc
+from mrc.collective.bench import make_inputs
+from mrc.ctl.allreduce_mrc import RANK_MALLOC, rank_env
+from mrc.errors import UsageError
+
+N = 4
+SIZE = 3 << 19  # elements per rank: chunks of 393,216, so each chunk is several segments
+
+
+class Recording:
+    """A transport that keeps the object each `send` was given (before the inner transport copies it)."""
+
+    def __init__(self, inner: Transport) -> None:
+        self.inner = inner
+        self.sent: list[Any] = []
+
+    @property
+    def rank(self) -> int:
+        return self.inner.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.inner.world_size
+
+    def send(self, dst: int, tag: int, data: bytes | memoryview) -> None:
+        self.sent.append(data)
+        self.inner.send(dst, tag, data)
+
+    def recv(self, src: int, tag: int) -> bytes:
+        return self.inner.recv(src, tag)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+
+def _run(zero_copy: bool, monkeypatch: pytest.MonkeyPatch, cfg: Config) -> list[Any]:
+    monkeypatch.setattr(ring, "ZERO_COPY", zero_copy)
+    bufs = make_inputs(N, SIZE, "iid", 7, 0)
+    return run_inproc(N, lambda t: allreduce(t, bufs[t.rank], cfg, 3).out)
+
+
+@pytest.mark.parametrize("scheme", ["none", "eden-unbiased"])
+def test_zero_copy_gives_the_same_bytes_as_the_copies(scheme: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = Config(scheme, 2.0, "aware")
+    fast = _run(True, monkeypatch, cfg)
+    slow = _run(False, monkeypatch, cfg)
+    for a, b in zip(fast, slow, strict=True):
+        assert a.tobytes() == b.tobytes()
+    exact = np.mean(np.stack(make_inputs(N, SIZE, "iid", 7, 0)).astype(np.float64), axis=0)
+    if scheme == "none":
+        assert np.allclose(fast[0], exact, rtol=1e-5, atol=1e-6)
+
+
+def test_uncompressed_messages_are_views_not_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ring, "ZERO_COPY", True)
+    bufs = make_inputs(N, SIZE, "iid", 1, 0)
+    rec: dict[int, Recording] = {}
+
+    def go(t: Transport) -> Any:
+        rec[t.rank] = Recording(t)
+        return allreduce(rec[t.rank], bufs[t.rank], Config("none"), 0)
+
+    run_inproc(N, go)
+    first = rec[0].sent[0]  # rank 0's first message: a segment of its own chunk 0, straight from its input
+    assert isinstance(first, memoryview) and first.format == "B"
+    assert np.shares_memory(np.frombuffer(first, np.float32), bufs[0])
+    assert all(isinstance(m, (bytes, memoryview)) for m in rec[0].sent)
+    # every reduce-scatter message after the first hop is a view of the hop's sum, not a bytes copy
+    assert sum(isinstance(m, memoryview) for m in rec[0].sent) > len(rec[0].sent) // 2
+
+
+def test_the_result_goes_into_the_callers_buffer() -> None:
+    bufs = make_inputs(N, SIZE, "iid", 2, 0)
+    outs = [np.full(SIZE, np.nan, np.float32) for _ in range(N)]
+    got = run_inproc(N, lambda t: allreduce(t, bufs[t.rank], Config("none"), 0, out=outs[t.rank]))
+    ref = run_inproc(N, lambda t: allreduce(t, bufs[t.rank], Config("none"), 0))
+    for r in range(N):
+        assert got[r].out is outs[r]
+        assert outs[r].tobytes() == ref[r].out.tobytes()
+    single = run_inproc(1, lambda t: allreduce(t, bufs[0], Config("none"), 0, out=outs[0]))
+    assert single[0].out is outs[0] and np.array_equal(outs[0], bufs[0])
+
+
+@pytest.mark.parametrize(("bad", "why"), [
+    (np.zeros(SIZE, np.float64), "float32"),
+    (np.zeros(SIZE - 1, np.float32), "elements"),
+    (np.zeros(2 * SIZE, np.float32)[::2], "contiguous"),
+])
+def test_a_wrong_result_buffer_is_refused(bad: np.ndarray[Any, Any], why: str) -> None:
+    x = np.ones(SIZE, np.float32)
+    with pytest.raises(UsageError, match=why):
+        run_inproc(2, lambda t: allreduce(t, x, Config("none"), 0, out=bad))
+
+
+def test_the_result_buffer_may_not_overlap_the_input() -> None:
+    x = np.ones(SIZE, np.float32)
+    with pytest.raises(UsageError, match="overlap"):
+        allreduce(_Solo(), x, Config("none"), 0, out=x)
+
+
+class _Solo:
+    rank = 0
+    world_size = 1
+
+    def send(self, dst: int, tag: int, data: bytes | memoryview) -> None:
+        raise AssertionError("a world of one sends nothing")
+
+    def recv(self, src: int, tag: int) -> bytes:
+        raise AssertionError("a world of one receives nothing")
+
+    def flush(self) -> None:
+        pass
+
+
+def test_rank_processes_get_the_malloc_setting_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    monkeypatch.delenv("MRC_RING_ZERO_COPY", raising=False)
+    assert rank_env()["GLIBC_TUNABLES"] == RANK_MALLOC
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
+    assert rank_env()["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2"  # the caller's own choice stays
+    monkeypatch.delenv("GLIBC_TUNABLES")
+    monkeypatch.setenv("MRC_RING_ZERO_COPY", "0")
+    assert "GLIBC_TUNABLES" not in rank_env()
