@@ -75,26 +75,35 @@ class HierInProcRunner:
         return out, secs, False
 
 
-def make_inputs(n: int, elements: int, dist: str, seed: int, step: int) -> list[F32]:
+def make_inputs(n: int, elements: int, dist: str, seed: int, step: int,
+                out: list[F32] | None = None) -> list[F32]:
     """n per-rank gradient buffers: `iid` N(0, I) each; `correlated`: (g + e_i) / sqrt(2) with g shared —
-    half of each rank's energy common to all ranks, as data-parallel gradients are."""
+    half of each rank's energy common to all ranks, as data-parallel gradients are. `out`: n float32
+    buffers of `elements` to fill instead of new ones (the same values: `run` keeps one set across its
+    iterations, rather than fresh memory the kernel zeroes page by page each time)."""
     rng = np.random.default_rng((seed, step & 0xFFFFFFFFFFFFFFFF))
+    if dist not in DISTS:
+        raise MrcError(f"unknown input distribution {dist!r} (known: {', '.join(DISTS)})")
+    if out is None:
+        out = [np.empty(elements, np.float32) for _ in range(n)]
+    elif len(out) != n or any(b.dtype != np.float32 or b.shape != (elements,) for b in out):
+        raise MrcError(f"make_inputs: out must be {n} float32 buffers of {elements} elements")
     if dist == "iid":
-        return [rng.standard_normal(elements, dtype=np.float32) for _ in range(n)]
-    if dist == "correlated":
-        g = rng.standard_normal(elements, dtype=np.float32)
-        out = []
-        for _ in range(n):
-            x = rng.standard_normal(elements, dtype=np.float32)
-            x += g
-            x *= np.float32(1 / math.sqrt(2))
-            out.append(x)
+        for b in out:
+            rng.standard_normal(dtype=np.float32, out=b)
         return out
-    raise MrcError(f"unknown input distribution {dist!r} (known: {', '.join(DISTS)})")
+    g = rng.standard_normal(elements, dtype=np.float32)
+    for b in out:
+        rng.standard_normal(dtype=np.float32, out=b)
+        b += g
+        b *= np.float32(1 / math.sqrt(2))
+    return out
 
 
-def exact_mean(buffers: list[F32]) -> npt.NDArray[np.float64]:
-    acc = np.zeros(buffers[0].size if buffers else 0)
+def exact_mean(buffers: list[F32], out: npt.NDArray[np.float64] | None = None) -> npt.NDArray[np.float64]:
+    """The float64 mean of the buffers (into `out` when given: a float64 buffer of their length)."""
+    acc = np.zeros(buffers[0].size if buffers else 0) if out is None else out
+    acc.fill(0.0)
     for b in buffers:
         acc += b
     acc /= max(len(buffers), 1)
@@ -112,9 +121,11 @@ def run(
         runner.run(make_inputs(ranks, min(elements, 1 << 16), dist, seed, -1 - w), cfg, -1 - w)
     rows: list[dict[str, Any]] = []
     errors = 0
+    buffers: list[F32] | None = None
+    exact: npt.NDArray[np.float64] | None = None
     for it in range(iters):
-        buffers = make_inputs(ranks, elements, dist, seed, it)
-        exact = exact_mean(buffers)
+        buffers = make_inputs(ranks, elements, dist, seed, it, out=buffers)
+        exact = exact_mean(buffers, out=exact)
         try:
             res, secs, down = runner.run(buffers, cfg, it)
         except MrcError as e:

@@ -572,8 +572,8 @@ def _oneshot(t: Transport, a: F32, cfg: Config, step: int, want_residual: bool) 
 
 def vnmse(estimate: npt.ArrayLike, exact: npt.ArrayLike) -> float:
     """||estimate - exact||^2 / ||exact||^2 in float64 (0 when both are zero)."""
-    e = np.asarray(estimate, np.float64)
     x = np.asarray(exact, np.float64)
     den = float(np.dot(x, x))
-    num = float(np.dot(e - x, e - x))
+    d = np.subtract(estimate, x, dtype=np.float64)  # the one temporary: float64(estimate) - exact
+    num = float(np.dot(d, d))
     return num / den if den > 0 else (0.0 if num == 0 else math.inf)

@@ -133,3 +133,27 @@ def test_rank_processes_get_the_malloc_setting_unless_told_otherwise(monkeypatch
     monkeypatch.delenv("GLIBC_TUNABLES")
     monkeypatch.setenv("MRC_RING_ZERO_COPY", "0")
     assert "GLIBC_TUNABLES" not in rank_env()
+
+
+@pytest.mark.parametrize("dist", ["iid", "correlated"])
+def test_inputs_and_exact_mean_fill_kept_buffers_with_the_same_values(dist: str) -> None:
+    from mrc.collective.bench import exact_mean
+
+    fresh = make_inputs(3, 5001, dist, 9, 4)
+    kept = [np.full(5001, np.nan, np.float32) for _ in range(3)]
+    again = make_inputs(3, 5001, dist, 9, 4, out=kept)
+    assert again is kept and all(a.tobytes() == b.tobytes() for a, b in zip(fresh, kept, strict=True))
+    acc = np.full(5001, np.nan)
+    assert exact_mean(kept, out=acc) is acc
+    assert np.array_equal(acc, np.mean(np.stack(fresh).astype(np.float64), axis=0))
+    with pytest.raises(Exception, match="float32 buffers of 5001"):
+        make_inputs(3, 5001, dist, 9, 4, out=kept[:2])
+
+
+def test_vnmse_is_the_normalised_squared_error() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(1000)
+    e = (x + 0.1 * rng.standard_normal(1000)).astype(np.float32)
+    want = float(np.sum((e.astype(np.float64) - x) ** 2) / np.sum(x**2))
+    assert ring.vnmse(e, x) == pytest.approx(want, rel=1e-12)
+    assert ring.vnmse(np.zeros(3, np.float32), np.zeros(3)) == 0.0
