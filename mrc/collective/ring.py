@@ -229,11 +229,12 @@ class _RawChunks(_Chunks):
         return seg.data.cast("B") if ZERO_COPY else seg.tobytes()
 
     def unpack(self, c: int, i: int, msg: Message, k: int) -> F32:
-        """The segment (read-only with ZERO_COPY: a view of `msg`)."""
+        """The segment (read-only with ZERO_COPY: a view of `msg`); UsageError unless `msg` holds the
+        segment's float32 values exactly."""
+        if len(msg) != 4 * self.sizes[c][i]:
+            raise UsageError(f"chunk segment of {len(msg)} bytes received where {self.sizes[c][i]} "
+                             f"float32 values were expected")
         seg = np.frombuffer(msg, np.float32)
-        if seg.size != self.sizes[c][i]:
-            raise UsageError(f"chunk segment of {seg.size} elements received where "
-                             f"{self.sizes[c][i]} were expected")
         return seg if ZERO_COPY else seg.copy()
 
     def advance(self, c: int, i: int, msg: bytes, own: F32, k: int,

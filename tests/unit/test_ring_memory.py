@@ -157,3 +157,18 @@ def test_vnmse_is_the_normalised_squared_error() -> None:
     want = float(np.sum((e.astype(np.float64) - x) ** 2) / np.sum(x**2))
     assert ring.vnmse(e, x) == pytest.approx(want, rel=1e-12)
     assert ring.vnmse(np.zeros(3, np.float32), np.zeros(3)) == 0.0
+
+
+@pytest.mark.parametrize("zero_copy", [True, False])
+@pytest.mark.parametrize("length", [0, 3, 4 * 1000 - 1, 4 * 1000 + 4])
+def test_an_uncompressed_segment_of_the_wrong_length_is_a_usage_error(
+    zero_copy: bool, length: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ring, "ZERO_COPY", zero_copy)
+    rep = ring._RawChunks()
+    rep.sizes = {0: [1000]}
+    with pytest.raises(UsageError, match="float32 values were expected"):
+        rep.unpack(0, 0, bytes(length), 1)
+    with pytest.raises(UsageError, match="float32 values were expected"):
+        rep.advance(0, 0, bytes(length), np.zeros(1000, np.float32), 2, False)
+    assert rep.unpack(0, 0, bytes(4000), 1).size == 1000
