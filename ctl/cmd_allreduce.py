@@ -212,39 +212,29 @@ def _run_mrc(out: Output, ranks: int, size: int, cfg: Config, iters: int, dist: 
         signal.signal(signal.SIGTERM, old)
     doc["config"].update({k: extra[k] for k in ("testbed", "hosts", "ranks_per_host", "rendezvous",
                                                 "slot_bytes")})
-    add_split_bytes(doc, extra["split_bytes"])
-    add_rank_cpu(doc, extra["rank_cpu"])
+    add_per_iteration(doc, extra["split_bytes"], ("wire_bytes_mrc", "wire_bytes_local"))
+    add_per_iteration(doc, extra["rank_cpu"], ("rank_cpu_s", "rank_page_faults"))
     for k in ("failure", "timeline"):
         if k in extra:
             doc[k] = extra[k]
     return doc
 
 
-def add_split_bytes(doc: dict[str, Any], split: dict[int, tuple[int, int]]) -> None:
-    """Per iteration, `wire_bytes_mrc` (message bytes that went through MRC) and `wire_bytes_local` (to
-    co-located ranks, shared memory): `wire_bytes` is their sum. The summary gets their means."""
+def add_per_iteration(doc: dict[str, Any], per_step: dict[int, tuple[float, ...]],
+                      fields: tuple[str, ...]) -> None:
+    """Per iteration that completed, the runner's values for its step under `fields`; the summary gets
+    their means as `mean_<field>`. The MRC runner's are `wire_bytes_mrc` and `wire_bytes_local`
+    (message bytes that went through MRC / to co-located ranks by shared memory: `wire_bytes` is their
+    sum), and `rank_cpu_s` and `rank_page_faults` (user + system seconds and minor page faults of all
+    rank processes during the all-reduce; the mrcds' CPU is in `mrcctl stats`)."""
     ok = []
     for row in doc["iterations"]:
-        if row.get("time_s") is not None and row["iter"] in split:
-            row["wire_bytes_mrc"], row["wire_bytes_local"] = split[row["iter"]]
+        if row.get("time_s") is not None and row["iter"] in per_step:
+            row.update(zip(fields, per_step[row["iter"]], strict=True))
             ok.append(row)
     if ok:
-        doc["summary"]["mean_wire_bytes_mrc"] = statistics.fmean(r["wire_bytes_mrc"] for r in ok)
-        doc["summary"]["mean_wire_bytes_local"] = statistics.fmean(r["wire_bytes_local"] for r in ok)
-
-
-def add_rank_cpu(doc: dict[str, Any], cpu: dict[int, tuple[float, int]]) -> None:
-    """Per iteration, `rank_cpu_s` (user + system seconds of all rank processes during the all-reduce)
-    and `rank_page_faults` (their minor page faults: fresh memory the kernel zeroed); the summary gets
-    their means. The mrcds' CPU is not in it (`mrcctl stats`)."""
-    ok = []
-    for row in doc["iterations"]:
-        if row.get("time_s") is not None and row["iter"] in cpu:
-            row["rank_cpu_s"], row["rank_page_faults"] = cpu[row["iter"]]
-            ok.append(row)
-    if ok:
-        doc["summary"]["mean_rank_cpu_s"] = round(statistics.fmean(r["rank_cpu_s"] for r in ok), 4)
-        doc["summary"]["mean_rank_page_faults"] = statistics.fmean(r["rank_page_faults"] for r in ok)
+        for f in fields:
+            doc["summary"][f"mean_{f}"] = statistics.fmean(r[f] for r in ok)
 
 
 _MAIN_PID = 0

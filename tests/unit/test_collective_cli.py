@@ -17,7 +17,7 @@ from mrc.collective import Config, TransportError, allreduce, run_inproc
 from mrc.collective.bench import make_inputs
 from mrc.ctl.allreduce_mrc import place_ranks
 from mrc.ctl.cli import main
-from mrc.ctl.cmd_allreduce import add_split_bytes, parse_size, render
+from mrc.ctl.cmd_allreduce import add_per_iteration, parse_size, render
 from mrc.dataplane.collective import FileStore, RankTransport, open_store
 from mrc.errors import MrcError, UsageError
 
@@ -217,7 +217,9 @@ def test_split_bytes_in_the_report() -> None:
         "summary": {"median_time_s": 0.1, "median_busbw_gbps": 1.0, "mean_vnmse": 0.0,
                     "mean_wire_bytes": 30.0, "errors": 1},
     }
-    add_split_bytes(doc, {0: (10, 20), 1: (5, 5)})
+    add_per_iteration(doc, {0: (10, 20), 1: (5, 5)}, ("wire_bytes_mrc", "wire_bytes_local"))
+    add_per_iteration(doc, {0: (0.25, 7)}, ("rank_cpu_s", "rank_page_faults"))
+    assert doc["iterations"][0]["rank_cpu_s"] == 0.25 and doc["summary"]["mean_rank_page_faults"] == 7
     assert doc["iterations"][0]["wire_bytes_mrc"] == 10 and doc["iterations"][0]["wire_bytes_local"] == 20
     assert "wire_bytes_mrc" not in doc["iterations"][1]
     assert doc["summary"]["mean_wire_bytes_mrc"] == 10

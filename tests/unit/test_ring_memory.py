@@ -14,35 +14,23 @@ from mrc.collective import Config, Transport, allreduce, ring, run_inproc
 from mrc.collective.bench import make_inputs
 from mrc.ctl.allreduce_mrc import RANK_MALLOC, rank_env
 from mrc.errors import UsageError
+from mrc.sim.collective import _Recorder
 
 N = 4
 SIZE = 3 << 19  # elements per rank: chunks of 393,216, so each chunk is several segments
 
 
-class Recording:
-    """A transport that keeps the object each `send` was given (before the inner transport copies it)."""
+class Recording(_Recorder):
+    """The simulator's recording transport, also keeping the object each `send` was given (before the
+    inner transport copies it)."""
 
     def __init__(self, inner: Transport) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.sent: list[Any] = []
-
-    @property
-    def rank(self) -> int:
-        return self.inner.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.inner.world_size
 
     def send(self, dst: int, tag: int, data: bytes | memoryview) -> None:
         self.sent.append(data)
-        self.inner.send(dst, tag, data)
-
-    def recv(self, src: int, tag: int) -> bytes:
-        return self.inner.recv(src, tag)
-
-    def flush(self) -> None:
-        self.inner.flush()
+        super().send(dst, tag, data)
 
 
 def _run(zero_copy: bool, monkeypatch: pytest.MonkeyPatch, cfg: Config) -> list[Any]:
