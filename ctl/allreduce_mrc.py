@@ -387,8 +387,11 @@ class MrcRunner:
         for r, a in enumerate(answers):
             # mapped, not copied: the page cache's pages, no fresh 64 MiB per rank (the mapping stays
             # valid after the file is unlinked below)
-            out = (np.memmap(outs[r], dtype=np.float32, mode="r") if outs[r].stat().st_size
-                   else np.zeros(0, np.float32))
+            size = outs[r].stat().st_size
+            if size != 4 * buffers[r].size:
+                raise MrcError(f"rank {r} wrote {size} bytes of result where {4 * buffers[r].size} "
+                               f"were expected")
+            out = np.memmap(outs[r], dtype=np.float32, mode="r") if size else np.zeros(0, np.float32)
             results.append(Result(out, int(a["wire_bytes"]), int(a["messages"]),
                                   tuple(float(x) for x in a["bits_per_hop"])))
         for r in range(1, n):
