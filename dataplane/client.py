@@ -49,6 +49,9 @@ from .protocol import (
 )
 
 MAX_LINE: Final = 1 << 24
+#: Requests sent without waiting for their answers (`wait=False`) that may be unanswered at once; one
+#: more first reads answers until there is room, so neither side's buffers grow with a fast poster.
+MAX_UNANSWERED: Final = 256
 #: How often a connect to an mrcd whose listen backlog is full is tried again (within the timeout).
 CONNECT_RETRY_S: Final = 0.01
 
@@ -139,6 +142,9 @@ class MrcClient:
         self._id = 0
         self.pushes: deque[dict[str, Any]] = deque()
         self._wcs: dict[int, deque[dict[str, Any]]] = {}
+        # requests sent with wait=False whose answers have not been read: id -> op (in sending order)
+        self._unanswered: dict[int, str] = {}
+        self._deferred: ProtocolError | None = None  # the first error answer to one of them, not raised yet
         self.mrs: list[RemoteMr] = []
         # mrcd speaks first: a greeting, or the reason it refuses us (before we send anything, so that
         # its closing the connection cannot reset the line away)
@@ -201,15 +207,41 @@ class MrcClient:
         else:
             self.pushes.append(doc)
 
-    def call(self, op: str, fds: list[int] | None = None, **args: Any) -> Any:
-        """One request; returns mrcd's answer, raises MrcError with its error line.
+    def _route(self, doc: dict[str, Any]) -> bool:
+        """Take a line that is not the answer being waited for: a push, or the answer to a request sent
+        without waiting (an error one is kept for `_raise_deferred`). False for anything else."""
+        if "push" in doc:
+            self._dispatch_push(doc)
+            return True
+        op = self._unanswered.pop(doc.get("id"), None)  # type: ignore[arg-type]
+        if op is None:
+            return False
+        err: ProtocolError | None = None
+        if "error" in doc:
+            err = _remote_error(doc)
+        else:
+            try:
+                check_response(op, doc.get("ok"))
+            except ProtocolError as e:
+                err = e
+        if err is not None and self._deferred is None:
+            self._deferred = ProtocolError(err.kind, err.reason,
+                                           f"{op} (request {doc.get('id')}, sent without waiting): {err}")
+        return True
 
-        The request is validated locally first (`ProtocolError`, nothing sent) and the answer's shape
-        checked against the op's response, with the same schema mrcd uses."""
+    def _raise_deferred(self) -> None:
+        """Raise the error answer to an earlier request sent without waiting, once."""
+        err, self._deferred = self._deferred, None
+        if err is not None:
+            raise err
+
+    def _request(self, op: str, fds: list[int] | None, args: dict[str, Any]) -> int:
+        """Validate and send one request; its id. A refusal that closed the connection is raised."""
         req = {"op": op, **args}
         validate_request(req)
         if OPS[op].fds and not fds:
             raise ProtocolError(ErrorKind.BAD_REQUEST, "bad_field", f"{op}: needs a file descriptor")
+        self._raise_deferred()
         self._id += 1
         rid = self._id
         try:
@@ -223,21 +255,56 @@ class MrcClient:
             if doc is not None and "error" in doc:
                 raise _remote_error(doc) from None
             raise MrcError(f"{self.path}: mrcd closed the connection") from None
+        return rid
+
+    def call(self, op: str, fds: list[int] | None = None, **args: Any) -> Any:
+        """One request; returns mrcd's answer, raises MrcError with its error line.
+
+        The request is validated locally first (`ProtocolError`, nothing sent) and the answer's shape
+        checked against the op's response, with the same schema mrcd uses. An error answer to an earlier
+        request sent without waiting (`call_nowait`) is raised first, instead."""
+        rid = self._request(op, fds, args)
         deadline = time.monotonic() + self.timeout
         while True:
             doc = self._read_line(max(0.0, deadline - time.monotonic()))
             if doc is None:
                 raise MrcError(f"{self.path}: mrcd did not answer {op!r} within {self.timeout} s")
-            if "push" in doc:
-                self._dispatch_push(doc)
+            if doc.get("id") != rid or "push" in doc:
+                self._route(doc)
                 continue
-            if doc.get("id") != rid:
-                continue
+            self._raise_deferred()
             if "error" in doc:
                 raise _remote_error(doc)
             ok = doc.get("ok")
             check_response(op, ok)
             return ok
+
+    def call_nowait(self, op: str, **args: Any) -> None:
+        """One request without waiting for its answer (mrcd answers requests in order; the answer is read
+        by a later call, `poll_wc` or `sync`). An error answer is raised by the next of those, naming the
+        op. For the data path's post_send / post_recv, whose answers carry nothing: a rank posting a
+        message then pays one socket write, not a round trip through a busy mrcd's loop. At most
+        MAX_UNANSWERED are outstanding."""
+        while len(self._unanswered) >= MAX_UNANSWERED:
+            self._read_answers(len(self._unanswered) - MAX_UNANSWERED + 1)
+        rid = self._request(op, None, args)
+        self._unanswered[rid] = op
+
+    def _read_answers(self, count: int) -> None:
+        """Read lines until `count` more requests sent without waiting were answered."""
+        target = len(self._unanswered) - count
+        deadline = time.monotonic() + self.timeout
+        while len(self._unanswered) > max(target, 0):
+            doc = self._read_line(max(0.0, deadline - time.monotonic()))
+            if doc is None:
+                first = next(iter(self._unanswered.values()))
+                raise MrcError(f"{self.path}: mrcd did not answer {first!r} within {self.timeout} s")
+            self._route(doc)
+
+    def sync(self) -> None:
+        """Wait for the answers to every request sent without waiting; raise the first error among them."""
+        self._read_answers(len(self._unanswered))
+        self._raise_deferred()
 
     # -- verbs
     def reg_mr(self, length: int) -> RemoteMr:
@@ -275,24 +342,30 @@ class MrcClient:
         self.call("destroy_qp", qpn=qp.qpn)
 
     def post_send(self, qp: ClientQp, *, wr_id: int, mr: RemoteMr, offset: int, length: int, remote_addr: int,
-                  rkey: int, imm: int | None = None) -> None:
-        self.call("post_send", qpn=qp.qpn, wr_id=wr_id, mr=mr.handle, offset=offset, length=length,
-                  remote_addr=remote_addr, rkey=rkey, imm=imm)
+                  rkey: int, imm: int | None = None, wait: bool = True) -> None:
+        """Post an RDMA WRITE; `wait=False` sends the request without waiting for mrcd's answer
+        (`call_nowait`): a refusal is then raised by a later call, the completion comes as a WC either way."""
+        (self.call if wait else self.call_nowait)(
+            "post_send", qpn=qp.qpn, wr_id=wr_id, mr=mr.handle, offset=offset, length=length,
+            remote_addr=remote_addr, rkey=rkey, imm=imm)
 
-    def post_recv(self, qp: ClientQp, wr_id: int) -> None:
-        self.call("post_recv", qpn=qp.qpn, wr_id=wr_id)
+    def post_recv(self, qp: ClientQp, wr_id: int, wait: bool = True) -> None:
+        """Post a receive; `wait=False` as for post_send."""
+        (self.call if wait else self.call_nowait)("post_recv", qpn=qp.qpn, wr_id=wr_id)
 
     def poll_wc(self, qp: ClientQp, timeout: float = 0.0) -> list[dict[str, Any]]:
-        """Completions of `qp` pushed by mrcd so far (waiting up to `timeout` for the first)."""
+        """Completions of `qp` pushed by mrcd so far (waiting up to `timeout` for the first). Raises the
+        error answer to an earlier request sent without waiting, if one came (the completions stay)."""
         q = self._wcs.setdefault(qp.qpn, deque())
         deadline = time.monotonic() + timeout
+        self._raise_deferred()
         while not q:
             left = deadline - time.monotonic()
             doc = self._read_line(max(0.0, left))
             if doc is None:
                 break
-            if "push" in doc:
-                self._dispatch_push(doc)
+            self._route(doc)
+            self._raise_deferred()
             if left <= 0:
                 break
         out = list(q)

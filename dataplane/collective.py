@@ -48,6 +48,13 @@ TAG_MASK: Final = (1 << SLOT_SHIFT) - 1
 MAX_SLOTS: Final = 255
 SCRATCH: Final = 64
 CREDIT_BYTES: Final = 8
+#: MRC_POST_NOWAIT=0: post every send and receive as a round trip to mrcd (the client waits for each
+#: answer), the path before posts were pipelined; read when a transport is constructed.
+POST_NOWAIT_ENV: Final = "MRC_POST_NOWAIT"
+
+
+def post_nowait() -> bool:
+    return os.environ.get(POST_NOWAIT_ENV, "1").strip() != "0"
 
 
 class FileStore:
@@ -136,6 +143,9 @@ class MrcTransport:
         self.slots = slots
         self.slot_bytes = max(8, -(-slot_bytes // 8) * 8)
         self.timeout_s = timeout_s
+        # posts as one socket write each, their answers read later (MrcClient.call_nowait): on a loaded
+        # host each round trip waits for mrcd to be scheduled, and a ring message costs three posts
+        self.wait_posts = not post_nowait()
         # the ranks on other hosts (co-located ranks go through `RankTransport`'s intra-host carrier)
         self.peers = [p for p in range(n) if p != rank and hosts[p] != hosts[rank]]
         self.client = (MrcClient(socket, timeout=timeout_s) if socket is not None
@@ -182,6 +192,7 @@ class MrcTransport:
         for p in self.peers:
             for _ in range(2 * s + 4):
                 self._post_recv(p)
+        self.client.sync()  # mrcd has taken every receive (not merely been sent them)
         # every rank has connected and posted its receives before anyone writes
         store.set(f"{prefix}/ready{self._rank}", "1")
         for p in self.peers:
@@ -192,7 +203,7 @@ class MrcTransport:
         return self._wr
 
     def _post_recv(self, p: int) -> None:
-        self.client.post_recv(self.qps[p], self._next_wr())
+        self.client.post_recv(self.qps[p], self._next_wr(), wait=self.wait_posts)
         self.posted[p] += 1
 
     # -- Transport
@@ -244,7 +255,8 @@ class MrcTransport:
         wr = self._next_wr()
         r = self.remote[p]
         self.client.post_send(self.qps[p], wr_id=wr, mr=self.mr, offset=offset, length=length,
-                              remote_addr=int(r["addr"]) + remote_off, rkey=int(r["rkey"]), imm=imm)
+                              remote_addr=int(r["addr"]) + remote_off, rkey=int(r["rkey"]), imm=imm,
+                              wait=self.wait_posts)
         self.pending[p].add(wr)
         return wr
 
@@ -291,6 +303,7 @@ class MrcTransport:
     def flush(self) -> None:
         for p in self.peers:
             self._wait(p, lambda p=p: not self.pending[p], "WRITEs not acknowledged")
+        self.client.sync()
 
     def close(self) -> None:
         for q in getattr(self, "qps", {}).values():

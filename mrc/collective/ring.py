@@ -210,6 +210,11 @@ class _Chunks:
     def unpack(self, c: int, i: int, msg: Message, k: int) -> F32:
         raise NotImplementedError
 
+    def unpack_into(self, c: int, i: int, msg: Message, k: int, into: F32) -> F32:
+        """unpack(c, i, msg, k) written into `into` (the segment's place in the result; returned)."""
+        into[...] = self.unpack(c, i, msg, k)
+        return into
+
     def advance(self, c: int, i: int, msg: bytes, own: F32, k: int,
                 want_sum: bool) -> tuple[Message, F32 | None]:
         work = self.unpack(c, i, msg, k - 1)
@@ -288,23 +293,27 @@ class _CodecChunks(_Chunks):
             raise UsageError(f"frame {j} of chunk {c} segment {i} holds {got} elements where {want} "
                              f"were expected")
 
-    def _decode(self, c: int, i: int, frames: list[memoryview]) -> F32:
-        """The segment from the frames of its pieces (frame.split checked their count); UsageError if a
-        frame's element count is not its piece's."""
+    def _decode(self, c: int, i: int, frames: list[memoryview], into: F32 | None = None) -> F32:
+        """The segment from the frames of its pieces (frame.split checked their count), in `into` when
+        given (each piece decoded in its place: codec.decode's `out`); UsageError if a frame's element
+        count is not its piece's."""
         lay = self._pieces(c, i)
-        if len(lay) == 1:
+        if into is None and len(lay) == 1:
             part = np.asarray(decode(frames[0]), np.float32).reshape(-1)
             self._check(c, i, 0, part.size, lay[0][1])
             return part
-        out = np.empty(self.sizes[c][i], np.float32)
+        out = np.empty(self.sizes[c][i], np.float32) if into is None else into
         for j, ((o, size), f) in enumerate(zip(lay, frames, strict=True)):
-            part = np.asarray(decode(f), np.float32).reshape(-1)
-            self._check(c, i, j, part.size, size)
-            out[o : o + size] = part
+            got = parse(f).d
+            self._check(c, i, j, got, size)
+            decode(f, dtype=np.float32, out=out[o : o + size])
         return out
 
     def unpack(self, c: int, i: int, msg: Message, k: int) -> F32:
         return self._decode(c, i, frame.split(msg, len(self._pieces(c, i))))
+
+    def unpack_into(self, c: int, i: int, msg: Message, k: int, into: F32) -> F32:
+        return self._decode(c, i, frame.split(msg, len(self._pieces(c, i))), into)
 
     def advance(self, c: int, i: int, msg: bytes, own: F32, k: int,
                 want_sum: bool) -> tuple[Message, F32 | None]:
@@ -375,6 +384,12 @@ class _MeasuredChunks(_CodecChunks):
         _, frames = frame.split_stats(msg, len(self._pieces(c, i)))
         return self._decode(c, i, frames)
 
+    def unpack_into(self, c: int, i: int, msg: Message, k: int, into: F32) -> F32:
+        if k >= self.n:
+            return super().unpack_into(c, i, msg, k, into)
+        _, frames = frame.split_stats(msg, len(self._pieces(c, i)))
+        return self._decode(c, i, frames, into)
+
     def advance(self, c: int, i: int, msg: bytes, own: F32, k: int,
                 want_sum: bool) -> tuple[bytes, F32 | None]:
         (spent, cross, q, a), frames = frame.split_stats(msg, len(self._pieces(c, i)))
@@ -442,9 +457,14 @@ def _ring(t: Transport, a: F32, cfg: Config, step: int, rep: _Chunks, want_resid
     if out is None:  # the result, each decoded segment copied to its place once
         out = np.empty(a.size, np.float32)
 
-    def place(c: int, i: int, seg: F32) -> F32:
-        out[offs[c][i] : offs[c][i] + seg.size] = seg
-        return seg
+    def place(c: int, i: int, msg: Message) -> F32:
+        """Message `msg` holding all n contributions to segment i of chunk c, decoded into its place
+        (with ZERO_COPY=0: decoded, then copied there)."""
+        dst = out[offs[c][i] : offs[c][i] + sizes[c][i]]
+        if not ZERO_COPY:
+            dst[...] = rep.unpack(c, i, msg, n)
+            return dst
+        return rep.unpack_into(c, i, msg, n, dst)
 
     # chunks differ by at most one element, but their segment lists may differ in length (2^21 elements
     # are two segments, 2^21 - 1 are many): m is the longest; a step's message i is skipped (neither sent
@@ -473,7 +493,7 @@ def _ring(t: Transport, a: F32, cfg: Config, step: int, rep: _Chunks, want_resid
             out_msgs[g + m] = msg
             dec = None
             if s == n - 2:  # c == (r + 1) % n, owned here: this frame is the chunk's result everywhere
-                dec = place(c, i, rep.unpack(c, i, msg, n))
+                dec = place(c, i, msg)
             if want_residual:
                 assert work is not None
                 resid[c][i] = work - (dec if dec is not None else rep.unpack(c, i, msg, s + 2))
@@ -482,7 +502,7 @@ def _ring(t: Transport, a: F32, cfg: Config, step: int, rep: _Chunks, want_resid
             if i >= len(sizes[c]):
                 return
             msg = t.recv(left, _TAG_AG + _tag(s - (n - 1), i))
-            place(c, i, rep.unpack(c, i, msg, n))
+            place(c, i, msg)
             if g + m < total:
                 out_msgs[g + m] = msg
 

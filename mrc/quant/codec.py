@@ -557,6 +557,7 @@ def _check_payload_bounds(h: Header) -> None:
 
 def decode(
     buf: bytes | bytearray | memoryview, *, backend: str | None = None, dtype: npt.DTypeLike | None = None,
+    out: npt.NDArray[np.floating] | None = None,
 ) -> npt.NDArray[np.floating]:
     """Reconstruct the array (original shape and dtype) from `encode`'s output. `backend`: as for
     `encode`; a buffer decodes on either path, whichever encoded it. `dtype` (float16/32/64): return that
@@ -570,17 +571,34 @@ def decode(
     finite value, with a QuantRangeWarning counting them: a DDP user's fp16 gradient must not turn into
     inf (which gradient scalers read as an overflow of the model and skip the step for) because of the
     codec's own noise, and the saturated coordinate's error is at most its reconstruction error.
-    `dtype=np.float32` gives those values unclipped."""
+    `dtype=np.float32` gives those values unclipped.
+
+    `out`: a writable C-contiguous array of the frame's element count and the output dtype, which receives
+    the result (and is returned, in the frame's shape). Where the reconstruction is computed in that dtype
+    with no padding (a float32 frame of a power-of-two length, the ring's pieces), the inverse rotation
+    writes into it directly: no array of its own and no copy. Its contents are unspecified if decode
+    raises."""
     kern = accel.kernels(backend)
     out_dtype = _output_dtype(dtype)
     h = parse(buf)
+    if out is not None:
+        _check_out(out, h.dtype if out_dtype is None else out_dtype, h.d)
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below, not warned about
-        return _decode(buf, h, kern, out_dtype)
+        res = _decode(buf, h, kern, out_dtype, out)
+    if out is None:
+        return res
+    flat = out.reshape(-1)
+    if not np.may_share_memory(res, flat):  # computed elsewhere: copied in
+        flat[...] = res.reshape(-1)
+    return out.reshape(h.shape)
 
 
 def _decode(
     buf: bytes | bytearray | memoryview, h: Header, kern: ModuleType | None, out_dtype: np.dtype[Any] | None,
+    into: npt.NDArray[np.floating] | None = None,
 ) -> npt.NDArray[np.floating]:
+    """The reconstruction; `into` (checked by decode) is the compute buffer where it can be (decode's
+    `out`), else unused (decode copies the result into it)."""
     mv = memoryview(buf).cast("B")
     payload = np.frombuffer(mv, np.uint8, h.payload_length, h.payload_offset)
     cdt = compute_dtype(h.dtype)
@@ -614,8 +632,11 @@ def _decode(
     elif packed and len(layout) == 1 and layout[0][2] is None:  # one section: lookup fused into the FWHT
         assert kern is not None
         b = layout[0][0]
+        direct = (into is not None and h.d == n and into.dtype == cdt
+                  and (out_dtype is None or out_dtype == cdt))
         y = np.asarray(kern.unrotate_packed(sections[0], b, eden.scaled_table(b, h.scales[0], cdt), n,
-                                            h.seed, h.rotations))
+                                            h.seed, h.rotations,
+                                            into.reshape(-1) if direct and into is not None else None))
     else:
         if packed:
             assert kern is not None
@@ -638,6 +659,18 @@ def _decode(
     if target.itemsize < out.dtype.itemsize and out.size:
         out = _saturate(out, target)
     return out.astype(target, copy=False).reshape(h.shape)
+
+
+def _check_out(out: Any, want: np.dtype[Any], d: int) -> None:
+    """decode's `out`: CodecValueError naming what is wrong with it."""
+    if not isinstance(out, np.ndarray):
+        raise CodecValueError(f"decode: out must be a numpy array, got {type(out).__name__}")
+    why = [w for bad, w in ((out.dtype != want, f"of dtype {want} (not {out.dtype})"),
+                            (out.size != d, f"of the frame's {d} elements (not {out.size})"),
+                            (not out.flags.c_contiguous, "C-contiguous"),
+                            (not out.flags.writeable, "writable")) if bad]
+    if why:
+        raise CodecValueError("decode: out must be " + ", ".join(why))
 
 
 def _output_dtype(dtype: npt.DTypeLike | None) -> np.dtype[Any] | None:

@@ -544,11 +544,18 @@ def unrotate(y: FloatArray, seed: int, rotations: int) -> FloatArray:
 
 def unrotate_packed(
     packed: U8, bits: int, table: FloatArray, n: int, seed: int, rotations: int,
+    out: FloatArray | None = None,
 ) -> FloatArray:
     """unrotate(table[indices], seed, rotations) for one packed section of n indices (size and padding
-    already checked): the unpacking and lookup are fused into the first inverse rotation."""
+    already checked): the unpacking and lookup are fused into the first inverse rotation. `out`: a
+    contiguous array of n elements of the table's dtype to write the result into (returned)."""
     _check_rotations(rotations)
-    y = np.empty(n, table.dtype)
+    if out is None:
+        y = np.empty(n, table.dtype)
+    else:
+        if out.shape != (n,) or out.dtype != table.dtype or not out.flags.c_contiguous:
+            raise ValueError(f"unrotate_packed: out must be a contiguous ({n},) {table.dtype} array")
+        y = out
     scale = y.dtype.type(1.0 / math.sqrt(n))
     words = sign_words(seed, rotations - 1, n, STREAM_ROTATION)
     _fwht_signed(np.ascontiguousarray(packed), bits, np.ascontiguousarray(table), y, words, scale,

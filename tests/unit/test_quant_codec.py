@@ -246,3 +246,64 @@ def test_bitpack_layout_is_one_little_endian_stream() -> None:
         assert np.array_equal(bitpack.pack(v, bits), expect), bits
     with pytest.raises(ValueError):
         bitpack.unpack(np.zeros(3, np.uint8), 3, 9)  # 9 x 3 bits need 4 bytes
+
+
+# -- decode(out=): into the caller's buffer
+
+
+@pytest.mark.parametrize(("scheme", "bits", "d", "dtype"), [
+    ("eden-unbiased", 2, 1 << 16, np.float32),   # the direct path: the inverse rotation writes into out
+    ("eden-unbiased", 4, 1 << 16, np.float32),
+    ("eden-biased", 1.5, 1 << 16, np.float32),   # two sections: computed, then copied in
+    ("eden-unbiased", 2, 1000, np.float32),      # padded
+    ("turboquant-prod", 3, 4096, np.float32),
+    ("eden-unbiased", 2, 4096, np.float64),
+])
+def test_decode_into_out_gives_the_same_values(scheme: str, bits: float, d: int, dtype: Any) -> None:
+    x = np.random.default_rng(3).standard_normal(d).astype(dtype)
+    f = codec.encode(x, scheme, bits, seed=11)
+    want = codec.decode(f)
+    buf = np.full(d, np.nan, dtype)
+    got = codec.decode(f, out=buf)
+    assert np.shares_memory(got, buf)
+    assert buf.tobytes() == want.tobytes()
+    view = np.full(2 * d, np.nan, dtype)[d:]  # a slice of a larger array, as the ring's result
+    codec.decode(f, out=view)
+    assert view.tobytes() == want.tobytes()
+
+
+def test_decode_into_out_allocates_no_array_of_its_own() -> None:
+    import tracemalloc
+
+    d = 1 << 20
+    x = np.random.default_rng(1).standard_normal(d).astype(np.float32)
+    f = codec.encode(x, "eden-unbiased", 2, seed=5)
+    buf = np.empty(d, np.float32)
+    codec.decode(f, out=buf)  # compile / warm
+    tracemalloc.start()
+    try:
+        codec.decode(f, out=buf)
+        _, peak_into = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        codec.decode(f)
+        _, peak_fresh = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak_fresh >= 4 * d  # the fresh result
+    assert peak_into < d // 2  # sign words and the like, no 4 MiB vector
+
+
+@pytest.mark.parametrize(("out", "why"), [
+    (np.empty(4095, np.float32), r"of the frame's 4096 elements \(not 4095\)$"),
+    (np.empty(4096, np.float64), r"of dtype float32 \(not float64\)$"),
+    (np.empty(8192, np.float32)[::2], "must be C-contiguous$"),
+    ([0.0] * 4096, "a numpy array, got list"),
+])
+def test_decode_refuses_an_unfit_out(out: Any, why: str) -> None:
+    f = codec.encode(np.ones(4096, np.float32), "eden-unbiased", 2, seed=1)
+    with pytest.raises(codec.CodecValueError, match=why):
+        codec.decode(f, out=out)
+    ro = np.empty(4096, np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(codec.CodecValueError, match="writable"):
+        codec.decode(f, out=ro)

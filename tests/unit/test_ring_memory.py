@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mrc.collective import Config, Transport, allreduce, ring, run_inproc
+from mrc.collective import Config, Transport, allreduce, frame, ring, run_inproc
 from mrc.collective.bench import make_inputs
 from mrc.ctl.allreduce_mrc import RANK_MALLOC, rank_env
 from mrc.errors import UsageError
@@ -79,6 +79,36 @@ def test_the_result_goes_into_the_callers_buffer() -> None:
         assert outs[r].tobytes() == ref[r].out.tobytes()
     single = run_inproc(1, lambda t: allreduce(t, bufs[0], Config("none"), 0, out=outs[0]))
     assert single[0].out is outs[0] and np.array_equal(outs[0], bufs[0])
+
+
+@pytest.mark.parametrize("partial", ["naive", "aware", "measured"])
+def test_compressed_final_segments_are_decoded_in_their_place(
+    partial: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every frame holding all n contributions (the all-gather's, and the owner's last reduce-scatter
+    hop) is decoded straight into the result buffer: codec.decode's `out`, no segment array and copy."""
+    from mrc.quant import codec
+
+    bufs = make_inputs(N, SIZE, "iid", 4, 0)
+    outs = [np.full(SIZE, np.nan, np.float32) for _ in range(N)]
+    into: list[bool] = []
+    real = codec.decode
+
+    def spy(buf: Any, **kw: Any) -> Any:
+        o = kw.get("out")
+        into.append(o is not None and any(np.shares_memory(o, b) for b in outs))
+        return real(buf, **kw)
+
+    monkeypatch.setattr(ring, "ZERO_COPY", True)
+    monkeypatch.setattr(ring, "decode", spy)
+    cfg = Config("eden-unbiased", 2.0, partial)
+    got = run_inproc(N, lambda t: allreduce(t, bufs[t.rank], cfg, 0, out=outs[t.rank]))
+    monkeypatch.setattr(ring, "decode", real)
+    ref = run_inproc(N, lambda t: allreduce(t, bufs[t.rank], cfg, 0))
+    for r in range(N):
+        assert outs[r].tobytes() == ref[r].out.tobytes() and got[r].out is outs[r]
+    pieces = sum(len(frame.pieces(s)) for b, e in ring.chunk_bounds(SIZE, N) for s in frame.segments(e - b))
+    assert sum(into) == N * pieces  # each rank decodes each piece of the whole vector once, in place
 
 
 @pytest.mark.parametrize(("bad", "why"), [
