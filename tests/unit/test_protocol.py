@@ -303,44 +303,46 @@ def test_the_documented_ops_are_the_schema_ops() -> None:
 # -- requests sent without waiting (MrcClient.call_nowait: the data path's post_send / post_recv)
 
 
+@pytest.fixture
+def client_qp(served: tuple[Path, ControlServer]) -> Iterator[tuple[MrcClient, ClientQp]]:
+    """A client of the stub mrcd with one QP toward h2."""
+    with MrcClient(served[0], timeout=5.0) as c:
+        yield c, c.create_qp("h2")
+
+
 def test_a_post_sent_without_waiting_that_mrcd_refuses_is_raised_by_the_next_call_naming_it(
-    served: tuple[Path, ControlServer]
+    client_qp: tuple[MrcClient, ClientQp]
 ) -> None:
-    path, _ = served
-    with MrcClient(path, timeout=5.0) as c:
-        qp = c.create_qp("h2")
-        c.post_recv(qp, 1, wait=False)  # a good one: nothing to raise
-        ghost = ClientQp(7, "h2", "fd00::3", None)
-        c.post_recv(ghost, 2, wait=False)  # refused by mrcd: no QP 7
-        c.post_recv(qp, 3, wait=False)
-        want = r"^post_recv \(request \d+, sent without waiting\): .*no QP 7"
-        with pytest.raises(ProtocolError, match=want) as e:
-            c.call("qp_show")
-        assert e.value.kind is ErrorKind.REFUSED
-        assert c.call("qp_show") != []  # raised once; the connection and the good posts are fine
-        c.post_recv(ghost, 4, wait=False)
-        with pytest.raises(ProtocolError, match=r"post_recv .*no QP 7"):
-            c.poll_wc(qp, timeout=2.0)  # poll_wc reads the answer and raises it too
-        c.post_recv(ghost, 5, wait=False)
-        with pytest.raises(ProtocolError, match=r"post_recv .*no QP 7"):
-            c.sync()
-        c.sync()  # nothing outstanding, nothing to raise
-        assert not c._unanswered
+    c, qp = client_qp
+    c.post_recv(qp, 1, wait=False)  # a good one: nothing to raise
+    ghost = ClientQp(7, "h2", "fd00::3", None)
+    c.post_recv(ghost, 2, wait=False)  # refused by mrcd: no QP 7
+    c.post_recv(qp, 3, wait=False)
+    want = r"^post_recv \(request \d+, sent without waiting\): .*no QP 7"
+    with pytest.raises(ProtocolError, match=want) as e:
+        c.call("qp_show")
+    assert e.value.kind is ErrorKind.REFUSED
+    assert c.call("qp_show") != []  # raised once; the connection and the good posts are fine
+    c.post_recv(ghost, 4, wait=False)
+    with pytest.raises(ProtocolError, match=r"post_recv .*no QP 7"):
+        c.poll_wc(qp, timeout=2.0)  # poll_wc reads the answer and raises it too
+    c.post_recv(ghost, 5, wait=False)
+    with pytest.raises(ProtocolError, match=r"post_recv .*no QP 7"):
+        c.sync()
+    c.sync()  # nothing outstanding, nothing to raise
+    assert not c._unanswered
 
 
 def test_requests_sent_without_waiting_are_bounded_and_all_answered(
-    served: tuple[Path, ControlServer]
+    client_qp: tuple[MrcClient, ClientQp], served: tuple[Path, ControlServer]
 ) -> None:
-    path, server = served
-    with MrcClient(path, timeout=5.0) as c:
-        qp = c.create_qp("h2")
-        peak = 0
-        for wr in range(3 * MAX_UNANSWERED):
-            c.post_recv(qp, wr, wait=False)
-            peak = max(peak, len(c._unanswered))
-        assert peak == MAX_UNANSWERED  # the client read answers rather than let them pile up
-        c.sync()
-        assert not c._unanswered
-        shown = {q["qpn"]: q for q in c.call("qp_show")}
-        assert qp.qpn in shown
-    assert server.rejected == {}
+    c, qp = client_qp
+    peak = 0
+    for wr in range(3 * MAX_UNANSWERED):
+        c.post_recv(qp, wr, wait=False)
+        peak = max(peak, len(c._unanswered))
+    assert peak == MAX_UNANSWERED  # the client read answers rather than let them pile up
+    c.sync()
+    assert not c._unanswered
+    assert qp.qpn in {q["qpn"] for q in c.call("qp_show")}
+    assert served[1].rejected == {}
