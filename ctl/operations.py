@@ -144,8 +144,10 @@ class Operations:
     # -- operations: operator
     def op_qp_stats(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
         qp = self._qp(None, req)
+        # the congestion controller's own state (NSCC: window cuts by ECN and by quick adapt, the
+        # smoothed queuing delay it acts on), which says why a QP's window is where it is
         return {"qpn": qp.qpn, "peer": self.e.qp_peer.get(qp.qpn), "time_ns": time.monotonic_ns(),
-                **qp.stats()}
+                **qp.stats(), "cc": qp.cc.stats()}
 
     def op_qp_show(self, c: Client, req: dict[str, Any]) -> list[dict[str, Any]]:
         out = []

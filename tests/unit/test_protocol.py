@@ -346,3 +346,11 @@ def test_requests_sent_without_waiting_are_bounded_and_all_answered(
     assert not c._unanswered
     assert qp.qpn in {q["qpn"] for q in c.call("qp_show")}
     assert served[1].rejected == {}
+
+
+def test_qp_stats_carries_the_congestion_controllers_state(client_qp: tuple[MrcClient, ClientQp]) -> None:
+    c, qp = client_qp
+    cc = c.call("qp_stats", qpn=qp.qpn)["cc"]
+    assert cc["algorithm"] == "uet-1.0-nscc"
+    assert {"cwnd", "md_count", "qa_count", "avg_delay_ns", "min_cwnd_seen"} <= set(cc)
+    assert cc["md_count"] == cc["qa_count"] == 0 and cc["cwnd"] > 0
