@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -32,6 +33,45 @@ from mrc.wire.packet import payload_for_mtu
 from .controller import FabricView, Link, TopologyView
 from .host_engine import DEFAULT_EVS, PathWriter
 from .metrics import dataplane_attached
+
+#: The testbed's base RTT (what NSCC's window and increase periods are sized for).
+TESTBED_BASE_RTT_NS = 500_000
+#: NSCC's target queuing delay on the testbed, above the end hosts' own latency. NSCC reads the queuing
+#: delay as RTT - service time - base RTT; on the testbed that includes the time a data packet or a
+#: SACK waits in its socket until a Python mrcd sharing two CPUs with the ranks is scheduled: 1.6-7 ms per
+#: QP (qp_stats cc.avg_delay_ns) during the demo's uncompressed ring, with no ECN mark and no queue
+#: drop anywhere in the fabric. At the default target (0.75 x the base RTT) every QP's quick adapt then
+#: fired ~100 times a second and held its window near one packet (cc.qa_count, min_cwnd_seen); above
+#: the hosts' latency the window is left to ECN, trims and losses, the signals of the fabric
+#: (docs/daemon.md, "Window and timers").
+TESTBED_TARGET_DELAY_NS = 5_000_000
+#: ``MRC_TESTBED_TARGET_US``: the target in microseconds instead (0: the engine's default, 0.75 x the base
+#: RTT, as before this profile; for side-by-side runs), read when a testbed mrcd starts.
+TARGET_ENV = "MRC_TESTBED_TARGET_US"
+
+
+def testbed_target_delay_ns() -> int | None:
+    """TESTBED_TARGET_DELAY_NS, or what MRC_TESTBED_TARGET_US says (None: the engine's default)."""
+    raw = os.environ.get(TARGET_ENV, "").strip()
+    if not raw:
+        return TESTBED_TARGET_DELAY_NS
+    try:
+        us = int(raw)
+    except ValueError:
+        raise MrcError(f"{TARGET_ENV}={raw!r}: expected a whole number of microseconds") from None
+    if not 0 <= us <= 1_000_000:
+        raise MrcError(f"{TARGET_ENV}={us}: expected 0 (the engine's default) .. 1000000 microseconds")
+    return us * 1000 if us else None
+
+
+def testbed_nscc(planes: int, rate_bps: int, buffer_bytes: int, mtu: int,
+                 target_delay_ns: int | None = TESTBED_TARGET_DELAY_NS) -> NsccConfig:
+    """The NSCC profile of a testbed mrcd: the host's window 1.5 x the BDP at TESTBED_BASE_RTT_NS,
+    which is at least a third of the plane queues' buffers together (so that they ECN-mark but rarely
+    drop) and at most all of them (hostconfig.window_bdp, docs/daemon.md), and the target delay
+    (None: the engine's default)."""
+    bdp = hostconfig.window_bdp(planes, planes * rate_bps, buffer_bytes, TESTBED_BASE_RTT_NS)
+    return NsccConfig.for_path(TESTBED_BASE_RTT_NS, bdp, mtu, target_delay_ns=target_delay_ns)
 
 
 class Site(Protocol):
@@ -113,12 +153,9 @@ class TestbedSite:
         mtu = payload_for_mtu(topo.link.mtu)
         self.qp_attr = QpAttr(timeout=15, reorder_ns=reorder_ns, probe_timeout_ns=probe_timeout_ns, mtu=mtu,
                               ack_req_floor=0)
-        # per plane a link of link.rate; the host's window is 1.5 x the BDP at a 500 us base RTT, which
-        # is at least a third of the plane queues' buffers together (so that they ECN-mark but rarely
-        # drop) and at most all of them (hostconfig.window_bdp, docs/daemon.md)
-        bdp = hostconfig.window_bdp(topo.planes, topo.planes * topo.link.rate_bps, topo.link.buffer_bytes,
-                                    500_000)
-        self.nscc: NsccConfig | None = NsccConfig.for_path(500_000, bdp, mtu)
+        # per plane a link of link.rate (testbed_nscc: the window and the target delay)
+        self.nscc: NsccConfig | None = testbed_nscc(topo.planes, topo.link.rate_bps, topo.link.buffer_bytes,
+                                                    mtu, testbed_target_delay_ns())
         self.fd = FabricDataplane.open(testbed)
         if self.fd.egress is None or self.fd.ingress is None:
             self.fd.close()

@@ -51,9 +51,12 @@ class NsccConfig:
     target_delay: int = 7_500
 
     @classmethod
-    def for_path(cls, base_rtt_ns: int, bdp_bytes: int, mtu: int = DEFAULT_PAYLOAD) -> NsccConfig:
-        """Defaults scaled to a fabric: max_cwnd = 1.5 BDP, target = 0.75 base RTT (trimming on)."""
-        target = max(1, base_rtt_ns * 3 // 4)
+    def for_path(cls, base_rtt_ns: int, bdp_bytes: int, mtu: int = DEFAULT_PAYLOAD,
+                 target_delay_ns: int | None = None) -> NsccConfig:
+        """Defaults scaled to a fabric: max_cwnd = 1.5 BDP, target = 0.75 base RTT (trimming on) unless
+        `target_delay_ns` is given (end hosts whose own latency exceeds that: the testbed's), the quick
+        adapt threshold 4 x the target."""
+        target = max(1, base_rtt_ns * 3 // 4 if target_delay_ns is None else target_delay_ns)
         return cls(
             adjust_bytes_threshold=8 * mtu,
             adjust_period_threshold=base_rtt_ns,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from mrc.transport import Nscc, NsccConfig, NullCC
 
 MTU = 4096
@@ -88,3 +90,65 @@ def test_null_cc_never_limits() -> None:
     cc.on_loss(1)
     cc.on_trim(2)
     assert cc.cwnd == w >= 1 << 40 and cc.stats() == {"algorithm": "null"}
+
+
+# -- the testbed's profile: a target delay above the Python hosts' own latency (ctl/site.py)
+
+
+def _host_latency_acks(cc: Nscc, seconds: float) -> None:
+    """SACKs as a testbed QP gets them when its mrcds are slow to be scheduled: 16 KiB acknowledged
+    every 1.2 ms (sparser than quick adapt's period at the default target), each RTT sample 0.5 ms of
+    base RTT plus 2-8 ms of host latency; no ECN, no queue in the fabric."""
+    delays = (2_000_000, 3_500_000, 5_500_000, 8_000_000)
+    t, k = 0, 0
+    while t < seconds * 1e9:
+        cc.on_ack(t, 16384, 500_000 + delays[k % len(delays)], False)
+        k += 1
+        t += 1_200_000
+
+
+def test_the_testbed_profile_does_not_read_host_latency_as_congestion() -> None:
+    from mrc.ctl.site import TESTBED_BASE_RTT_NS, TESTBED_TARGET_DELAY_NS, testbed_nscc
+
+    prof = testbed_nscc(4, 100_000_000, 128 << 10, 8192)
+    assert prof.target_delay == TESTBED_TARGET_DELAY_NS
+    assert prof.qa_threshold == 4 * TESTBED_TARGET_DELAY_NS
+    assert prof.base_rtt == TESTBED_BASE_RTT_NS
+    assert prof.max_cwnd == (4 * (128 << 10) // 3) * 3 // 2  # a third of the buffers, x 1.5
+    fabric = NsccConfig.for_path(TESTBED_BASE_RTT_NS, prof.max_cwnd * 2 // 3, 8192)  # the engine's default
+    old, new = Nscc(fabric, 8192), Nscc(prof, 8192)
+    _host_latency_acks(old, 1.0)
+    _host_latency_acks(new, 1.0)
+    assert old.qa_count > 50 and old.min_cwnd_seen <= 2 * 8192  # quick adapt cuts to a packet or two
+    assert new.qa_count == 0 and new.md_count == 0 and new.cwnd == prof.max_cwnd
+
+
+def test_the_testbed_profile_still_answers_trims_and_high_delay_ecn() -> None:
+    from mrc.ctl.site import testbed_nscc
+
+    prof = testbed_nscc(4, 100_000_000, 128 << 10, 8192)
+    cc = Nscc(prof, 8192)
+    cc.on_ack(0, 8192, prof.base_rtt, False)
+    cc.on_trim(1_000)  # trims, and one packet acknowledged in the whole quick-adapt period
+    cc.on_ack(prof.base_rtt + prof.target_delay + 1, 8192, prof.base_rtt, False)
+    assert cc.qa_count == 1 and cc.cwnd == 2 * 8192
+    cc2 = Nscc(prof, 8192)
+    w = cc2.cwnd
+    cc2.on_ack(0, 8192, prof.base_rtt + 2 * prof.target_delay, True)  # marked, and queued beyond target
+    assert cc2.md_count == 1 and cc2.cwnd < w
+
+
+def test_the_testbed_target_can_be_set_back_for_side_by_side_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mrc.ctl.site import TARGET_ENV, TESTBED_TARGET_DELAY_NS, testbed_target_delay_ns
+    from mrc.errors import MrcError
+
+    monkeypatch.delenv(TARGET_ENV, raising=False)
+    assert testbed_target_delay_ns() == TESTBED_TARGET_DELAY_NS
+    monkeypatch.setenv(TARGET_ENV, "0")
+    assert testbed_target_delay_ns() is None  # the engine's default
+    monkeypatch.setenv(TARGET_ENV, "2000")
+    assert testbed_target_delay_ns() == 2_000_000
+    for bad in ("2ms", "-1", "2000000"):
+        monkeypatch.setenv(TARGET_ENV, bad)
+        with pytest.raises(MrcError, match=TARGET_ENV):
+            testbed_target_delay_ns()
