@@ -153,12 +153,16 @@ class Operations:
         out = []
         for qpn, qp in sorted(self.e.ctx.qps.items()):
             st = qp.paths.state
+            cc = qp.cc.stats()
             out.append({"host": self.e.host, "qpn": qpn, "peer": self.e.qp_peer.get(qpn),
                         "state": qp.state.name,
                         "peer_qpn": getattr(qp, "peer_qpn", None), "cwnd": qp.cc.cwnd, "srtt_ns": qp.srtt,
                         "inflight": qp.inflight, "data_tx": qp.serial, "data_rx": qp.rx_packets,
                         "evs": {s.name.lower(): sum(1 for x in st if x == int(s)) for s in EvState},
-                        "restricted": qpn in self.e.pinned_qps})
+                        "restricted": qpn in self.e.pinned_qps,
+                        # window cuts so far: by ECN (multiplicative decrease) and by quick adapt
+                        "cc_cuts": {"ecn": int(cc.get("md_count", 0)),
+                                    "quick_adapt": int(cc.get("qa_count", 0))}})
         return out
 
     def op_ev_show(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:

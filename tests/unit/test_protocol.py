@@ -354,3 +354,15 @@ def test_qp_stats_carries_the_congestion_controllers_state(client_qp: tuple[MrcC
     assert cc["algorithm"] == "uet-1.0-nscc"
     assert {"cwnd", "md_count", "qa_count", "avg_delay_ns", "min_cwnd_seen"} <= set(cc)
     assert cc["md_count"] == cc["qa_count"] == 0 and cc["cwnd"] > 0
+
+
+def test_qp_show_counts_the_window_cuts_and_mrcctl_shows_them(client_qp: tuple[MrcClient, ClientQp]) -> None:
+    from mrc.ctl.cmd_qp import _render
+
+    c, qp = client_qp
+    rows = c.call("qp_show")
+    assert [r["cc_cuts"] for r in rows if r["qpn"] == qp.qpn] == [{"ecn": 0, "quick_adapt": 0}]
+    shown = _render({"qps": rows})
+    assert "CUTS ECN/QA" in shown.splitlines()[0] and " 0/0 " in shown
+    old = [{k: v for k, v in r.items() if k != "cc_cuts"} for r in rows]  # an mrcd from before
+    assert "CUTS ECN/QA" in _render({"qps": old})
