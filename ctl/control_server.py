@@ -32,6 +32,10 @@ from mrc.transport import MemoryRegion
 SO_PEERCRED_FMT: Final = "3i"
 #: The longest control-socket request line; a longer one is answered with an error and skipped.
 MAX_REQUEST_BYTES: Final = 1 << 16
+#: Descriptors (SCM_RIGHTS) a client may have sent that no request has taken yet: reg_mr takes one per
+#: request; more are closed on arrival and counted (rejected "too_many_fds"), so that a client cannot
+#: run mrcd out of descriptors.
+MAX_PENDING_FDS: Final = 16
 #: How long a dropped client's unsent replies may take to go out before its socket is closed.
 DROP_FLUSH_S: Final = 1.0
 
@@ -179,7 +183,13 @@ class ControlServer:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                     a = array.array("i")
                     a.frombytes(value[: len(value) - len(value) % a.itemsize])
-                    c.fds.extend(a)
+                    for fd in a:
+                        if len(c.fds) < MAX_PENDING_FDS:
+                            c.fds.append(fd)
+                            continue
+                        with contextlib.suppress(OSError):
+                            os.close(fd)
+                        self.rejected["too_many_fds"] = self.rejected.get("too_many_fds", 0) + 1
             if not data:
                 self.drop(c)
                 return

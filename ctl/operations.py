@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import mmap
 import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 from mrc import __version__ as mrc_version
+from mrc.dataplane import shm
 from mrc.dataplane.protocol import PROTOCOL_VERSION, check_version
 from mrc.errors import MrcError
 from mrc.transport import EvState, MemoryRegion, QueuePair, WorkCompletion
@@ -87,7 +87,7 @@ class Operations:
         fd = c.fds.popleft()
         try:
             length = int(req["length"])
-            mm = mmap.mmap(fd, length)
+            mm = shm.map_received(fd, length, "reg_mr")
         finally:
             os.close(fd)
         mr = self.e.ctx.reg_mr(mm)

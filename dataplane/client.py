@@ -38,6 +38,7 @@ from typing import Any, Final
 
 from mrc.errors import MrcError
 
+from . import shm
 from .protocol import (
     OPS,
     PROTOCOL_VERSION,
@@ -309,10 +310,8 @@ class MrcClient:
     # -- verbs
     def reg_mr(self, length: int) -> RemoteMr:
         """A shared-memory region of `length` bytes registered with mrcd (remote write allowed)."""
-        fd = os.memfd_create("mrc-mr", os.MFD_CLOEXEC)
+        fd, buf = shm.create("mrc-mr", length)  # sealed: mrcd refuses a memfd we could still shrink
         try:
-            os.ftruncate(fd, length)
-            buf = mmap.mmap(fd, length)
             r = self.call("reg_mr", fds=[fd], length=length)
         except BaseException:
             os.close(fd)

@@ -38,6 +38,7 @@ from typing import Final
 from mrc.collective.transport import TransportError
 from mrc.errors import MrcError
 
+from . import shm
 from .rendezvous import Store
 
 NOTICE: Final = struct.Struct("<IIII")  # kind, slot (data) or count (credit), tag, length
@@ -99,13 +100,7 @@ class IntraHost:
 
     # -- set-up
     def _area(self) -> tuple[int, mmap.mmap]:
-        fd = os.memfd_create(f"mrc-intra-{self.rank}", os.MFD_CLOEXEC)
-        try:
-            os.ftruncate(fd, self.slots * self.slot_bytes)
-            return fd, mmap.mmap(fd, self.slots * self.slot_bytes)
-        except BaseException:
-            os.close(fd)
-            raise
+        return shm.create(f"mrc-intra-{self.rank}", self.slots * self.slot_bytes)
 
     def _hello(self, sock: socket.socket, deadline: float) -> tuple[int, mmap.mmap]:
         """Read the peer's hello: (its rank, its receive area for our messages, mapped)."""
@@ -121,7 +116,8 @@ class IntraHost:
             if magic != MAGIC or (slots, sb) != (self.slots, self.slot_bytes):
                 raise MrcError(f"rank {self.rank}: intra-host hello from rank {rank}: {slots} slots of "
                                f"{sb} B, expected {self.slots} of {self.slot_bytes}")
-            return int(rank), mmap.mmap(fds[0], self.slots * self.slot_bytes)
+            return int(rank), shm.map_received(fds[0], self.slots * self.slot_bytes,
+                                               f"rank {self.rank}: intra-host hello from rank {rank}")
         finally:
             for fd in fds:
                 os.close(fd)

@@ -27,7 +27,10 @@ from mrc.wire.consts import MAX_PAYLOAD, MIN_PAYLOAD
 #: The protocol this code speaks. Bump MINOR when adding an optional field or an op, MAJOR when a request
 #: that was valid before would be read differently.
 PROTOCOL_MAJOR: Final = 1
-PROTOCOL_MINOR: Final = 1  # 1.1: create_qp answers `mtu`, connect takes it
+# 1.1: create_qp answers `mtu`, connect takes it. 1.2: reg_mr's memfd must be sealed against shrinking
+# (F_SEAL_SHRINK; dataplane/shm.py): an unsealed one is refused with a message that says so -- a minor
+# bump, since a client of 1.1 is told exactly what to change rather than refused outright
+PROTOCOL_MINOR: Final = 2
 PROTOCOL_VERSION: Final = f"{PROTOCOL_MAJOR}.{PROTOCOL_MINOR}"
 
 #: Keys every request may carry besides its op's fields.

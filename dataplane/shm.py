@@ -1,0 +1,61 @@
+"""Shared memory one process hands another: memfds sealed against shrinking.
+
+A process that maps a file takes SIGBUS, and dies, when it touches a page past the file's end. If the
+process that created a memfd could still shrink it (`ftruncate`) after handing it over, it could kill
+every process that mapped it, at will: one mrc client could end mrcd for all the others (reproduced:
+register a region, truncate the memfd to 0, post a send from it), and one rank the co-located rank that
+writes into its receive area. So the creator seals the memfd (F_SEAL_SHRINK, then F_SEAL_SEAL so that no
+seal can be added or removed later) before it passes the descriptor, and the receiver checks the seals
+and the size before it maps anything (`map_received`). Growing the file stays allowed: pages past the
+mapping's end are never touched. The seals are the kernel's own guarantee (memfd_create(2), fcntl(2)
+"File Sealing"); the same as Wayland compositors ask of their clients' buffers.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+from typing import Final
+
+from mrc.errors import MrcError
+
+#: the seals a region's memfd must carry (F_SEAL_SHRINK) and the one that freezes them (F_SEAL_SEAL)
+SEALS: Final = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
+
+
+def create(name: str, size: int) -> tuple[int, mmap.mmap]:
+    """A new memfd of `size` bytes, sealed against shrinking, and a shared writable mapping of it. The
+    caller owns the descriptor (close it when the peer has it, or keep it)."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, size)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
+        return fd, mmap.mmap(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def map_received(fd: int, length: int, what: str) -> mmap.mmap:
+    """Map the first `length` bytes of a descriptor another process sent, shared and writable, after
+    checking that it is a memfd sealed against shrinking and at least that long; any other descriptor is
+    an MrcError that starts with `what` and says what to do instead. The descriptor stays the caller's."""
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError as e:  # EINVAL: a file that cannot be sealed (a regular file, a pipe, a socket)
+        raise MrcError(f"{what}: the descriptor is not a sealable memfd ({e.strerror}); create the region "
+                       f"with memfd_create(MFD_ALLOW_SEALING) and seal it with F_SEAL_SHRINK") from None
+    if not seals & fcntl.F_SEAL_SHRINK:
+        raise MrcError(f"{what}: the memfd is not sealed against shrinking: add F_SEAL_SHRINK "
+                       f"(fcntl F_ADD_SEALS) before passing it (a memfd that can be truncated under a "
+                       f"mapping kills the process that touches it)")
+    if length <= 0:
+        raise MrcError(f"{what}: length {length} must be positive")
+    size = os.fstat(fd).st_size
+    if length > size:
+        raise MrcError(f"{what}: length {length} is more than the memfd's {size} bytes")
+    try:
+        return mmap.mmap(fd, length)
+    except (OSError, ValueError) as e:  # e.g. F_SEAL_WRITE: a region must be writable
+        raise MrcError(f"{what}: cannot map the memfd shared and writable: {e}") from None
