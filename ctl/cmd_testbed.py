@@ -165,10 +165,14 @@ def _render_show(d: dict[str, Any]) -> str:
             return topology.format_rate(kernel.pop())
         return f"{topology.format_rate(lk['rate'])} (kernel: {lk['rate_kernel']})"
 
-    rows = [{**lk, "oper": "/".join(s.lower() for s in lk["oper"]), "rate": rate(lk),
+    def drops(lk: dict[str, Any]) -> str:  # packets a TBF dropped: none is expected (testbed.tbf_limit)
+        return "/".join("-" if x is None else str(x) for x in lk.get("tbf_dropped", (None, None)))
+
+    rows = [{**lk, "oper": "/".join(s.lower() for s in lk["oper"]), "rate": rate(lk), "drops": drops(lk),
              "addrs": f"{lk['a_address']} {lk['b_address']}"} for lk in d["links"]]
     lines.append(table(rows, [("a", "A"), ("b", "B"), ("plane", "PLANE"), ("state", "STATE"),
-                              ("oper", "OPER A/B"), ("rate", "RATE"), ("addrs", "ADDRESSES (A B)")]))
+                              ("oper", "OPER A/B"), ("rate", "RATE"), ("drops", "TBF DROPS A/B"),
+                              ("addrs", "ADDRESSES (A B)")]))
     return "\n".join(lines)
 
 

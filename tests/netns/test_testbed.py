@@ -311,6 +311,7 @@ def test_show_reports_kernel_state(small: tb.Testbed) -> None:
     for lk in doc["links"]:
         assert lk["state"] == "up" and lk["oper"] == ["UP", "UP"]
         assert lk["rate_kernel"] == [100_000_000, 100_000_000]
+        assert lk["tbf_dropped"] == [0, 0]
     h0 = next(n for n in doc["nodes"] if n["name"] == "h0")
     assert h0["mrc_address"] == "fd00::1" and [p["usid"] for p in h0["ports"]] == ["0300", "1300"]
     # the neighbours are permanent entries: no ND on the fabric
