@@ -25,10 +25,10 @@ lint: setup
 # installed package (dataplane/ -> mrc/dataplane, ctl/ -> mrc/ctl); paths are mapped back in the report.
 typecheck: setup
 	@rm -rf build/typing && mkdir -p build/typing
-	@cp -rs $(CURDIR)/mrc build/typing/mrc && cp -rs $(CURDIR)/dataplane build/typing/mrc/dataplane \
-	  && cp -rs $(CURDIR)/ctl build/typing/mrc/ctl && cp -rs $(CURDIR)/tests build/typing/tests \
-	  && cp -rs $(CURDIR)/bench build/typing/bench
-	@cd build/typing && $(CURDIR)/$(PY) -m mypy --config-file $(CURDIR)/pyproject.toml mrc tests bench \
+	@cp -rs "$(CURDIR)/mrc" build/typing/mrc && cp -rs "$(CURDIR)/dataplane" build/typing/mrc/dataplane \
+	  && cp -rs "$(CURDIR)/ctl" build/typing/mrc/ctl && cp -rs "$(CURDIR)/tests" build/typing/tests \
+	  && cp -rs "$(CURDIR)/bench" build/typing/bench
+	@cd build/typing && "$(CURDIR)/$(PY)" -m mypy --config-file "$(CURDIR)/pyproject.toml" mrc tests bench \
 	  | sed -e 's#^mrc/dataplane/#dataplane/#' -e 's#^mrc/ctl/#ctl/#'; exit $${PIPESTATUS[0]}
 
 bench: setup
