@@ -36,6 +36,11 @@ MAX_REQUEST_BYTES: Final = 1 << 16
 #: request; more are closed on arrival and counted (rejected "too_many_fds"), so that a client cannot
 #: run mrcd out of descriptors.
 MAX_PENDING_FDS: Final = 16
+#: Reply bytes queued for one client beyond which mrcd reads no more of its requests until the client has
+#: read most of them (flow control, as a socket buffer): a client that sends requests and never reads,
+#: or reads slowly, cannot make mrcd hold its answers without bound (qp_show alone can answer KiBs to a
+#: 30-byte request). Reading resumes below a quarter of it.
+MAX_QUEUED_REPLY_BYTES: Final = 4 << 20
 #: How long a dropped client's unsent replies may take to go out before its socket is closed.
 DROP_FLUSH_S: Final = 1.0
 
@@ -82,6 +87,7 @@ class Client:
     mrs: dict[int, tuple[MemoryRegion, mmap.mmap]] = field(default_factory=dict)
     wbuf: bytearray = field(default_factory=bytearray)
     skipping: bool = False  # discarding the rest of an over-long line
+    paused: bool = False  # not read until it takes its replies (MAX_QUEUED_REPLY_BYTES)
 
 
 Operation = Callable[[Client, dict[str, Any]], Any]
@@ -115,6 +121,7 @@ class ControlServer:
         self.path: Path | None = None
         self.clients: dict[int, Client] = {}
         self.rejected: dict[str, int] = {}  # requests refused, by reason (mrc_control_rejected_total)
+        self.paused_total = 0  # times a client's reading stopped because its replies piled up
 
     def listen(self, path: Path) -> None:
         """Bind `path` (mode 0600 from the start: root only) and listen without blocking."""
@@ -171,6 +178,9 @@ class ControlServer:
         return c
 
     def on_io(self, c: Client, mask: int) -> None:
+        if mask & selectors.EVENT_WRITE:  # only while paused: it is registered for nothing else then
+            self._flush_client(c)
+            return
         if mask & selectors.EVENT_READ:
             try:
                 data, anc, _f, _a = c.sock.recvmsg(1 << 20, socket.CMSG_SPACE(16 * 4))
@@ -199,7 +209,18 @@ class ControlServer:
         """Bytes read from `c`: answer every complete line; an over-long line is refused once and its
         tail skipped."""
         c.rbuf += data
+        self._answer_lines(c)
+
+    def _answer_lines(self, c: Client) -> None:
+        """Answer the complete lines in `c.rbuf`, in order, until none is left or the client's queued
+        replies pass MAX_QUEUED_REPLY_BYTES (then the rest wait, unread, until it catches up)."""
         while True:
+            if len(c.wbuf) > MAX_QUEUED_REPLY_BYTES:
+                if not c.paused:
+                    c.paused = True
+                    self.paused_total += 1
+                    self.sel.modify(c.sock, selectors.EVENT_WRITE, c)
+                return
             i = c.rbuf.find(b"\n")
             if i < 0:
                 if len(c.rbuf) > MAX_REQUEST_BYTES and not c.skipping:
@@ -234,6 +255,10 @@ class ControlServer:
             # the peer stopped reading (e.g. a one-line link_status sender): what it sent is still read
             # and handled; the read side sees its EOF and drops it
             c.wbuf.clear()
+        if c.paused and len(c.wbuf) <= MAX_QUEUED_REPLY_BYTES // 4 and c.sock.fileno() >= 0:
+            c.paused = False
+            self.sel.modify(c.sock, selectors.EVENT_READ, c)
+            self._answer_lines(c)  # the lines read before the pause first
 
     def drop(self, c: Client) -> None:
         if c.sock.fileno() >= 0:

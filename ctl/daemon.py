@@ -173,7 +173,9 @@ class Daemon:
     def _io_stats(self) -> dict[str, Any]:
         assert self.driver is not None
         return {"driver": self.driver.stats(), "peer_notes": dict(self.notifier.tally),
-                "loop": self.turn_stats.to_dict(), "dataplane": self.site.host_stats()}
+                "loop": self.turn_stats.to_dict(), "dataplane": self.site.host_stats(),
+                "control": {"clients": len(self.server.clients), "rejected": dict(self.server.rejected),
+                            "paused": self.server.paused_total}}
 
     # -- lifecycle
     def start(self) -> None:

@@ -13,7 +13,7 @@ import ipaddress
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from mrc import __version__ as mrc_version
 from mrc.dataplane import shm
@@ -24,6 +24,13 @@ from mrc.transport import EvState, MemoryRegion, QueuePair, WorkCompletion
 from .control_server import Client, Operation, push
 from .controller import Action, link_name
 from .host_engine import HostEngine
+
+#: The most QPs and memory regions one mrcd holds, all clients together. Each QP costs ~70 KiB of mrcd's
+#: memory (docs/daemon.md, "Memory per QP") and each region a mapping (the kernel allows 65,530 per
+#: process, vm.max_map_count): a client that leaks them in a loop is refused with a message, instead of
+#: running mrcd out of memory or mappings for every other client.
+MAX_QPS: Final = 16384
+MAX_MRS: Final = 16384
 
 
 def _no_io_stats() -> dict[str, Any]:
@@ -86,6 +93,9 @@ class Operations:
             raise MrcError("reg_mr: no file descriptor came with the request")
         fd = c.fds.popleft()
         try:
+            if len(self.mrs) >= MAX_MRS:
+                raise MrcError(f"reg_mr: mrcd holds {MAX_MRS} memory regions, the most it takes (a region "
+                               f"goes with the client that registered it)")
             length = int(req["length"])
             mm = shm.map_received(fd, length, "reg_mr")
         finally:
@@ -98,6 +108,9 @@ class Operations:
         return {"handle": h, "rkey": mr.rkey, "addr": mr.addr, "length": length}
 
     def op_create_qp(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
+        if len(self.e.ctx.qps) >= MAX_QPS:
+            raise MrcError(f"create_qp: mrcd holds {MAX_QPS} QPs, the most it takes (destroy some, or close "
+                           f"the clients that hold them)")
         peer = str(req["peer"])
         evs, planes = req.get("evs"), req.get("planes")
         qp = self.e.create_qp(peer, evs=None if evs is None else int(evs),

@@ -6,6 +6,7 @@ mrcd's control server runs on a socketpair in this process."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -152,3 +153,58 @@ def test_descriptors_no_request_takes_are_bounded_closed_and_counted(
     assert srv.rejected == {"too_many_fds": 2 * MAX_PENDING_FDS}
     # what mrcd kept is its MAX_PENDING_FDS; every other copy it received was closed at once
     assert len(os.listdir("/proc/self/fd")) == before + MAX_PENDING_FDS
+
+
+def test_a_client_that_never_reads_its_replies_stops_being_read_not_buffered_without_bound(
+    server: tuple[ControlServer, Client, socket.socket], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mrc.ctl import control_server
+
+    monkeypatch.setattr(control_server, "MAX_QUEUED_REPLY_BYTES", 4096)
+    srv, c, sk = server
+    sk.setblocking(False)
+    lines = b"".join(b'{"id":%d,"op":"qp_show"}\n' % i for i in range(2000))
+    sent = sk.send(lines)
+    srv.on_io(c, selectors.EVENT_READ)  # no flush: this client has not read a byte
+    assert c.paused and srv.paused_total == 1
+    assert 4096 < len(c.wbuf) < 4096 + 64  # stopped at the first reply past the bound
+    assert srv.sel.get_key(c.sock).events == selectors.EVENT_WRITE  # its requests are left unread
+    assert c.rbuf.count(b"\n") > 0  # read before the pause, answered after it
+    got = b""
+    for _ in range(500):  # the client reads; mrcd answers the rest in order as the replies drain
+        srv.on_io(c, selectors.EVENT_WRITE if c.paused else selectors.EVENT_READ)
+        srv.flush()
+        with contextlib.suppress(BlockingIOError):
+            got += sk.recv(1 << 20)
+        if sent < len(lines):
+            with contextlib.suppress(BlockingIOError):
+                sent += sk.send(lines[sent:])
+        if got.count(b"\n") == 2000:
+            break
+    ids = [json.loads(x)["id"] for x in got.splitlines()]
+    assert ids == list(range(2000))
+    assert not c.paused and srv.sel.get_key(c.sock).events == selectors.EVENT_READ
+
+
+def test_mrcd_refuses_more_qps_and_regions_than_it_holds(
+    server: tuple[ControlServer, Client, socket.socket], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mrc.ctl import operations
+
+    monkeypatch.setattr(operations, "MAX_QPS", 2)
+    monkeypatch.setattr(operations, "MAX_MRS", 1)
+    srv, c, sk = server
+    for i in range(2):
+        assert "qpn" in _ask(srv, c, sk, {"id": i, "op": "create_qp", "peer": "h2"}, [])["ok"]
+    no = _ask(srv, c, sk, {"id": 5, "op": "create_qp", "peer": "h2"}, [])
+    assert no["kind"] == "refused" and "holds 2 QPs, the most it takes" in no["error"]
+    fd, buf = shm.create("test", 4096)
+    fd2, buf2 = shm.create("test", 4096)
+    assert "rkey" in _ask(srv, c, sk, {"id": 6, "op": "reg_mr", "length": 4096}, [fd])["ok"]
+    no = _ask(srv, c, sk, {"id": 7, "op": "reg_mr", "length": 4096}, [fd2])
+    assert no["kind"] == "refused" and "holds 1 memory regions" in no["error"]
+    assert not c.fds  # the refused region's descriptor was taken and closed, not left pending
+    for f, b in ((fd, buf), (fd2, buf2)):
+        os.close(f)
+        b.close()
+    assert len(c.qps) == 2 and len(c.mrs) == 1
