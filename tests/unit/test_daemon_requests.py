@@ -1,19 +1,25 @@
 """mrcd's control socket against hostile clients (no root, no kernel): every line that is not a valid
 request gets exactly one error reply and is counted by reason; nothing a client sends, however long,
-deep or malformed, and no client that vanishes mid-line, ends the loop or loses the next answer."""
+deep or malformed, and no client that vanishes mid-line, ends the loop or loses the next answer; what a
+client can make mrcd hold (descriptors, queued replies, QPs, regions) is bounded, and a region's memfd
+must be sealed against shrinking: without the seal one client could kill mrcd for every other with
+SIGBUS (register a region, truncate the memfd, post a send from it: reproduced on the testbed)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import selectors
 import socket
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from mrc.ctl.control_server import MAX_REQUEST_BYTES, Client, ControlServer
+from mrc.ctl.control_server import MAX_PENDING_FDS, MAX_REQUEST_BYTES, Client, ControlServer
 from mrc.ctl.operations import Operations
+from mrc.dataplane import shm
 
 
 @pytest.fixture
@@ -131,3 +137,130 @@ def test_a_client_that_vanishes_mid_line_is_dropped_quietly(server: ControlServe
     b.close()
     server.on_io(c, selectors.EVENT_READ)
     assert server.clients == {} and a.fileno() < 0 and server.rejected == {}
+
+
+def _unsealed(size: int) -> int:
+    fd = os.memfd_create("test-unsealed", os.MFD_CLOEXEC)
+    os.ftruncate(fd, size)
+    return fd
+
+
+# -- memory regions, descriptors, queued replies and QPs: what a client can make mrcd hold (a socketpair)
+
+
+@pytest.fixture
+def attached(mrcd_ops: Operations) -> Iterator[tuple[ControlServer, Client, socket.socket]]:
+    """mrcd's control server with one attached client: (server, mrcd's Client, the client's socket)."""
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    theirs.setblocking(False)
+    srv = ControlServer(selectors.DefaultSelector(), mrcd_ops)
+    c = srv.attach(theirs, os.getuid())
+    srv.flush()
+    mine.settimeout(5)
+    assert json.loads(mine.recv(1 << 16))["id"] == 0  # the greeting
+    yield srv, c, mine
+    srv.drop(c)
+    mine.close()
+
+
+def _ask(srv: ControlServer, c: Client, sk: socket.socket, req: dict[str, Any], fds: list[int]) -> Any:
+    data = (json.dumps(req) + "\n").encode()
+    socket.send_fds(sk, [data], fds) if fds else sk.sendall(data)
+    srv.on_io(c, selectors.EVENT_READ)
+    srv.flush()
+    return json.loads(sk.recv(1 << 16))
+
+
+def test_mrcd_registers_a_sealed_region_and_refuses_an_unsealed_one(
+    attached: tuple[ControlServer, Client, socket.socket]
+) -> None:
+    srv, c, sk = attached
+    fd, buf = shm.create("test", 4096)
+    ok = _ask(srv, c, sk, {"id": 1, "op": "reg_mr", "length": 4096}, [fd])
+    assert ok["ok"]["length"] == 4096
+    with pytest.raises(PermissionError):
+        os.ftruncate(fd, 0)  # the client can no longer pull the pages from under mrcd's mapping
+    os.close(fd)
+    bad = _unsealed(4096)
+    no = _ask(srv, c, sk, {"id": 2, "op": "reg_mr", "length": 4096}, [bad])
+    os.close(bad)
+    assert no["id"] == 2 and no["kind"] == "refused"
+    assert "not sealed against shrinking" in no["error"] and "F_SEAL_SHRINK" in no["error"]
+    assert srv.rejected == {"invalid": 1}
+    assert len(c.mrs) == 1  # only the sealed one; mrcd's loop and the connection go on
+    assert _ask(srv, c, sk, {"id": 3, "op": "qp_show"}, [])["ok"] == []
+    buf.close()
+
+
+def test_descriptors_no_request_takes_are_bounded_closed_and_counted(
+    attached: tuple[ControlServer, Client, socket.socket]
+) -> None:
+    srv, c, sk = attached
+    before = len(os.listdir("/proc/self/fd"))
+    spare = [os.open(os.devnull, os.O_RDONLY) for _ in range(3 * MAX_PENDING_FDS)]
+    try:
+        for i in range(3):  # one message carries at most 16 descriptors into mrcd's recvmsg
+            batch = spare[i * MAX_PENDING_FDS:(i + 1) * MAX_PENDING_FDS]
+            assert _ask(srv, c, sk, {"id": 10 + i, "op": "qp_show"}, batch)["ok"] == []
+    finally:
+        for fd in spare:
+            os.close(fd)
+    assert len(c.fds) == MAX_PENDING_FDS
+    assert srv.rejected == {"too_many_fds": 2 * MAX_PENDING_FDS}
+    # what mrcd kept is its MAX_PENDING_FDS; every other copy it received was closed at once
+    assert len(os.listdir("/proc/self/fd")) == before + MAX_PENDING_FDS
+
+
+def test_a_client_that_never_reads_its_replies_stops_being_read_not_buffered_without_bound(
+    attached: tuple[ControlServer, Client, socket.socket], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mrc.ctl import control_server
+
+    monkeypatch.setattr(control_server, "MAX_QUEUED_REPLY_BYTES", 4096)
+    srv, c, sk = attached
+    sk.setblocking(False)
+    lines = b"".join(b'{"id":%d,"op":"qp_show"}\n' % i for i in range(2000))
+    sent = sk.send(lines)
+    srv.on_io(c, selectors.EVENT_READ)  # no flush: this client has not read a byte
+    assert c.paused and srv.paused_total == 1
+    assert 4096 < len(c.wbuf) < 4096 + 64  # stopped at the first reply past the bound
+    assert srv.sel.get_key(c.sock).events == selectors.EVENT_WRITE  # its requests are left unread
+    assert c.rbuf.count(b"\n") > 0  # read before the pause, answered after it
+    got = b""
+    for _ in range(500):  # the client reads; mrcd answers the rest in order as the replies drain
+        srv.on_io(c, selectors.EVENT_WRITE if c.paused else selectors.EVENT_READ)
+        srv.flush()
+        with contextlib.suppress(BlockingIOError):
+            got += sk.recv(1 << 20)
+        if sent < len(lines):
+            with contextlib.suppress(BlockingIOError):
+                sent += sk.send(lines[sent:])
+        if got.count(b"\n") == 2000:
+            break
+    ids = [json.loads(x)["id"] for x in got.splitlines()]
+    assert ids == list(range(2000))
+    assert not c.paused and srv.sel.get_key(c.sock).events == selectors.EVENT_READ
+
+
+def test_mrcd_refuses_more_qps_and_regions_than_it_holds(
+    attached: tuple[ControlServer, Client, socket.socket], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mrc.ctl import operations
+
+    monkeypatch.setattr(operations, "MAX_QPS", 2)
+    monkeypatch.setattr(operations, "MAX_MRS", 1)
+    srv, c, sk = attached
+    for i in range(2):
+        assert "qpn" in _ask(srv, c, sk, {"id": i, "op": "create_qp", "peer": "h2"}, [])["ok"]
+    no = _ask(srv, c, sk, {"id": 5, "op": "create_qp", "peer": "h2"}, [])
+    assert no["kind"] == "refused" and "holds 2 QPs, the most it takes" in no["error"]
+    fd, buf = shm.create("test", 4096)
+    fd2, buf2 = shm.create("test", 4096)
+    assert "rkey" in _ask(srv, c, sk, {"id": 6, "op": "reg_mr", "length": 4096}, [fd])["ok"]
+    no = _ask(srv, c, sk, {"id": 7, "op": "reg_mr", "length": 4096}, [fd2])
+    assert no["kind"] == "refused" and "holds 1 memory regions" in no["error"]
+    assert not c.fds  # the refused region's descriptor was taken and closed, not left pending
+    for f, b in ((fd, buf), (fd2, buf2)):
+        os.close(f)
+        b.close()
+    assert len(c.qps) == 2 and len(c.mrs) == 1
