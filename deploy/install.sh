@@ -105,16 +105,26 @@ remove() {
   done
 }
 
-# A path systemd can run as it is: absolute; no blanks, quotes, backslashes, '$' or '%' (systemd expands
-# them), '|' or '&' (the sed below)
+# A path systemd can run as it is: absolute; no quotes, backslashes, '$' or '%' (systemd expands them),
+# '|' or '&' (the sed below), backquotes, and no whitespace but blanks. A path with blanks is written
+# double-quoted (unit_word): systemd takes a quoted word of a command line as one argument, and the
+# quotes inside ExecStopPost's sh -c script quote it for sh.
 check_unit_path() {
   case "$2" in
     /*) ;;
     *) die "$1 '$2' is not an absolute path" ;;
   esac
   case "$2" in
-    *[[:space:]\'\"\\\$%\|\&]*)
-      die "$1 '$2' has a blank, quote, backslash or one of \$ % | &: systemd (or this script) cannot use it as written; install mrc under a plain path" ;;
+    *[$'\t\n\r\v\f']*|*[\'\"\\\$%\|\&\`]*)
+      die "$1 '$2' has a quote, backslash, tab or newline, or one of \$ % | & \`: systemd (or this script) cannot use it as written; install mrc under a plainer path" ;;
+  esac
+}
+
+# unit_word PATH: PATH as one word of the unit's command lines (double-quoted when it has a blank)
+unit_word() {
+  case "$1" in
+    *" "*) printf '"%s"' "$1" ;;
+    *) printf '%s' "$1" ;;
   esac
 }
 
@@ -182,7 +192,11 @@ say "mrcd: $mrcd, mrcctl: $mrcctl"
 mrcd_real=$mrcd
 [ -x "$mrcd_real" ] || mrcd_real=$root$mrcd
 py=$(head -n 1 "$mrcd_real" | sed -n 's/^#![[:space:]]*//p' | cut -d ' ' -f 1)
-if [ -z "$py" ] || [ ! -x "$py" ]; then py=$(command -v python3 || true); fi
+if [ "$py" = /bin/sh ]; then
+  # pip's launcher for an interpreter whose path has a blank: "#!/bin/sh", then '''exec' "PYTHON" "$0" "$@"
+  py=$(sed -n "2s/^'''exec' \"\([^\"]*\)\".*/\1/p" "$mrcd_real")
+fi
+if [ -z "$py" ] || [ ! -x "$py" ] || ! "$py" -c 'import sys' 2>/dev/null; then py=$(command -v python3 || true); fi
 pkg=
 if [ -n "$py" ]; then
   pkg=$("$py" -c 'import os, mrc; print(os.path.dirname(os.path.realpath(mrc.__file__)))' 2>/dev/null || true)
@@ -196,8 +210,8 @@ done
 [ "$protect_home" = yes ] || say "mrc lives under a home folder: the unit gets ProtectHome=read-only"
 
 grep -q "^ExecStart=$UNIT_MRCD " "$UNIT_SRC" || die "$UNIT_SRC: no 'ExecStart=$UNIT_MRCD ...' line to rewrite"
-sed -e "s|^ExecStart=$UNIT_MRCD |ExecStart=$mrcd |" \
-    -e "s|$UNIT_MRCCTL |$mrcctl |" \
+sed -e "s|^ExecStart=$UNIT_MRCD |ExecStart=$(unit_word "$mrcd") |" \
+    -e "s|$UNIT_MRCCTL |$(unit_word "$mrcctl") |" \
     -e "s|^ProtectHome=yes\$|ProtectHome=$protect_home|" \
     "$UNIT_SRC" | put 0644 "$UNIT"
 

@@ -44,6 +44,11 @@ def _bin(name: str) -> str:
     return found
 
 
+def _word(path: str) -> str:
+    """`path` as install.sh writes it into a command line of the unit: double-quoted when it has a blank."""
+    return f'"{path}"' if " " in path else path
+
+
 def _settings(text: str) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for line in text.splitlines():
@@ -57,8 +62,8 @@ def _local_unit(tmp_path: Path) -> Path:
     """The unit with this environment's mrcd and mrcctl, as mrcd.service in tmp_path."""
     text = UNIT.read_text()
     assert f"ExecStart={SHIPPED_MRCD} " in text
-    text = text.replace(SHIPPED_MRCD + " ", _bin("mrcd") + " ")
-    text = text.replace(SHIPPED_MRCCTL + " ", _bin("mrcctl") + " ")
+    text = text.replace(SHIPPED_MRCD + " ", _word(_bin("mrcd")) + " ")
+    text = text.replace(SHIPPED_MRCCTL + " ", _word(_bin("mrcctl")) + " ")
     out = tmp_path / "mrcd.service"
     out.write_text(text)
     return out
@@ -136,7 +141,7 @@ def _destinations() -> list[str]:
     if "/etc/mrc/mrcd.toml" not in dests:  # this host has one already: kept, but a fresh root gets it
         assert "kept /etc/mrc/mrcd.toml" in r.stdout, r.stdout
         dests.append("/etc/mrc/mrcd.toml")
-    grafana = re.search(r"^would run: sh \S+/grafana/install\.sh", r.stdout, flags=re.M)
+    grafana = re.search(r"^would run: sh .+/grafana/install\.sh", r.stdout, flags=re.M)
     assert dests and grafana, r.stdout
     return [*dests, "/etc/grafana/provisioning/datasources/mrc.yaml",
             "/etc/grafana/provisioning/dashboards/mrc.yaml",
@@ -180,13 +185,13 @@ def test_install_into_a_root(tmp_path: Path) -> None:
 
     unit = (root / "etc/systemd/system/mrcd.service").read_text()
     s = _settings(unit)
-    assert s["ExecStart"] == [f"{_bin('mrcd')} --config /etc/mrc/mrcd.toml"]
+    assert s["ExecStart"] == [f"{_word(_bin('mrcd'))} --config /etc/mrc/mrcd.toml"]
     assert SHIPPED_MRCD not in unit and SHIPPED_MRCCTL not in unit
-    assert all(f"exec {_bin('mrcctl')} prog detach --all" in c for c in s["ExecStopPost"])
+    assert all(f"exec {_word(_bin('mrcctl'))} prog detach --all" in c for c in s["ExecStopPost"])
     # the rest of the unit as shipped
-    assert unit.replace(_bin("mrcd") + " ", SHIPPED_MRCD + " ").replace(
-        _bin("mrcctl") + " ", SHIPPED_MRCCTL + " ").replace("ProtectHome=read-only", "ProtectHome=yes") \
-        == UNIT.read_text()
+    shipped = unit.replace(_word(_bin("mrcd")) + " ", SHIPPED_MRCD + " ")
+    shipped = shipped.replace(_word(_bin("mrcctl")) + " ", SHIPPED_MRCCTL + " ")
+    assert shipped.replace("ProtectHome=read-only", "ProtectHome=yes") == UNIT.read_text()
     assert (root / "etc/mrc/mrcd.toml").read_bytes() == (DEPLOY / "mrcd.example.toml").read_bytes()
     targets = (root / "etc/prometheus/mrc/mrcd-targets.yml").read_text()
     assert re.search(r'^- targets: \["127\.0\.0\.1:9470"\]$', targets, flags=re.M), targets
@@ -224,7 +229,7 @@ def test_install_into_a_root(tmp_path: Path) -> None:
 
 
 def test_install_refuses_what_systemd_cannot_run(tmp_path: Path) -> None:
-    for bad, why in (("relative/mrcd", "absolute"), ("/opt/my mrc/bin/mrcd", "blank"),
+    for bad, why in (("relative/mrcd", "absolute"), ("/opt/my$mrc/bin/mrcd", "one of $"),
                      (str(tmp_path / "missing"), "not an executable")):
         r = _install("--root", str(tmp_path / "root"), env={"MRCD": bad})
         assert r.returncode != 0 and why in r.stderr, (bad, r.stderr)
@@ -233,3 +238,34 @@ def test_install_refuses_what_systemd_cannot_run(tmp_path: Path) -> None:
     r = _install("--bogus")
     assert r.returncode == 2 and "unknown argument" in r.stderr
     assert not (tmp_path / "root").exists()
+
+
+def _staged(tmp_path: Path, folder: str) -> tuple[str, str]:
+    """This environment's mrcd and mrcctl, linked into tmp_path/FOLDER/bin: (mrcd, mrcctl)."""
+    d = tmp_path / folder / "bin"
+    d.mkdir(parents=True)
+    for name in ("mrcd", "mrcctl"):
+        (d / name).symlink_to(_bin(name))
+    return str(d / "mrcd"), str(d / "mrcctl")
+
+
+def test_install_writes_a_path_with_blanks_quoted_and_systemd_reads_it_as_one_word(tmp_path: Path) -> None:
+    mrcd, mrcctl = _staged(tmp_path, "opt with blanks")
+    root = tmp_path / "root"
+    r = _install("--root", str(root), env={"MRCD": mrcd, "MRCCTL": mrcctl})
+    assert r.returncode == 0, r.stdout + r.stderr
+    unit = root / "etc/systemd/system/mrcd.service"
+    s = _settings(unit.read_text())
+    assert s["ExecStart"] == [f'"{mrcd}" --config /etc/mrc/mrcd.toml']
+    assert all(f'exec "{mrcctl}" prog detach --all' in c for c in s["ExecStopPost"])
+    if ANALYZE is not None:  # systemd's own parser: one executable, found, no complaint about the line
+        _verify(unit)
+
+
+@pytest.mark.parametrize("folder", ["a$HOME", "50%", "it's", 'say"', "back\\slash", "tab\there", "a|b", "a&b",
+                                    "a`b`"])
+def test_install_refuses_a_path_systemd_would_read_otherwise(tmp_path: Path, folder: str) -> None:
+    mrcd, mrcctl = _staged(tmp_path, folder)
+    r = _install("--dry-run", env={"MRCD": mrcd, "MRCCTL": mrcctl})
+    assert r.returncode != 0
+    assert f"mrcd '{mrcd}' has a quote, backslash, tab or newline" in r.stderr, r.stderr
