@@ -291,7 +291,8 @@ def _engine(h: str, planes: int, s: EngineSnapshot) -> Iterator[Metric]:
         edrops.add_metric([h, drop.value], s.engine_drops.get(drop, 0))
     yield edrops
     rej = CounterMetricFamily("mrc_control_rejected_total",
-                              "control-socket requests answered with an error, by reason",
+                              "control-socket requests answered with an error (and descriptors closed "
+                              "unused: too_many_fds), by reason",
                               labels=["host", "reason"])
     for reason, n in sorted(s.rejected.items()):
         rej.add_metric([h, reason], n)
