@@ -42,6 +42,18 @@ HELP_VERB = "help"
 SHELLS = ("bash", "zsh", "fish")
 
 
+class PrefixChoice(click.Choice):
+    """A click.Choice that also takes a unique prefix of one of its values: the grammar of the groups'
+    verbs for a command whose verb is an argument (`mrcctl qp sh` is `mrcctl qp show`)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and value and value not in self.choices:
+            hits = [c for c in self.choices if isinstance(c, str) and c.startswith(value)]
+            if len(hits) == 1:
+                value = hits[0]
+        return super().convert(value, param, ctx)
+
+
 class GrammarGroup(click.Group):
     """A click group with mrcctl's grammar: prefixes of verbs and the `help` verb.
 

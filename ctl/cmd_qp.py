@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from . import api
+from .cli import PrefixChoice
 from .cmd_testbed import name_option
 from .output import Output, json_option, table
 
@@ -33,7 +34,7 @@ def _render(doc: dict[str, Any]) -> str:
 
 
 @click.command()
-@click.argument("verb", required=False, type=click.Choice(["show"]))
+@click.argument("verb", required=False, type=PrefixChoice(["show"]))
 @click.option("--host", default=None, help="Only this host's mrcd.")
 @name_option
 @json_option

@@ -37,6 +37,19 @@ def test_unique_prefixes_of_object_and_verb(capsys: Cap) -> None:
     assert _run(capsys, "-j", "wire", "sa", "--help")[1].startswith("Usage: mrcctl wire sample")
 
 
+@pytest.mark.parametrize("obj", ["qp", "stats"])
+def test_a_verb_given_as_an_argument_takes_a_prefix_too(capsys: Cap, obj: str) -> None:
+    """`qp` and `stats` are commands whose verb is an argument, not groups: `mrcctl qp sh` is `qp show`
+    all the same (resolved, not run: they ask whatever mrcd this machine has)."""
+    top = click.Context(cli, info_name=PROG)
+    _name, cmd, _rest = cli.resolve_command(top, [obj])
+    assert cmd is not None
+    for word in ("s", "sh", "show"):
+        assert cmd.make_context(obj, [word], parent=top).params["verb"] == "show"
+    with pytest.raises(click.BadParameter, match="'shown' is not 'show'"):
+        cmd.make_context(obj, ["shown"], parent=top)
+
+
 def test_prefixes_reach_nested_groups(capsys: Cap) -> None:
     rc, out, _ = _run(capsys, "te", "lin", "help")
     assert rc == 0 and out.startswith("Usage: mrcctl testbed link")
