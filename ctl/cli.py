@@ -25,7 +25,7 @@ import importlib
 import pkgutil
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.shell_completion import CompletionItem, get_completion_class
@@ -42,7 +42,13 @@ HELP_VERB = "help"
 SHELLS = ("bash", "zsh", "fish")
 
 
-class PrefixChoice(click.Choice):
+if TYPE_CHECKING:
+    _StrChoice = click.Choice[str]
+else:  # click < 8.2 has no generic Choice at run time
+    _StrChoice = click.Choice
+
+
+class PrefixChoice(_StrChoice):
     """A click.Choice that also takes a unique prefix of one of its values: the grammar of the groups'
     verbs for a command whose verb is an argument (`mrcctl qp sh` is `mrcctl qp show`)."""
 
