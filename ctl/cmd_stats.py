@@ -27,8 +27,13 @@ def _render(doc: dict[str, Any]) -> str:
                 "drops": " ".join(f"{k}={v}" for k, v in r.get("rx_drops", {}).items()) or "-"})
         ctl = " ".join(f"{k}={v}" for k, v in sorted(s["controller"].items())) or "-"
         drops = " ".join(f"{k}={v}" for k, v in sorted(s["engine_drops"].items())) or "-"
+        control = s.get("control")  # absent from an mrcd before protocol 1.2
+        cs = "" if control is None else (
+            f"; control: {control['clients']} clients, rejected "
+            f"{' '.join(f'{k}={v}' for k, v in sorted(control['rejected'].items())) or '-'}, "
+            f"paused {control['paused']}")
         lines.append(f"{h}: {s['qps']} QPs; engine drops {drops}; controller {ctl}; denied links "
-                     f"{', '.join(s['denied_links']) or '-'}")
+                     f"{', '.join(s['denied_links']) or '-'}{cs}")
     return table(rows, [("host", "HOST"), ("plane", "PLANE"), ("tx_packets", "TX PKTS"),
                         ("tx_bytes", "TX BYTES"),
                         ("rx_packets", "RX PKTS"), ("rx_bytes", "RX BYTES"), ("rx_ce", "RX CE"),

@@ -45,3 +45,18 @@ def test_parse_fail_link() -> None:
 def test_client_without_daemon_says_so(tmp_path: Path) -> None:
     with pytest.raises(MrcError, match="no mrcd is listening"):
         MrcClient(tmp_path / "none.sock")
+
+
+def test_stats_text_shows_the_control_socket_and_leaves_it_out_for_an_older_mrcd() -> None:
+    from mrc.ctl.cmd_stats import _render
+
+    plane = {"tx_packets": 1, "tx_bytes": 2, "rx_packets": 3, "rx_bytes": 4, "rx_ce": 0, "rx_trimmed": 0}
+    base = {"qps": 1, "controller": {}, "engine_drops": {}, "denied_links": [],
+            "dataplane": {"planes": {"0": plane}}}
+    text = _render({"hosts": {
+        "h0": {**base, "control": {"clients": 2, "rejected": {"too_many_fds": 24, "invalid": 1},
+                                   "paused": 3}},
+        "h1": base}})
+    h0, h1 = (ln for ln in text.splitlines() if ln.startswith(("h0:", "h1:")))
+    assert h0.endswith("; control: 2 clients, rejected invalid=1 too_many_fds=24, paused 3")
+    assert "control:" not in h1 and h1.endswith("denied links -")
