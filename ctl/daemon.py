@@ -273,7 +273,8 @@ class Daemon:
             server.flush()
             if board.wanted:
                 board.publish(snapshot(engine, server.rejected, self.notifier.tally,
-                                       (TURN_BUCKETS_NS, tuple(turns.buckets), turns.sum_ns)))
+                                       (TURN_BUCKETS_NS, tuple(turns.buckets), turns.sum_ns),
+                                       (len(server.clients), server.paused_total)))
             self.turned = time.monotonic()
             if notes_io or self.notifier.pending:  # peer notes: after the engine's work, never blocking
                 now = time.monotonic_ns()

@@ -83,7 +83,8 @@ METRICS: Final = (
     "mrc_probe_replies_total", "mrc_controller_actions_total", "mrc_denied_links", "mrc_qps",
     "mrc_qp_cwnd_bytes", "mrc_qp_srtt_seconds", "mrc_data_tx_packets_total", "mrc_data_rx_packets_total",
     "mrc_data_tx_bytes_total", "mrc_data_rx_bytes_total", "mrc_start_time_seconds",
-    "mrc_control_rejected_total", "mrc_peer_notes_total", "mrc_engine_turn_seconds",
+    "mrc_control_rejected_total", "mrc_control_clients", "mrc_control_paused_total", "mrc_peer_notes_total",
+    "mrc_engine_turn_seconds",
 )
 
 @dataclass(frozen=True)
@@ -120,10 +121,12 @@ class EngineSnapshot:
     peer_notes: dict[str, int] = field(default_factory=dict)  # PeerNotifier.tally: sent, dropped
     # the loop's turn durations: (upper bounds in ns, cumulative-free counts per bucket + overflow, sum ns)
     turns: tuple[tuple[int, ...], tuple[int, ...], int] | None = None
+    control: tuple[int, int] = (0, 0)  # the control socket's clients now, and its flow-control pauses
 
 
 def snapshot(e: HostEngine, rejected: dict[str, int], peer_notes: dict[str, int] | None = None,
-             turns: tuple[tuple[int, ...], tuple[int, ...], int] | None = None) -> EngineSnapshot:
+             turns: tuple[tuple[int, ...], tuple[int, ...], int] | None = None,
+             control: tuple[int, int] = (0, 0)) -> EngineSnapshot:
     """Copy the engine's and the controller's numbers out of `e` (on the loop thread, between turns):
     nothing here counts or formats (the scrape thread does that), it only copies lists and dicts."""
     from .host_engine import DATA_ATTRS
@@ -137,7 +140,7 @@ def snapshot(e: HostEngine, rejected: dict[str, int], peer_notes: dict[str, int]
     return EngineSnapshot(dict(e.ctx.drops), dict(rejected), dict(e.gone_c), dict(e.gone),
                           list(e.gone_port), list(e.ctx.port_enabled), frozenset(ctl.ports_down),
                           dict(ctl.event_counts), dict(ctl.counts), len(ctl.denied), qps,
-                          dict(peer_notes or {}), turns)
+                          dict(peer_notes or {}), turns, control)
 
 
 class StatsBoard:
@@ -365,6 +368,14 @@ def _engine(h: str, planes: int, s: EngineSnapshot) -> Iterator[Metric]:
     for result in ("sent", "dropped"):
         notes.add_metric([h, result], s.peer_notes.get(result, 0))
     yield notes
+    clients = GaugeMetricFamily("mrc_control_clients", "connections to the control socket now",
+                                labels=["host"])
+    clients.add_metric([h], s.control[0])
+    yield clients
+    paused = CounterMetricFamily("mrc_control_paused", "times a client's requests went unread because 4 MiB "
+                                 "of its replies waited for it (flow control)", labels=["host"])
+    paused.add_metric([h], s.control[1])
+    yield paused
     if s.turns is not None:
         bounds, per_bucket, sum_ns = s.turns
         cum, buckets = 0, []

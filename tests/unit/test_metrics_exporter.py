@@ -91,7 +91,7 @@ class Source:
     def _turn(self) -> None:
         if not self.stuck:
             self.board.publish(snapshot(self.engine, self.rejected, self.notes,
-                                        ((1_000_000, 10_000_000), (5, 2, 1), 40_000_000)))
+                                        ((1_000_000, 10_000_000), (5, 2, 1), 40_000_000), (2, 5)))
 
     def host_stats(self) -> dict[str, Any]:
         return {"planes": self.fd.planes, "tx_drops": self.fd.tx_drops}
@@ -154,6 +154,7 @@ def test_names_types_and_labels(tmp_path: Path) -> None:
     assert 'mrc_engine_drops_total{host="h0",reason="unknown_qpn"} 3.0' in text
     assert 'mrc_control_rejected_total{host="h0",reason="bad_json"} 2.0' in text
     assert 'mrc_peer_notes_total{host="h0",result="dropped"} 1.0' in text
+    assert 'mrc_control_clients{host="h0"} 2.0' in text and 'mrc_control_paused_total{host="h0"} 5.0' in text
     assert 'mrc_engine_turn_seconds_bucket{host="h0",le="0.01"} 7.0' in text  # cumulative: 5 + 2
     assert 'mrc_engine_turn_seconds_count{host="h0"} 8.0' in text
     assert 'mrc_evs{host="h0",plane="1",state="good"} 16.0' in text
