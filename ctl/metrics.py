@@ -46,6 +46,8 @@ from mrc.dataplane.bpf import attached_here
 from mrc.transport import EvState, QpState
 from mrc.transport.drops import EngineDrop
 
+from .control_server import MAX_QUEUED_REPLY_BYTES
+
 if TYPE_CHECKING:
     from .host_engine import HostEngine
 
@@ -372,8 +374,9 @@ def _engine(h: str, planes: int, s: EngineSnapshot) -> Iterator[Metric]:
                                 labels=["host"])
     clients.add_metric([h], s.control[0])
     yield clients
-    paused = CounterMetricFamily("mrc_control_paused", "times a client's requests went unread because 4 MiB "
-                                 "of its replies waited for it (flow control)", labels=["host"])
+    paused = CounterMetricFamily("mrc_control_paused", "times a client's requests went unread because "
+                                 f"{MAX_QUEUED_REPLY_BYTES >> 20} MiB of its replies waited for it "
+                                 "(flow control)", labels=["host"])
     paused.add_metric([h], s.control[1])
     yield paused
     if s.turns is not None:
