@@ -74,7 +74,7 @@ from mrc.wire.crc import crc32
 
 from . import accel, bitpack, eden, turboquant
 from .adaptive import choose_rotations, fits_theory
-from .rht import MAX_ROTATIONS, FloatArray, next_pow2, rotate, unrotate
+from .rht import MAX_ROTATIONS, FloatArray, next_pow2, rotate, sumsq64, unrotate
 
 MAGIC = b"MRCQ"
 VERSION = 1
@@ -391,7 +391,7 @@ def _rescale(y: FloatArray, ny2: float | None, kern: ModuleType | None) -> tuple
     (the numba rotation sums it in float64); for numpy it is computed here as eden.quantize would."""
     given = ny2
     if ny2 is None:
-        ny2 = float(np.dot(y, y))
+        ny2 = sumsq64(y)
     if not ny2 < _TINY_SIGMA2[y.dtype] * y.size:  # also NaN/inf: eden.quantize reports those
         return y, ny2, 1.0
     peak = float(np.max(np.abs(y))) if y.size else 0.0
@@ -401,8 +401,8 @@ def _rescale(y: FloatArray, ny2: float | None, kern: ModuleType | None) -> tuple
     np.ldexp(y, -e, out=y)
     if given is not None and given >= _NORMAL64:  # the float64 sum is exact to scale: keep its rounding
         ny2 = math.ldexp(given, -2 * e)
-    else:  # underflowed (float32 dot, or float64 input below 1e-154): sum the rescaled vector
-        ny2 = float(kern.sumsq(y)) if kern is not None else float(np.dot(y, y))
+    else:  # underflowed (float64 input below 1e-154): sum the rescaled vector
+        ny2 = float(kern.sumsq(y)) if kern is not None else sumsq64(y)
     return y, ny2, math.ldexp(1.0, e)
 
 

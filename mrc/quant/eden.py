@@ -30,7 +30,7 @@ import numpy.typing as npt
 
 from . import bitpack
 from .lloydmax import MAX_BITS, codebook, error_clip
-from .rht import STREAM_MASK, FloatArray
+from .rht import STREAM_MASK, FloatArray, dot64, sumsq64
 
 _CHUNK = 1 << 15
 _F32_MAX = float(np.finfo(np.float32).max)
@@ -145,8 +145,8 @@ def nearest(y: FloatArray, bits: int, sigma: float, with_q0: bool = False) -> tu
                 step >>= 1
         c = cent.take(ic)
         r = ych - sig * c
-        st.rc += float(np.dot(r, c))
-        st.cc += float(np.dot(c, c))
+        st.rc += dot64(r, c)
+        st.cc += dot64(c, c)
         np.square(r, out=r)
         st.q += float(np.minimum(r, clip, out=r).sum(dtype=np.float64))
         if with_q0:
@@ -179,9 +179,9 @@ def quantize(
     indices."""
     n = y.size
     if ny2 is None:
-        ny2 = float(kernels.sumsq(y)) if kernels is not None else float(np.dot(y, y))
+        ny2 = float(kernels.sumsq(y)) if kernels is not None else sumsq64(y)
     if not math.isfinite(ny2) or (y.dtype == np.float32 and ny2 > _F32_MAX):
-        # (the kernels sum in float64; refuse what the float32 numpy dot overflows on, as it does)
+        # (both paths sum in float64; refuse what float32 cannot hold, as the kernels do)
         raise ValueError("input has non-finite values (or overflows the compute precision)")
     sigma = math.sqrt(ny2 / n)
     sp = split(bits)

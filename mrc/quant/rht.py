@@ -202,4 +202,25 @@ def participation(x: FloatArray) -> float:
     s2 = v * v.dtype.type(1.0 / peak)  # scale-free: no overflow of x^4
     np.square(s2, out=s2)
     total = float(s2.sum(dtype=np.float64))
-    return float(np.dot(s2, s2)) / (total * total)
+    return sumsq64(s2) / (total * total)
+
+
+#: elements per float64 conversion in sumsq64 (a 256 KiB float64 chunk)
+_SUM_CHUNK = 1 << 15
+
+
+def dot64(a: npt.NDArray[np.floating], b: npt.NDArray[np.floating]) -> float:
+    """<a, b> summed in float64, as the numba kernels sum. A float32 `np.dot` is BLAS's sdot, which
+    accumulates in float32 in an order of the BLAS build's choosing: its rounding (~1e-5 relative over
+    2^15 terms with numpy 2.4's OpenBLAS) made a frame's realized error of an exact encoding look
+    non-zero, and `auto` add a rotation that made it lossy."""
+    return float(np.dot(a.astype(np.float64, copy=False), b.astype(np.float64, copy=False)))
+
+
+def sumsq64(y: npt.NDArray[np.floating]) -> float:
+    """||y||^2 in float64, a chunk at a time (no float64 copy of a large y)."""
+    total = 0.0
+    for lo in range(0, y.size, _SUM_CHUNK):
+        ch = y[lo : lo + _SUM_CHUNK]
+        total += dot64(ch, ch)
+    return total
