@@ -36,12 +36,15 @@ times.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 from .eden import GroupStats, _tables
 from .lloydmax import error_clip
@@ -50,9 +53,15 @@ from .rht import STREAM_ROTATION, FloatArray, sign_words
 U8 = npt.NDArray[np.uint8]
 
 
+#: False when MRC_FWHT_SIMD=0: levels 0..2 as the scalar radix-8 kernels below instead of levels 0..4
+#: in registers (the intrinsics below); the same values either way. Numba compiles a global as a
+#: constant and its cache would keep the value, so with it off every kernel is compiled afresh, uncached.
+SIMD: bool = os.environ.get("MRC_FWHT_SIMD", "1").strip() != "0"
+
+
 def _njit(fn: Callable[..., Any], **opts: Any) -> Any:
     try:
-        return njit(cache=True, boundscheck=False, nogil=True, **opts)(fn)
+        return njit(cache=SIMD, boundscheck=False, nogil=True, **opts)(fn)
     except RuntimeError:  # no writable cache dir (read-only install and no writable user cache)
         return njit(cache=False, boundscheck=False, nogil=True, **opts)(fn)
 
@@ -72,6 +81,178 @@ _CHUNK = 1024  # elements per quantization chunk (a multiple of 8: chunks start 
 
 def _block_bits(dtype: np.dtype[np.floating]) -> int:
     return 15 if dtype == np.float32 else 14
+
+
+
+# ------------------------------------------------------------------ FWHT levels 0..4 in registers
+#
+# Numba intrinsics that emit LLVM vector code (shufflevector, vector fadd/fsub/fmul/select), which
+# numba's own loops cannot say. They live in this file, not a module of their own, because numba's cache
+# checks only the source file of the function it compiled: a kernel here that inlines an intrinsic from
+# another file would keep its old machine code when only that file changed.
+#
+# Why: levels 0..2 pair elements inside one 8-wide vector (h = 1, 2, 4). Written as scalar code over
+# groups of 8 (_radix8_first), LLVM vectorizes them as an interleaved access group and spends ~140
+# shuffles per 64 elements on it; with the radix-4 stage at h = 8 after it, levels 0..4 took 0.95 ms of a
+# 1.56 ms FWHT at 2^20 (float32, one core). Here each level is two shuffles, one add, one subtract and
+# one blend per vector, and levels 3 and 4 (h = 8, 16) are a radix-4 butterfly between the four vectors
+# of a 32-element group, still in registers: one load and one store per element; levels 0..4 took
+# 0.32 ms on the same input.
+#
+# Bit for bit the scalar kernels: every output is the same IEEE additions and subtractions of the same
+# operands in the same order (a level's lane j takes v[j & ~h] + v[j | h] where bit h of j is clear and
+# v[j & ~h] - v[j | h] where it is set; levels in increasing order; a radix-4 step is two radix-2 levels).
+# The signs of a forward rotation (one multiplication by +-scale) and decode's 2-bit centroid selection
+# are applied to the loaded vectors before level 0, as the scalar kernels apply them to loaded scalars.
+# The vectors are <8 x float> or <8 x double> on any machine: LLVM lowers them to AVX2 / AVX-512
+# registers where it can and splits them (SSE, NEON) where it cannot, with the same results.
+
+#: elements per group: four 8-wide vectors
+_GROUP = 32
+_W = 8
+_I32 = ir.IntType(32)
+_I64 = ir.IntType(64)
+_IDX = ir.VectorType(_I32, _W)
+
+
+def _intrinsic(fn: Callable[..., Any]) -> Any:
+    """numba's `intrinsic`, typed Any: called from jitted code without the typing context argument."""
+    return intrinsic(fn)
+
+
+def _lanes(values: list[int]) -> ir.Constant:
+    return ir.Constant(_IDX, values)
+
+
+def _level_in_vector(b: ir.IRBuilder, v: Any, h: int) -> Any:
+    """One butterfly level of half-width h (1, 2 or 4) between the lanes of one vector."""
+    lo = b.shuffle_vector(v, v, _lanes([j & ~h for j in range(_W)]))
+    hi = b.shuffle_vector(v, v, _lanes([j | h for j in range(_W)]))
+    s = b.fadd(lo, hi)
+    d = b.fsub(lo, hi)
+    return b.shuffle_vector(s, d, _lanes([_W + j if j & h else j for j in range(_W)]))
+
+
+def _levels_0_to_4(b: ir.IRBuilder, v: list[Any]) -> list[Any]:
+    """Levels 0..2 in each of the four vectors, then levels 3 and 4 as one radix-4 step between them (the
+    operation order of kernels._stages_to at h = 8)."""
+    for h in (1, 2, 4):
+        v = [_level_in_vector(b, x, h) for x in v]
+    s0 = b.fadd(v[0], v[1])
+    d0 = b.fsub(v[0], v[1])
+    s1 = b.fadd(v[2], v[3])
+    d1 = b.fsub(v[2], v[3])
+    return [b.fadd(s0, s1), b.fadd(d0, d1), b.fsub(s0, s1), b.fsub(d0, d1)]
+
+
+def _float_array(a: Any) -> bool:
+    return isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C" and a.dtype in (
+        types.float32, types.float64)
+
+
+def _byte_array(a: Any) -> bool:
+    return isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C" and a.dtype == types.uint8
+
+
+def _vectors(context: Any, b: ir.IRBuilder, aryty: Any, ary: Any, base: Any) -> list[Any]:
+    """Pointers to the four 8-wide vectors at element `base` of a contiguous 1-D float array."""
+    data = context.make_array(aryty)(context, b, ary).data
+    vty = ir.VectorType(context.get_value_type(aryty.dtype), _W)
+    vp = b.bitcast(b.gep(data, [base]), vty.as_pointer())
+    return [b.gep(vp, [ir.Constant(_I64, k)]) for k in range(4)]
+
+
+def _store(b: ir.IRBuilder, ptrs: list[Any], v: list[Any]) -> None:
+    for p, x in zip(ptrs, v, strict=True):
+        b.store(x, p, align=1)
+
+
+@_intrinsic
+def _h32(typingctx: Any, a: Any, base: Any) -> Any:
+    """a[base : base + 32] = levels 0..4 of itself, in place."""
+    if not (_float_array(a) and isinstance(base, types.Integer)):
+        return None
+
+    def codegen(context: Any, b: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        ptrs = _vectors(context, b, sig.args[0], args[0], context.cast(b, args[1], sig.args[1], types.intp))
+        _store(b, ptrs, _levels_0_to_4(b, [b.load(p, align=1) for p in ptrs]))
+        return context.get_dummy_value()
+
+    return types.void(a, base), codegen
+
+
+@_intrinsic
+def _h32_signed(typingctx: Any, dst: Any, src: Any, base: Any, sbytes: Any, sbase: Any, scale: Any) -> Any:
+    """dst[base : base + 32] = levels 0..4 of (src[base + i] * (-scale if bit i % 8 of sbytes[sbase + i // 8]
+    else scale)); dst may be src. `scale` has the arrays' dtype."""
+    if not (_float_array(dst) and _float_array(src) and dst.dtype == src.dtype and _byte_array(sbytes)
+            and isinstance(base, types.Integer) and isinstance(sbase, types.Integer) and scale == dst.dtype):
+        return None
+
+    def codegen(context: Any, b: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        dty, sty, bty, by, sbty, _ = sig.args
+        base_v = context.cast(b, args[2], bty, types.intp)
+        sbase_v = context.cast(b, args[4], sbty, types.intp)
+        src_ptrs = _vectors(context, b, sty, args[1], base_v)
+        dst_ptrs = _vectors(context, b, dty, args[0], base_v)
+        bytes_data = context.make_array(by)(context, b, args[3]).data
+        ety = context.get_value_type(dty.dtype)
+        vty = ir.VectorType(ety, _W)
+        pos = b.insert_element(ir.Constant(vty, ir.Undefined), args[5], ir.Constant(_I32, 0))
+        pos = b.shuffle_vector(pos, pos, _lanes([0] * _W))
+        neg = b.fneg(pos)
+        bit = _lanes([1 << j for j in range(_W)])
+        v = []
+        for k, p in enumerate(src_ptrs):
+            byte = b.load(b.gep(bytes_data, [b.add(sbase_v, ir.Constant(sbase_v.type, k))]))
+            word = b.insert_element(ir.Constant(_IDX, ir.Undefined), b.zext(byte, _I32), ir.Constant(_I32, 0))
+            word = b.shuffle_vector(word, word, _lanes([0] * _W))
+            negative = b.icmp_unsigned("!=", b.and_(word, bit), ir.Constant(_IDX, [0] * _W))
+            v.append(b.fmul(b.load(p, align=1), b.select(negative, neg, pos)))
+        _store(b, dst_ptrs, _levels_0_to_4(b, v))
+        return context.get_dummy_value()
+
+    return types.void(dst, src, base, sbytes, sbase, scale), codegen
+
+
+@_intrinsic
+def _h32_lookup2(typingctx: Any, dst: Any, base: Any, packed: Any, pbase: Any, table: Any) -> Any:
+    """dst[base : base + 32] = levels 0..4 of table[index i], index i = bits 2i..2i+1 of the 8 bytes at
+    packed[pbase] read as a little-endian integer (kernels._lookup2_radix8's layout); table[0..3] are the
+    centroids, of dst's dtype."""
+    if not (_float_array(dst) and _byte_array(packed) and _float_array(table) and table.dtype == dst.dtype
+            and isinstance(base, types.Integer) and isinstance(pbase, types.Integer)):
+        return None
+
+    def codegen(context: Any, b: ir.IRBuilder, sig: Any, args: Any) -> Any:
+        dty, bty, pty, pbty, tty = sig.args
+        ptrs = _vectors(context, b, dty, args[0], context.cast(b, args[1], bty, types.intp))
+        pdata = context.make_array(pty)(context, b, args[2]).data
+        pbase_v = context.cast(b, args[3], pbty, types.intp)
+        tdata = context.make_array(tty)(context, b, args[4]).data
+        ety = context.get_value_type(dty.dtype)
+        vty = ir.VectorType(ety, _W)
+        cents = []
+        for c in range(4):
+            x = b.load(b.gep(tdata, [ir.Constant(_I64, c)]))
+            x = b.insert_element(ir.Constant(vty, ir.Undefined), x, ir.Constant(_I32, 0))
+            cents.append(b.shuffle_vector(x, x, _lanes([0] * _W)))
+        zero = ir.Constant(_IDX, [0] * _W)
+        v = []
+        for k in range(4):  # vector k: elements 8k..8k+7, their indices in bytes 2k and 2k+1
+            lo = b.zext(b.load(b.gep(pdata, [b.add(pbase_v, ir.Constant(pbase_v.type, 2 * k))])), _I32)
+            hi = b.zext(b.load(b.gep(pdata, [b.add(pbase_v, ir.Constant(pbase_v.type, 2 * k + 1))])), _I32)
+            w = b.or_(lo, b.shl(hi, ir.Constant(_I32, 8)))
+            wv = b.insert_element(ir.Constant(_IDX, ir.Undefined), w, ir.Constant(_I32, 0))
+            wv = b.shuffle_vector(wv, wv, _lanes([0] * _W))
+            idx = b.and_(b.lshr(wv, _lanes([2 * j for j in range(_W)])), ir.Constant(_IDX, [3] * _W))
+            b0 = b.icmp_unsigned("!=", b.and_(idx, ir.Constant(_IDX, [1] * _W)), zero)
+            b1 = b.icmp_unsigned("!=", b.and_(idx, ir.Constant(_IDX, [2] * _W)), zero)
+            v.append(b.select(b1, b.select(b0, cents[3], cents[2]), b.select(b0, cents[1], cents[0])))
+        _store(b, ptrs, _levels_0_to_4(b, v))
+        return context.get_dummy_value()
+
+    return types.void(dst, base, packed, pbase, table), codegen
 
 
 # ---------------------------------------------------------------------------------------------- FWHT
@@ -247,6 +428,53 @@ def _butterfly8(dst, b, x0, x1, x2, x3, x4, x5, x6, x7):  # type: ignore[no-unty
 
 
 @_jit
+def _first_h(size):  # type: ignore[no-untyped-def]
+    """The half-width of the first butterfly level the `_first_*` kernels leave to `_stages` on a block
+    of `size` (a power of two >= 8): 32 when levels 0..4 run in registers, else 8."""
+    return _GROUP if SIMD and size >= _GROUP else 8
+
+
+@_jit
+def _first_plain(a):  # type: ignore[no-untyped-def]
+    """Levels below _first_h(a.size), in place."""
+    if SIMD and a.size >= _GROUP:
+        for b in range(0, a.size, _GROUP):
+            _h32(a, b)
+    else:
+        _radix8_first(a)
+
+
+@_jit
+def _first_signed(dst, src, sbytes, scale):  # type: ignore[no-untyped-def]
+    """_signed_radix8(dst, src, sbytes, scale), then (in registers) levels up to _first_h(dst.size)."""
+    if SIMD and dst.size >= _GROUP:
+        for b in range(0, dst.size, _GROUP):
+            _h32_signed(dst, src, b, sbytes, b // 8, scale)
+    else:
+        _signed_radix8(dst, src, sbytes, scale)
+
+
+@_jit
+def _first_signed_inplace(a, sbytes, scale):  # type: ignore[no-untyped-def]
+    """_first_signed(a, a, sbytes, scale)."""
+    if SIMD and a.size >= _GROUP:
+        for b in range(0, a.size, _GROUP):
+            _h32_signed(a, a, b, sbytes, b // 8, scale)
+    else:
+        _signed_radix8_inplace(a, sbytes, scale)
+
+
+@_jit
+def _first_lookup2(dst, packed, table):  # type: ignore[no-untyped-def]
+    """_lookup2_radix8(dst, packed, table), then (in registers) levels up to _first_h(dst.size)."""
+    if SIMD and dst.size >= _GROUP:
+        for b in range(0, dst.size, _GROUP):
+            _h32_lookup2(dst, b, packed, b // 4, table)
+    else:
+        _lookup2_radix8(dst, packed, table)
+
+
+@_jit
 def _stages(a, h):  # type: ignore[no-untyped-def]
     """Butterfly levels h, 2h, ... up to a.size (all powers of two), in place."""
     _stages_to(a, h, a.size)
@@ -339,8 +567,8 @@ def _sumsq(a):  # type: ignore[no-untyped-def]
 def _block_levels(blk):  # type: ignore[no-untyped-def]
     """All butterfly levels inside one block (a power of two), in place."""
     if blk.size >= 8:
-        _radix8_first(blk)
-        _stages(blk, 8)
+        _first_plain(blk)
+        _stages(blk, _first_h(blk.size))
     else:
         _stages(blk, 1)
 
@@ -362,12 +590,12 @@ def _fwht_core(src, a, pre_words, pre_scale, block_bits, inplace):  # type: igno
             sb = pre_words.view(np.uint8)[base // 8 :]
             if inplace:  # one array: LLVM vectorizes; two views of one array fail its overlap check
                 total += _sumsq(blk)
-                _signed_radix8_inplace(blk, sb, pre_scale)
+                _first_signed_inplace(blk, sb, pre_scale)
             else:
                 sblk = src[base : base + bsz]
                 total += _sumsq(sblk)
-                _signed_radix8(blk, sblk, sb, pre_scale)
-            _stages(blk, 8)
+                _first_signed(blk, sblk, sb, pre_scale)
+            _stages(blk, _first_h(bsz))
             continue
         if inplace and pre_words.size == 0:
             total += _scale_inplace(blk, pre_scale)
@@ -396,8 +624,8 @@ def _fwht_signed(packed, bits, table, a, post_words, post_scale, block_bits):  #
         if packed.size == 0:
             pass
         elif bits == 2 and bsz % 8 == 0:  # the common case: lookup fused into levels 0..2
-            _lookup2_radix8(blk, packed[base // 4 : base // 4 + bsz // 4], table)
-            _stages(blk, 8)
+            _first_lookup2(blk, packed[base // 4 : base // 4 + bsz // 4], table)
+            _stages(blk, _first_h(bsz))
             if n == bsz:
                 _sign_inplace(blk, post_words, post_scale)
             continue
@@ -931,8 +1159,8 @@ def _hop_inverse_head(packed, bits, table, a, block_bits):  # type: ignore[no-un
     for base in range(0, n, bsz):
         blk = a[base : base + bsz]
         if bits == 2:
-            _lookup2_radix8(blk, packed[base // 4 : base // 4 + bsz // 4], table)
-            _stages(blk, 8)
+            _first_lookup2(blk, packed[base // 4 : base // 4 + bsz // 4], table)
+            _stages(blk, _first_h(bsz))
             continue
         lo = (base * bits) // 8
         _lookup(packed[lo : lo + (bsz * bits) // 8], bits, table, blk)
@@ -964,8 +1192,8 @@ def _hop_block(a, base, bsz, own, d, fwd_words, fwd_scale, tot, m2, m4, bi):  # 
         m4[bi] = a4
     if hi == bsz:
         tot[bi] = _sumsq(blk)
-        _signed_radix8_inplace(blk, fwd_words.view(np.uint8)[base // 8 :], fwd_scale)
-        _stages(blk, 8)
+        _first_signed_inplace(blk, fwd_words.view(np.uint8)[base // 8 :], fwd_scale)
+        _stages(blk, _first_h(bsz))
     else:
         if hi > 0:
             tot[bi] = _signed_copy(blk[:hi], blk[:hi], base, fwd_words, fwd_scale)

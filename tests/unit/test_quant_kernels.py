@@ -108,6 +108,52 @@ def test_fused_first_levels_are_exactly_the_separate_steps(dtype: Any) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_first_levels_in_registers_are_the_scalar_kernels_bit_for_bit(dtype: Any) -> None:
+    """mrc.quant.simd's levels 0..4 (plain, signed in and out of place, 2-bit lookup) against the scalar
+    radix-8 kernels and the radix-4 stage at h = 8, on every block size the FWHT uses, with values spread
+    over the dtype's exponent range so that rounding differences could not hide."""
+    if not K.SIMD:
+        pytest.skip("MRC_FWHT_SIMD=0: the register kernels are off")
+    rng = np.random.default_rng(3)
+    t = np.dtype(dtype).type
+    for log2n in range(3, 17):
+        n = 1 << log2n
+        h = K._first_h(n)
+        assert h == (32 if n >= 32 else 8)
+        x = (rng.standard_normal(n) * np.exp2(rng.integers(-60, 60, n))).astype(dtype)
+        sbytes = rht.sign_words(log2n, 0, max(n, 64)).view(np.uint8)
+        scale = t(1.0 / math.sqrt(n))
+
+        def scalar(a: np.ndarray, h: int = h) -> None:
+            K._stages_to(a, 8, h)  # the levels from 3 up to those the register kernel covers
+
+        want = x.copy()
+        K._radix8_first(want)
+        scalar(want)
+        got = x.copy()
+        K._first_plain(got)
+        assert np.array_equal(got, want), ("plain", n)
+        want = np.empty(n, dtype)
+        K._signed_radix8(want, x, sbytes, scale)
+        scalar(want)
+        got = np.empty(n, dtype)
+        K._first_signed(got, x, sbytes, scale)
+        assert np.array_equal(got, want), ("signed", n)
+        got = x.copy()
+        K._first_signed_inplace(got, sbytes, scale)
+        assert np.array_equal(got, want), ("signed in place", n)
+        idx = rng.integers(0, 4, n).astype(np.uint8)
+        table = eden.scaled_table(2, 3.0, np.dtype(dtype))
+        packed = bitpack.pack(idx, 2)
+        want = np.empty(n, dtype)
+        K._lookup2_radix8(want, packed, table)
+        scalar(want)
+        got = np.empty(n, dtype)
+        K._first_lookup2(got, packed, table)
+        assert np.array_equal(got, want), ("lookup2", n)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_in_place_and_out_of_place_rotations_are_identical(dtype: Any) -> None:
     for n in (8, 4096, 2**16, 2**17):
         x = np.random.default_rng(n).standard_normal(n).astype(dtype)
