@@ -16,7 +16,9 @@ them when it maps the region (MAP_POPULATE), so the data path takes no page faul
 receiving mrcd took one minor fault per 4 KiB page it wrote (262,144 for a 1 GiB WRITE) inside its
 placement copy. The receiver populates only a memfd whose pages all exist already (st_blocks): on a
 sparse one, populating would allocate the sender's memory in the receiver (and charge it there), so
-that one is mapped as it is and faults on first touch. ``MRC_MR_POPULATE=0`` (read at import) turns
+that one is mapped as it is and faults on first touch. Populating runs inside mrcd's one loop (~0.1 s
+per GiB), so a region larger than `MAX_POPULATE_BYTES` is mapped as it is too: one client's huge
+registration must not stall everyone's timers. ``MRC_MR_POPULATE=0`` (read at import) turns
 both off, for side-by-side runs.
 """
 
@@ -33,6 +35,8 @@ from mrc.errors import MrcError
 SEALS: Final = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
 #: madvise(2) advice (Linux 5.14): fault every page of the range in, writable; not in Python 3.11's mmap
 MADV_POPULATE_WRITE: Final = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+#: the largest region whose page tables the receiver fills at registration (~0.1 s of its loop)
+MAX_POPULATE_BYTES: Final = 1 << 30
 #: False when MRC_MR_POPULATE=0: regions are neither allocated up front nor their page tables filled
 POPULATE: bool = os.environ.get("MRC_MR_POPULATE", "1").strip() != "0"
 
@@ -89,7 +93,8 @@ def map_received(fd: int, length: int, what: str) -> mmap.mmap:
     size = os.fstat(fd).st_size
     if length > size:
         raise MrcError(f"{what}: length {length} is more than the memfd's {size} bytes")
-    flags = mmap.MAP_SHARED | (mmap.MAP_POPULATE if POPULATE and fully_allocated(fd, length) else 0)
+    flags = mmap.MAP_SHARED | (
+        mmap.MAP_POPULATE if POPULATE and length <= MAX_POPULATE_BYTES and fully_allocated(fd, length) else 0)
     try:
         return mmap.mmap(fd, length, flags=flags)
     except (OSError, ValueError) as e:  # e.g. F_SEAL_WRITE: a region must be writable

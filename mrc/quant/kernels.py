@@ -17,16 +17,17 @@ Which path runs is chosen once per process by `accel.py` (MRC_QUANT_KERNELS=numb
 
 FWHT layout (why it is shaped like this: a plain radix-2 loop `a[j], a[j + h] = ...` does not vectorize,
 LLVM cannot prove a[j] and a[j + h] apart): the vector is cut into blocks of 128 KiB (2^15 float32, 2^14
-float64; L2-resident) and in each block levels 0..2 run as one radix-8 butterfly per 8 contiguous
-elements (a flat loop that LLVM vectorizes as an interleaved access group), then radix-4/2 stages whose
-operands are separate slices of the block (distinct array pointers: LLVM checks them apart once per loop
-and vectorizes the inner loop with full-width registers). The outer levels (stride >= one block) are
-radix-4 passes over the whole vector with the same slice stages: four sequential streams per pass, which
-the hardware prefetchers follow (a gather of column strips into a scratch buffer was 10x slower: short
-runs at power-of-two strides). The signs of a forward rotation and the 1/sqrt(D) scale are fused into the
-first read of each block, as is ||y||^2 (= D scale^2 ||x||^2, the rotation being orthonormal); those of
-an inverse rotation into the last butterfly stage, and decode's unpacking and centroid lookup into the
-first read of each block.
+float64; L2-resident) and in each block levels 0..4 run in registers, 32 contiguous elements at a time (LLVM
+vector intrinsics, "levels 0..4 in registers" below; MRC_FWHT_SIMD=0: levels 0..2 as one scalar radix-8
+butterfly per 8 elements, which LLVM vectorizes as an interleaved access group), then radix-4/2 stages whose
+operands are separate slices of the block (distinct array pointers: LLVM checks them apart once per loop and
+vectorizes the inner loop with full-width registers). The outer levels (stride >= one block) are radix-4
+passes over the whole vector with the same slice stages: four sequential streams per pass, which the
+hardware prefetchers follow (a gather of column strips into a scratch buffer was 10x slower: short runs at
+power-of-two strides). The signs of a forward rotation and the 1/sqrt(D) scale are fused into the first read
+of each block, as is ||y||^2 (= D scale^2 ||x||^2, the rotation being orthonormal); those of an inverse
+rotation into the last butterfly stage, and decode's unpacking and centroid lookup into the first read of
+each block.
 
 All kernels are compiled on first use (`cache=True`: numba caches the machine code next to this file in
 __pycache__, or in its user cache dir when that is not writable); see docs/quant.md §8 for the compile
