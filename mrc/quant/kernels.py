@@ -19,15 +19,17 @@ FWHT layout (why it is shaped like this: a plain radix-2 loop `a[j], a[j + h] = 
 LLVM cannot prove a[j] and a[j + h] apart): the vector is cut into blocks of 128 KiB (2^15 float32, 2^14
 float64; L2-resident) and in each block levels 0..4 run in registers, 32 contiguous elements at a time (LLVM
 vector intrinsics, "levels 0..4 in registers" below; MRC_FWHT_SIMD=0: levels 0..2 as one scalar radix-8
-butterfly per 8 elements, which LLVM vectorizes as an interleaved access group), then radix-4/2 stages whose
-operands are separate slices of the block (distinct array pointers: LLVM checks them apart once per loop and
-vectorizes the inner loop with full-width registers). The outer levels (stride >= one block) are radix-4
-passes over the whole vector with the same slice stages: four sequential streams per pass, which the
-hardware prefetchers follow (a gather of column strips into a scratch buffer was 10x slower: short runs at
-power-of-two strides). The signs of a forward rotation and the 1/sqrt(D) scale are fused into the first read
-of each block, as is ||y||^2 (= D scale^2 ||x||^2, the rotation being orthonormal); those of an inverse
-rotation into the last butterfly stage, and decode's unpacking and centroid lookup into the first read of
-each block.
+butterfly per 8 elements, which LLVM vectorizes as an interleaved access group), then levels 5..12 as two
+radix-16 vertical passes (16 vectors of 64 bytes at stride h, four levels in registers per load and store:
+`_vertical`) and the last levels of the block as radix-4/2 stages whose operands are separate slices of the
+block (distinct array pointers: LLVM checks them apart once per loop and vectorizes the inner loop). The
+outer levels (stride >= one block) are radix-8 vertical passes over the whole vector: eight sequential
+streams per pass, which the hardware prefetchers follow (sixteen streams measured slower; a gather of column
+strips into a scratch buffer was 10x slower: short runs at power-of-two strides). MRC_FWHT_VERTICAL=0: every
+level from 5 up as the radix-4/2 slice stages (the same values). The signs of a forward rotation and the
+1/sqrt(D) scale are fused into the first read of each block, as is ||y||^2 (= D scale^2 ||x||^2, the
+rotation being orthonormal); those of an inverse rotation into the last butterfly stage, and decode's
+unpacking and centroid lookup into the first read of each block.
 
 All kernels are compiled on first use (`cache=True`: numba caches the machine code next to this file in
 __pycache__, or in its user cache dir when that is not writable); see docs/quant.md §8 for the compile
@@ -58,11 +60,16 @@ U8 = npt.NDArray[np.uint8]
 #: in registers (the intrinsics below); the same values either way. Numba compiles a global as a
 #: constant and its cache would keep the value, so with it off every kernel is compiled afresh, uncached.
 SIMD: bool = os.environ.get("MRC_FWHT_SIMD", "1").strip() != "0"
+#: False when MRC_FWHT_VERTICAL=0 (or MRC_FWHT_SIMD=0): the butterfly levels from h = 32 up as radix-4/2
+#: stages over slices (`_stages_slices`) instead of the radix-16/8 vertical passes in registers
+#: (`_vstages`); the same values either way, compiled uncached when off (as SIMD).
+VERTICAL: bool = SIMD and os.environ.get("MRC_FWHT_VERTICAL", "1").strip() != "0"
 
 
 def _njit(fn: Callable[..., Any], **opts: Any) -> Any:
+    cache = SIMD and VERTICAL
     try:
-        return njit(cache=SIMD, boundscheck=False, nogil=True, **opts)(fn)
+        return njit(cache=cache, boundscheck=False, nogil=True, **opts)(fn)
     except RuntimeError:  # no writable cache dir (read-only install and no writable user cache)
         return njit(cache=False, boundscheck=False, nogil=True, **opts)(fn)
 
@@ -166,6 +173,53 @@ def _vectors(context: Any, b: ir.IRBuilder, aryty: Any, ary: Any, base: Any) -> 
 def _store(b: ir.IRBuilder, ptrs: list[Any], v: list[Any]) -> None:
     for p, x in zip(ptrs, v, strict=True):
         b.store(x, p, align=1)
+
+
+def _vertical(radix: int) -> Any:
+    """An intrinsic v(a, base, h): the `radix` vectors of 64 bytes (16 float32 or 8 float64 lanes) at
+    a[base + k * h], k < radix, get log2(radix) butterfly levels between them in registers, in place:
+    level m pairs vector k with k | 2^m, k + k|2^m -> k and k - k|2^m -> k|2^m, levels in increasing
+    order, as `_stages_slices` computes them (a radix-4 step there is two of these levels), so every output
+    is the same IEEE additions of the same operands. One load and one store per element for log2(radix)
+    levels, where a stage over slices loads and stores each element every two levels: numba's loops
+    cannot say this (LLVM does not vectorize a loop over more than four distinct slices: too many
+    runtime overlap checks)."""
+
+    def typer(typingctx: Any, a: Any, base: Any, h: Any) -> Any:
+        if not (_float_array(a) and isinstance(base, types.Integer) and isinstance(h, types.Integer)):
+            return None
+
+        def codegen(context: Any, b: ir.IRBuilder, sig: Any, args: Any) -> Any:
+            aty, bty, hty = sig.args
+            data = context.make_array(aty)(context, b, args[0]).data
+            vty = ir.VectorType(context.get_value_type(aty.dtype), 512 // aty.dtype.bitwidth)
+            off = context.cast(b, args[1], bty, types.intp)
+            step = context.cast(b, args[2], hty, types.intp)
+            ptrs = []
+            for _ in range(radix):
+                ptrs.append(b.bitcast(b.gep(data, [off]), vty.as_pointer()))
+                off = b.add(off, step)
+            v = [b.load(p, align=1) for p in ptrs]
+            m = 1
+            while m < radix:
+                w = list(v)
+                for k in range(radix):
+                    if not k & m:
+                        w[k] = b.fadd(v[k], v[k | m])
+                        w[k | m] = b.fsub(v[k], v[k | m])
+                v = w
+                m *= 2
+            _store(b, ptrs, v)
+            return context.get_dummy_value()
+
+        return types.void(a, base, h), codegen
+
+    typer.__name__ = f"_v{radix}"
+    return _intrinsic(typer)
+
+
+_v16 = _vertical(16)
+_v8 = _vertical(8)
 
 
 @_intrinsic
@@ -484,8 +538,43 @@ def _stages(a, h):  # type: ignore[no-untyped-def]
 @_jit
 def _stages_to(a, h, limit):  # type: ignore[no-untyped-def]
     """The butterfly levels of half-width h, 2h, ..., limit / 2 (powers of two, limit <= a.size), in
+    place: the vertical passes where they apply (`_vstages`), the rest as stages over slices."""
+    if VERTICAL:
+        h = _vstages(a, h, limit)
+    _stages_slices(a, h, limit)
+
+
+@_jit
+def _vstages(a, h, limit):  # type: ignore[no-untyped-def]
+    """The levels from half-width h up as vertical passes (`_vertical`) while they fit below limit;
+    returns the half-width of the first level left. Radix-16 while a group of 16 rows lies inside one
+    L2-resident block (limit <= 2^15 float32 / 2^14 float64 elements: 16 vectors in registers, two
+    passes for levels 5..12), radix-8 otherwise (eight sequential streams over the whole vector, which
+    the prefetchers follow; sixteen measured slower there). Needs h >= the vector's lanes."""
+    lanes = 64 // a.itemsize
+    if h < lanes:
+        return h
+    n = a.size
+    if limit * a.itemsize <= (1 << 17):
+        while h * 16 <= limit:
+            for i in range(0, n, 16 * h):
+                for j in range(i, i + h, lanes):
+                    _v16(a, j, h)
+            h *= 16
+    while h * 8 <= limit:
+        for i in range(0, n, 8 * h):
+            for j in range(i, i + h, lanes):
+                _v8(a, j, h)
+        h *= 8
+    return h
+
+
+@_jit
+def _stages_slices(a, h, limit):  # type: ignore[no-untyped-def]
+    """The butterfly levels of half-width h, 2h, ..., limit / 2 (powers of two, limit <= a.size), in
     place: radix-4 stages while they fit, then one radix-2. The operands of a butterfly are separate
-    slices (distinct pointers). (Radix-8 stages measured no faster and compile slower.)"""
+    slices (distinct pointers): LLVM checks four apart once per loop and vectorizes the inner loop
+    (radix-8 stages over eight slices do not vectorize)."""
     n = a.size
     while h * 4 <= limit:
         for i in range(0, n, 4 * h):

@@ -154,6 +154,31 @@ def test_first_levels_in_registers_are_the_scalar_kernels_bit_for_bit(dtype: Any
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_vertical_passes_are_the_slice_stages_bit_for_bit(dtype: Any) -> None:
+    """The radix-16/8 vertical passes (`_vstages`, in registers) against the radix-4/2 stages over slices
+    on the level ranges the FWHT gives them: inside a block (radix-16, from h = 32), over the whole vector
+    (radix-8, from one block up) and a signed inverse's levels below its last stage; values spread over the
+    dtype's exponent range so that a change of operation order could not hide."""
+    if not K.VERTICAL:
+        pytest.skip("MRC_FWHT_VERTICAL=0: the vertical passes are off")
+    rng = np.random.default_rng(5)
+    bsz = 1 << K._block_bits(np.dtype(dtype))
+    cases = [(n, 32, n) for n in (64, 512, 1024, 8192, bsz)]  # block levels from h = 32
+    cases += [(n, bsz, n) for n in (2 * bsz, 8 * bsz, 16 * bsz, 128 * bsz)]  # outer levels
+    cases += [(n, bsz, n // 4) for n in (8 * bsz, 32 * bsz)]  # an inverse's levels below its last stage
+    cases += [(8 * bsz, 64, bsz)]  # a limit below the array's size: every block of the vector
+    for n, h, limit in cases:
+        x = (rng.standard_normal(n) * np.exp2(rng.integers(-60, 60, n))).astype(dtype)
+        want = x.copy()
+        K._stages_slices(want, h, limit)
+        got = x.copy()
+        K._stages_to(got, h, limit)
+        assert np.array_equal(got, want), (n, h, limit)
+        left = K._vstages(x.copy(), h, limit)
+        assert left > h or h * 8 > limit, (n, h, limit, left)  # the vertical passes did take levels
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_in_place_and_out_of_place_rotations_are_identical(dtype: Any) -> None:
     for n in (8, 4096, 2**16, 2**17):
         x = np.random.default_rng(n).standard_normal(n).astype(dtype)
