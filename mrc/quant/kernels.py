@@ -793,8 +793,12 @@ _NO_TABLE = {np.float32: np.zeros(1, np.float32), np.float64: np.zeros(1, np.flo
 
 
 def _check_float(a: FloatArray) -> None:
+    """The array an in-place kernel may take (numba's own error for a read-only one is a typing error
+    that names none of this)."""
     if a.ndim != 1 or a.dtype not in (np.float32, np.float64) or not a.flags.c_contiguous:
         raise TypeError("needs a contiguous 1-D float32 or float64 array")
+    if not a.flags.writeable:
+        raise ValueError("output array is read-only: the transform works in place (pass a copy)")
 
 
 def fwht(a: FloatArray, scratch: FloatArray | None = None) -> FloatArray:

@@ -178,6 +178,17 @@ def test_vertical_passes_are_the_slice_stages_bit_for_bit(dtype: Any) -> None:
         assert left > h or h * 8 > limit, (n, h, limit, left)  # the vertical passes did take levels
 
 
+def test_in_place_kernels_refuse_a_read_only_array_as_numpy_does() -> None:
+    """A read-only array gets the numpy path's ValueError, not numba's typing error, and is untouched."""
+    x = np.arange(1 << 12, dtype=np.float32)
+    x.setflags(write=False)
+    for call in (lambda: K.fwht(x), lambda: K.rotate(x, 1, 1), lambda: K.unrotate(x, 1, 1),
+                 lambda: rht.fwht(x), lambda: rht.rotate(x, 1, 1)):
+        with pytest.raises(ValueError, match="read-only"):
+            call()
+    assert np.array_equal(x, np.arange(1 << 12, dtype=np.float32))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_in_place_and_out_of_place_rotations_are_identical(dtype: Any) -> None:
     for n in (8, 4096, 2**16, 2**17):
