@@ -16,6 +16,10 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
+import numpy as np
+
+from . import fluid
+
 
 def maxmin(flows: Sequence[Sequence[int]], capacity: dict[int, float] | None = None) -> list[float]:
     """Max-min fair rates of flows, each a list of link ids (capacity 1 unless given), by water-filling."""
@@ -60,18 +64,28 @@ def ecmp_plane_share(
     leaves: int, hosts_per_leaf: int, perm: Sequence[int], spine_of: Sequence[int | None]
 ) -> float:
     """Max-min fair share of capacity in one plane, for a given permutation and hash draw
-    (spine_of[i] = the spine host i's connection hashed onto; None within a leaf)."""
+    (spine_of[i] = the spine host i's connection hashed onto; None within a leaf).
+
+    The water-filling is `fluid.maxmin` (vectorized), not the set-based `maxmin` above: the same
+    allocation up to rounding (1e-15 over random draws at 256 and 1,024 hosts) at 1/6 of the time at
+    256 hosts and 1/38 at 1,024, where `expected_share`'s 400 draws took 31 s."""
     n = leaves * hosts_per_leaf
-    flows: list[list[int]] = []
+    local = 0  # connections within a leaf: they cross no shared link and run at their host link's rate
+    links: dict[int, int] = {}
+    paths: list[list[int]] = []
     for src in range(n):
         dst = perm[src]
         ls, ld = src // hosts_per_leaf, dst // hosts_per_leaf
         s = spine_of[src]
         if ls == ld or s is None:
-            flows.append([])
+            local += 1
             continue
-        flows.append([2 * ((ls << 16) | s), 2 * ((ld << 16) | s) + 1])  # uplink, downlink ids
-    return sum(maxmin(flows)) / n
+        up, down = 2 * ((ls << 16) | s), 2 * ((ld << 16) | s) + 1  # uplink, downlink ids
+        paths.append([links.setdefault(up, len(links)), links.setdefault(down, len(links))])
+    if not paths:
+        return local / n
+    rates = fluid.maxmin(fluid.from_lists(paths), np.ones(len(links)))
+    return (local + float(rates.sum())) / n
 
 
 def derangement(n: int, rng: random.Random) -> list[int]:

@@ -96,6 +96,30 @@ def test_maxmin_and_uplink_bound_by_hand() -> None:
     assert share == pytest.approx(0.5)
 
 
+def test_plane_share_is_the_set_based_water_filling() -> None:
+    """ecmp_plane_share (vectorized water-filling) against the set-based maxmin over the same flows, on
+    random permutations and hash draws, with connections inside a leaf (they run at line rate)."""
+    import random
+
+    rng = random.Random(11)
+    for leaves, hpl, spines in ((2, 2, 2), (4, 8, 4), (16, 8, 8)):
+        n = leaves * hpl
+        for _ in range(20):
+            perm = derive.derangement(n, rng)
+            spine_of: list[int | None] = [rng.randrange(spines) for _ in range(n)]
+            flows: list[list[int]] = []
+            for src in range(n):
+                ls, ld, sp = src // hpl, perm[src] // hpl, spine_of[src]
+                if ls == ld or sp is None:
+                    flows.append([])
+                else:
+                    flows.append([2 * ((ls << 16) | sp), 2 * ((ld << 16) | sp) + 1])
+            want = sum(derive.maxmin(flows)) / n
+            assert derive.ecmp_plane_share(leaves, hpl, perm, spine_of) == pytest.approx(want, abs=1e-12)
+    # every connection inside its leaf: nothing shared, the whole capacity
+    assert derive.ecmp_plane_share(2, 2, [1, 0, 3, 2], [0, 0, 0, 0]) == 1.0
+
+
 SMALL = FabricSpec(planes=2, leaves=2, spines=2, hosts_per_leaf=2)
 
 
