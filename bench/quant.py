@@ -226,6 +226,15 @@ def _numba_version() -> str | None:
     return str(numba.__version__)
 
 
+def _fwht_paths() -> dict[str, bool | None]:
+    """The numba kernels' switches as this process compiled them (None without numba)."""
+    try:
+        from mrc.quant import kernels
+    except ImportError:
+        return {"fwht_simd": None, "fwht_vertical": None}
+    return {"fwht_simd": bool(kernels.SIMD), "fwht_vertical": bool(kernels.VERTICAL)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="20,22", help="comma list of log2(d)")
@@ -253,7 +262,9 @@ def main() -> int:
         "bench": "quant",
         "machine": {"python": platform.python_version(), "numpy": np.__version__,
                     "processor": platform.processor() or platform.machine(), "pinned": pinned,
-                    "numba": _numba_version(), "blas_threads": os.environ["OPENBLAS_NUM_THREADS"]},
+                    "numba": _numba_version(), "blas_threads": os.environ["OPENBLAS_NUM_THREADS"],
+                    # which FWHT kernels ran (side-by-side runs of MRC_FWHT_SIMD / MRC_FWHT_VERTICAL)
+                    **_fwht_paths()},
         "rows": rows,
         "hop_rows": hop_rows,
         "targets": targets(rows + hop_rows),
