@@ -14,6 +14,7 @@ import numpy as np
 from mrc.transport import Context, EvEntry, EvMode, EvProfile, NsccConfig, QpAttr, QueuePair, WcStatus
 
 from .fabric import Fabric, spine_of_ev
+from .payload import seeded_bytes
 from .roce import DATA_HDR, RoceConn, RoceHost, RoceParams
 
 VARIANTS: Final = ("ecmp", "mrc", "mrc-notrim", "mrc-1plane")
@@ -130,8 +131,7 @@ class Traffic:
             key = f.src if f.size is not None else -1
             sb = src_bufs.get(key)
             if sb is None or len(sb) < size:
-                rng = np.random.default_rng(hp.seed + max(key, 0))
-                sb = src_bufs[key] = np.frombuffer(rng.bytes(size), dtype=np.uint8).copy()
+                sb = src_bufs[key] = seeded_bytes(size, hp.seed + max(key, 0))
             db: Any = np.zeros(size, dtype=np.uint8) if f.size is not None else dst_bufs.get(-1)
             if db is None:
                 db = dst_bufs[-1] = np.zeros(size, dtype=np.uint8)

@@ -38,6 +38,7 @@ from mrc.wire.icrc import IcrcContext
 from mrc.wire.packet import WRITE_HDR_LEN, build_write, parse, trim_in_place
 
 from . import limits
+from .payload import seeded_bytes
 
 GID_A: Final = bytes.fromhex("fd00000000000000000000000000000a")
 GID_B: Final = bytes.fromhex("fd00000000000000000000000000000b")
@@ -299,8 +300,7 @@ def build(cfg: LoopbackConfig) -> LoopbackRun:
     qa, qb = qps
     qa.connect(GID_B, qb.qpn)
     qb.connect(GID_A, qa.qpn)
-    rng = np.random.default_rng(cfg.seed)
-    src = np.frombuffer(rng.bytes(cfg.size), dtype=np.uint8).copy()
+    src = seeded_bytes(cfg.size, cfg.seed)
     dst = np.zeros(cfg.size, dtype=np.uint8)
     dst.fill(0)  # resident, as registered (pinned) memory is: first-touch page faults are not the engine's
     fabric = LoopbackFabric(fab, a, b, cfg.seed)
