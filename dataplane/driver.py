@@ -99,6 +99,8 @@ class SocketDriver:
         self.paced = 0
         self._dst: dict[bytes, tuple[str, int]] = {}
         self._buf = bytearray(_BUF)
+        #: slices of this are views: `bytes(view[:n])` is the datagram's one copy (`bytes(buf[:n])` made two)
+        self._bufv = memoryview(self._buf)
         self._src: dict[str, bytes] = {}  # textual source address -> 16 bytes (the peers' GIDs)
         self.rx_datagrams = 0
         self.tx_datagrams = 0
@@ -135,6 +137,7 @@ class SocketDriver:
         sk = self.sock
         ctx = self.ctx
         buf = self._buf
+        bufv = self._bufv
         ports = self.port_of_ifindex
         srcs = self._src
         n = 0
@@ -161,7 +164,7 @@ class SocketDriver:
                 if len(srcs) >= 4096:
                     srcs.clear()
                 src = srcs[addr[0]] = socket.inet_pton(socket.AF_INET6, addr[0].partition("%")[0])
-            ctx.receive(bytes(buf[:nbytes]), t, ecn, port, src)
+            ctx.receive(bytes(bufv[:nbytes]), t, ecn, port, src)
             n += 1
         self.rx_datagrams += n
         return n
