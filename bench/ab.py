@@ -44,7 +44,7 @@ n = int(sys.argv[1])
 fabric = E.FabricSpec(planes=8, spines=8, leaves=n // 8, hosts_per_leaf=8)
 spec = E.RunSpec(fabric=fabric, seed=int(sys.argv[2]))
 d = E.permutation(spec)
-doc = {"hops_per_loop_s": d["hops_per_loop_s"], "bit_exact": True}
+doc = {"hops_per_loop_s": d["hops_per_loop_s"]}
 for v, r in d["results"].items():
     doc[v + "_hops_per_s"] = r["hops_per_s"]
     doc[v + "_capacity_fraction"] = r["capacity_fraction"]
@@ -79,7 +79,7 @@ def run_one(tree: Path, size: int, seed: int, script: str = _RUN) -> dict[str, f
         check=True, capture_output=True, text=True, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"},
     ).stdout
     doc: dict[str, float] = json.loads(out.strip().splitlines()[-1])
-    if not doc["bit_exact"]:
+    if not doc.get("bit_exact", True):  # the loopback's check (the permutation has no one payload to check)
         raise SystemExit(f"bench/ab.py: the run of {tree} was not bit-exact")
     return doc
 
@@ -94,6 +94,8 @@ def main() -> None:
                     help="compare the simulator's permutation run on HOSTS hosts (a multiple of 8) instead")
     ap.add_argument("-j", "--json", action="store_true")
     a = ap.parse_args()
+    if a.pairs < 1:
+        raise SystemExit(f"bench/ab.py: --pairs must be at least 1, got {a.pairs}")
     if a.permutation is not None:
         if a.permutation < 16 or a.permutation % 8:
             raise SystemExit("bench/ab.py: --permutation needs a multiple of 8 hosts, at least 16")
@@ -145,8 +147,9 @@ def permutation_ab(a: argparse.Namespace) -> None:
         for i in range(a.pairs):
             order = (("base", base), ("this", ROOT)) if i % 2 == 0 else (("this", ROOT), ("base", base))
             got = {name: run_one(tree, a.permutation, a.seed, _PERMUTATION) for name, tree in order}
-            fields = [k for k in got["this"] if k != "bit_exact"]
-            row: dict[str, float] = {f"{side}_{k}": got[side][k] for side in ("base", "this") for k in fields}
+            row: dict[str, float] = {
+                f"{side}_{k}": got[side][k] for side in ("base", "this") for k in got["this"]
+            }
             for k in keys:
                 row[f"ratio_{k}"] = round(got["this"][k] / got["base"][k], 3)
             rows.append(row)

@@ -22,7 +22,10 @@ from . import fluid
 
 
 def maxmin(flows: Sequence[Sequence[int]], capacity: dict[int, float] | None = None) -> list[float]:
-    """Max-min fair rates of flows, each a list of link ids (capacity 1 unless given), by water-filling."""
+    """Max-min fair rates of flows, each a list of link ids (capacity 1 unless given), by water-filling.
+
+    The plain set-based reference: `ecmp_plane_share` runs the vectorized `fluid.maxmin`, and the tests
+    check that one against this."""
     rates = [0.0] * len(flows)
     active = {i for i, f in enumerate(flows) if f}
     for i, f in enumerate(flows):
@@ -66,9 +69,10 @@ def ecmp_plane_share(
     """Max-min fair share of capacity in one plane, for a given permutation and hash draw
     (spine_of[i] = the spine host i's connection hashed onto; None within a leaf).
 
-    The water-filling is `fluid.maxmin` (vectorized), not the set-based `maxmin` above: the same
-    allocation up to rounding (1e-15 over random draws at 256 and 1,024 hosts) at 1/6 of the time at
-    256 hosts and 1/38 at 1,024, where `expected_share`'s 400 draws took 31 s."""
+    The water-filling is `fluid.maxmin` (vectorized), not the set-based `maxmin` above. It freezes links
+    whose fill levels agree to 1e-9 relative in one round, so the shares may differ by that much; over
+    random draws at 256 and 1,024 hosts they differed by 1e-15. It takes 1/6 of the time at 256 hosts and
+    1/38 at 1,024, where `expected_share`'s 400 draws took 31 s."""
     n = leaves * hosts_per_leaf
     local = 0  # connections within a leaf: they cross no shared link and run at their host link's rate
     links: dict[int, int] = {}
