@@ -64,6 +64,9 @@ PACE_SLACK_NS: Final = 20_000
 PACE_DEBT: Final = os.environ.get("MRC_PACE_DEBT", "1").strip() != "0"
 #: datagrams per sendmmsg / recvmmsg call
 MMSG_BATCH: Final = 64
+#: how long the loop waits when the engine's timers ran and a deadline is still due (an engine bug:
+#: counted as `timer_stuck`); without it the loop would spin on that deadline for the QP's lifetime
+STUCK_TIMER_WAIT_NS: Final = 1_000_000
 
 
 def batch_io_default() -> bool:
@@ -95,6 +98,9 @@ class SocketDriver:
         self._filled = [clock()] * len(self._rate)
         self._portq: list[collections.deque[Datagram]] = [collections.deque() for _ in self._rate]
         self._pace_at: int | None = None
+        #: after a stuck timer, engine deadlines before this wait until it (`turn`)
+        self._timers_at = 0
+        self.timer_stuck = 0
         self.pace_debt = PACE_DEBT
         self.paced = 0
         self._dst: dict[bytes, tuple[str, int]] = {}
@@ -346,6 +352,8 @@ class SocketDriver:
     def timeout(self, now: int | None = None) -> float | None:
         """Seconds until the engine's next deadline (0 when due), or None when no timer is armed."""
         d = self.ctx.next_deadline()
+        if d is not None and d < self._timers_at:
+            d = self._timers_at
         if self._pace_at is not None and (d is None or self._pace_at < d):
             d = self._pace_at
         if d is None:
@@ -360,14 +368,19 @@ class SocketDriver:
             self.receive()
         now = self.clock()
         d = self.ctx.next_deadline()
-        if d is not None and d <= now:
+        if d is not None and d <= now and now >= self._timers_at:
             self.ctx.handle_timer(now)
+            d = self.ctx.next_deadline()
+            if d is not None and d <= now:  # the timers ran and one is still due: do not spin on it
+                self.timer_stuck += 1
+                self._timers_at = now + STUCK_TIMER_WAIT_NS
         self.flush(now)
 
     def stats(self) -> dict[str, int]:
         return {"rx_datagrams": self.rx_datagrams, "tx_datagrams": self.tx_datagrams, "rx_ce": self.rx_ce,
                 "send_blocked": self.send_blocked, "send_errors": self.send_errors, "turns": self.turns,
-                "pending": self.queued, "paced": self.paced, "batch_io": int(self.batch_io)}
+                "pending": self.queued, "paced": self.paced, "batch_io": int(self.batch_io),
+                "timer_stuck": self.timer_stuck}
 
 
 def wait(sel_timeout: float | None, select: Callable[[float | None], object]) -> object:

@@ -484,16 +484,18 @@ class Context:
         """The earliest armed timer (ns on the driver's clock), or None."""
         d = NEVER
         for qp in self._active:  # QueuePair.deadline, inlined: this runs after every event
-            t = qp.rto_deadline
-            if t < d:
-                d = t
-            t = qp.loss_deadline
-            if t < d:
-                d = t
             t = qp.ack_deadline
             if t < d:
                 d = t
             t = qp.aux_deadline
+            if t < d:
+                d = t
+            if qp.state is not _RTS:  # the requester's timers wait for RTS (QueuePair.deadline)
+                continue
+            t = qp.rto_deadline
+            if t < d:
+                d = t
+            t = qp.loss_deadline
             if t < d:
                 d = t
             t = qp.paths.next_probe_deadline

@@ -589,6 +589,10 @@ class PathSet:
                     self.peer_probe_ok[port] = 0
                     self.peer_probe_at[port] = now + self.probe_max
                     continue
+                if self.state[i] != ASSUMED_BAD:
+                    # a peer port's probe that the port's return (or a controller) overtook: the EV
+                    # is GOOD or DENIED now and is not probed again
+                    continue
                 self.probe_ok[i] = 0
                 ivl = min(self.probe_ivl.get(i, self.probe_interval) * 2, self.probe_max)
                 self.probe_ivl[i] = ivl
@@ -596,8 +600,12 @@ class PathSet:
         rid = next_request_id
         busy = set(self.probe_wait)
         for i, t in list(self.probe_at.items()):
-            if t <= now and self.state[i] == ASSUMED_BAD:
-                del self.probe_at[i]
+            if t > now:
+                continue
+            # due: probed now while ASSUMED_BAD, else dropped (left in place, it would keep the
+            # deadline due for ever: the driver's loop would spin)
+            del self.probe_at[i]
+            if self.state[i] == ASSUMED_BAD:
                 while rid in busy or not rid:
                     rid = (rid + 1) & 0xFFFF
                 self.probe_wait[rid] = (i, now + self.probe_timeout, now)

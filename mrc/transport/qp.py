@@ -181,13 +181,19 @@ class QueuePair(Requester, Responder):
 
     @property
     def deadline(self) -> int:
-        d = self.rto_deadline
-        if self.loss_deadline < d:
-            d = self.loss_deadline
-        if self.ack_deadline < d:
-            d = self.ack_deadline
+        """The earliest timer `on_timer` acts on in this state. Outside RTS that is the responder's
+        two (the delayed ACK, the sweep of incomplete messages): the requester's (loss, RTO, probes)
+        wait for RTS, since a deadline that is due but not acted on would be due forever and turn a
+        driver's loop into a busy spin (an RTR responder's sweep, a controller's probe of an RTR QP)."""
+        d = self.ack_deadline
         if self.aux_deadline < d:
             d = self.aux_deadline
+        if self.state is not _RTS:
+            return d
+        if self.rto_deadline < d:
+            d = self.rto_deadline
+        if self.loss_deadline < d:
+            d = self.loss_deadline
         p = self.paths.next_probe_deadline
         return p if p < d else d
 
@@ -205,7 +211,9 @@ class QueuePair(Requester, Responder):
             if self.unacked:
                 psn, ev, ts, flags, t, port = self.last_rx
                 self._sack(now, out, psn, ev, ts, flags, now - t, port)
-        if self.state != _RTS:
+        if self.state is not _RTS:
+            if self.aux_deadline <= now:
+                self._on_aux(now)  # an RTR responder sweeps its incomplete messages too
             return
         if self.loss_deadline <= now:
             self._detect_losses(now)

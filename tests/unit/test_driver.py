@@ -16,6 +16,7 @@ from mrc.dataplane.driver import (
     IPV6_RECVPKTINFO,
     PACE_BURST,
     PACE_SLACK_NS,
+    STUCK_TIMER_WAIT_NS,
     WIRE_OVERHEAD,
     SocketDriver,
 )
@@ -266,3 +267,41 @@ def test_the_slack_is_time_of_the_port_rate() -> None:
             d._pace(clock[0], [Datagram(bytearray(size), 0, 0, LO) for _ in range(6)])
             assert len(d._pending) == burst, rate
             assert len(d._pending) * (size + WIRE_OVERHEAD) <= PACE_BURST + rate / 8e9 * PACE_SLACK_NS + size
+
+
+class _StuckTimers:
+    """An engine whose timer stays due after `handle_timer` (the bug class tests/unit/
+    test_timer_progress.py pins in the real engine)."""
+
+    def __init__(self, due: int) -> None:
+        self.due = due
+        self.calls = 0
+
+    def next_deadline(self) -> int:
+        return self.due
+
+    def handle_timer(self, now: int) -> None:
+        self.calls += 1
+
+    def datagrams_to_send(self, now: int) -> list[Datagram]:
+        return []
+
+
+def test_a_deadline_that_stays_due_does_not_spin_the_loop() -> None:
+    """The timers ran and the deadline is still due: counted once, and the loop waits
+    STUCK_TIMER_WAIT_NS before it runs the timers again (not a turn per epoll call)."""
+    clock = [10**9]
+    eng = _StuckTimers(10**9 - 5)
+    with _rx() as sock:
+        d = SocketDriver(eng, sock, clock=lambda: clock[0])  # type: ignore[arg-type]
+        d.turn(readable=False)
+        assert eng.calls == 1 and d.timer_stuck == 1
+        to = d.timeout()
+        assert to is not None and to * 1e9 == pytest.approx(STUCK_TIMER_WAIT_NS, abs=1)
+        for _ in range(100):  # turns within the wait (other events): the timers are not run again
+            clock[0] += 1_000
+            d.turn(readable=False)
+        assert eng.calls == 1
+        clock[0] = 10**9 + STUCK_TIMER_WAIT_NS
+        d.turn(readable=False)
+        assert eng.calls == 2 and d.timer_stuck == 2 and d.stats()["timer_stuck"] == 2
