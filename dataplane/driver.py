@@ -27,7 +27,9 @@ give the engine identical arguments and the wire identical bytes (tests/unit/tes
 on 10 Gbit/s links it saves about 1 us per received datagram but nothing per sent one (the kernel's
 per-packet work through the eBPF fabric runs inside the send call either way) and the mrcds' CPU per
 data packet is the same within 1 %, so the per-datagram calls stay the default (docs/daemon.md,
-"Gigabit speeds: where the time goes").
+"Gigabit speeds: where the time goes"). With batch I/O a context with `receive_batch` (the engine's
+compiled batch receive, ``MRC_RX_KERNEL``) gets each recvmmsg batch whole: lengths, ECN and ports from
+`mmsg.parse_controls`, the slots and sources as numpy views, no Python call per datagram.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import socket
 import struct
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 from mrc.transport import Context, Datagram
 from mrc.wire import ROCEV2_UDP_PORT
@@ -118,11 +120,14 @@ class SocketDriver:
         self.dst_port = ROCEV2_UDP_PORT
         self.batch_io = batch_io_default() if batch_io is None else bool(batch_io and mmsg.available())
         self._rb: mmsg.RecvBatch | None = None
+        self._kernel: bool | None = None  # batches to Context.receive_batch (decided with batch I/O)
+        self._karrays: Any = None
         self._sb: mmsg.SendBatch | None = None
         self._names: dict[bytes, int] = {}
         if self.batch_io:
             self._rb = mmsg.RecvBatch(min(MMSG_BATCH, max(1, batch)), _BUF)
             self._sb = mmsg.SendBatch(MMSG_BATCH, _BUF)
+            self._kernel = self._batch_kernel()  # compiled (or loaded) now, not at the first datagram
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -176,9 +181,15 @@ class SocketDriver:
         return n
 
     def _receive_batch(self, now: int | None) -> int:
-        """`receive` with recvmmsg: the same arguments to `Context.receive`, per batch one system call."""
+        """`receive` with recvmmsg: the same arguments to `Context.receive`, per batch one system call;
+        with the engine's batch receive (`Context.receive_batch`, MRC_RX_KERNEL) no Python call per
+        datagram either."""
         rb = self._rb
         assert rb is not None
+        if self._kernel is None:
+            self._kernel = self._batch_kernel()
+        if self._kernel:
+            return self._receive_kernel(now)
         fd = self.sock.fileno()
         receive = self.ctx.receive
         ports = self.port_of_ifindex
@@ -220,6 +231,55 @@ class SocketDriver:
             if k < want:
                 break
         self.rx_ce += ce
+        self.rx_datagrams += n
+        return n
+
+    def _batch_kernel(self) -> bool:
+        """Whether this driver hands whole batches to `Context.receive_batch` (and sets up its arrays)."""
+        from mrc.transport import rxbatch
+
+        rb = self._rb
+        if rb is None or not (rxbatch.ENABLED and rxbatch.AVAILABLE and getattr(self.ctx, "fastpath", False)):
+            return False
+        import numpy as np
+
+        top = max(self.port_of_ifindex, default=0)
+        if top > 1 << 20:  # an interface index no table should hold: the per-datagram loop
+            return False
+        table = np.zeros(top + 1, dtype=np.int64)
+        for ifindex, port in self.port_of_ifindex.items():
+            table[ifindex] = port
+        data, names, hdrs, ctl, csize = rb.arrays()
+        cap = rb.capacity
+        parse = mmsg.parse_controls()
+        self._karrays = (data, names, hdrs, ctl, csize, table, np.zeros(cap, dtype=np.int64),
+                         np.zeros(cap, dtype=np.bool_), np.zeros(cap, dtype=np.int64), parse)
+        parse(hdrs, ctl, 0, csize, table, *self._karrays[6:9])
+        rxbatch.warm()
+        return True
+
+    def _kernel_packets(self) -> int:
+        """Data packets the engine's batch kernel took whole (rxbatch.BatchReceiver.taken)."""
+        rx = getattr(self.ctx, "_batch_rx", None)
+        return int(getattr(rx, "taken", 0)) if self._kernel else 0
+
+    def _receive_kernel(self, now: int | None) -> int:
+        rb = self._rb
+        assert rb is not None
+        data, names, hdrs, ctl, csize, table, lens, ecn, ports, parse = self._karrays
+        fd = self.sock.fileno()
+        receive_batch = self.ctx.receive_batch
+        n = 0
+        t = self.clock() if now is None else now
+        while n < self.batch:
+            want = min(rb.capacity, self.batch - n)
+            k = rb.recv(fd, want)
+            if k:
+                self.rx_ce += parse(hdrs, ctl, k, csize, table, lens, ecn, ports)
+                receive_batch(data[:k], lens[:k], ecn[:k], ports[:k], names[:k], t)
+            n += k
+            if k < want:
+                break
         self.rx_datagrams += n
         return n
 
@@ -380,7 +440,8 @@ class SocketDriver:
         return {"rx_datagrams": self.rx_datagrams, "tx_datagrams": self.tx_datagrams, "rx_ce": self.rx_ce,
                 "send_blocked": self.send_blocked, "send_errors": self.send_errors, "turns": self.turns,
                 "pending": self.queued, "paced": self.paced, "batch_io": int(self.batch_io),
-                "timer_stuck": self.timer_stuck}
+                "timer_stuck": self.timer_stuck, "rx_kernel": int(bool(self._kernel)),
+                "rx_kernel_packets": self._kernel_packets()}
 
 
 def wait(sel_timeout: float | None, select: Callable[[float | None], object]) -> object:

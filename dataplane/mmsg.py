@@ -167,6 +167,16 @@ class RecvBatch:
             _raise("recvmmsg")
         return r
 
+    def arrays(self) -> tuple[Any, Any, Any, Any, Any]:
+        """numpy views of the batch (no copies): the data slots (capacity x bufsize), the sources
+        (capacity x 16), and the headers and control buffers as flat bytes (for `parse_controls`)."""
+        import numpy as np
+
+        data = np.frombuffer(self.data, dtype=np.uint8).reshape(self.capacity, self.bufsize)
+        names = np.frombuffer(self.names, dtype=np.uint8).reshape(self.capacity, SIN6)[:, 8:24]
+        return (data, names, np.frombuffer(self.hdrs, dtype=np.uint8),
+                np.frombuffer(self.ctl, dtype=np.uint8), CTL)
+
     def length(self, j: int) -> int:
         return int(_U32.unpack_from(self.hdrs, j * HDR + 56)[0])
 
@@ -198,3 +208,64 @@ class RecvBatch:
                     ifindex = _U32.unpack_from(ctl, base + off + 32)[0]
             off += (n + 7) & ~7
         return tclass, ifindex
+
+
+_parse: Any = None
+
+
+def parse_controls() -> Any:
+    """A numba kernel `parse(hdrs, ctl, k, ctl_size, port_of_ifindex, lens, ecn, ports) -> CE count`:
+    for the first k slots of a received batch, the datagram's length, whether its traffic class says
+    ECN-CE and the plane port of its arrival interface (`port_of_ifindex[ifindex]`, 0 for one beyond
+    the table), as `RecvBatch.control` reads them, without a Python call per datagram. Compiled on
+    first use (numba is imported only by drivers that batch)."""
+    global _parse
+    if _parse is None:
+        import numpy as np
+        from numba import njit
+
+        @njit(nogil=True, cache=True)
+        def parse(hdrs: Any, ctl: Any, k: int, csize: int, table: Any, lens: Any, ecn: Any,
+                  ports: Any) -> int:
+            ce = 0
+            for j in range(k):
+                h = j * 64
+                n = np.int64(0)
+                for b in range(4):
+                    n |= np.int64(hdrs[h + 56 + b]) << (8 * b)
+                clen = np.int64(0)
+                for b in range(8):
+                    clen |= np.int64(hdrs[h + 40 + b]) << (8 * b)
+                lens[j] = n
+                tclass = np.int64(-1)
+                ifindex: Any = np.int64(0)
+                base = j * csize
+                off: Any = 0
+                while off + 16 <= clen and base + off + 16 <= ctl.shape[0]:
+                    ln = np.int64(0)
+                    for b in range(8):
+                        ln |= np.int64(ctl[base + off + b]) << (8 * b)
+                    if ln < 16:
+                        break
+                    level = np.int64(ctl[base + off + 8]) | (np.int64(ctl[base + off + 9]) << 8)
+                    kind = np.int64(ctl[base + off + 12]) | (np.int64(ctl[base + off + 13]) << 8)
+                    if level == 41:  # IPPROTO_IPV6
+                        if kind == 67 and ln >= 20:  # IPV6_TCLASS
+                            tclass = np.int64(ctl[base + off + 16]) | (np.int64(ctl[base + off + 17]) << 8)
+                        elif kind == 50 and ln >= 36:  # IPV6_PKTINFO: in6_pktinfo's ifindex
+                            ifindex = 0
+                            for b in range(4):
+                                ifindex |= np.int64(ctl[base + off + 32 + b]) << (8 * b)
+                    off += (ln + 7) & ~7
+                e = tclass >= 0 and (tclass & 3) == 3
+                ecn[j] = e
+                if e:
+                    ce += 1
+                ports[j] = table[ifindex] if ifindex < table.shape[0] else 0
+            return ce
+
+        _parse = parse
+    return _parse
+
+
+assert socket.IPPROTO_IPV6 == 41 and socket.IPV6_TCLASS == 67 and IPV6_PKTINFO == 50

@@ -128,6 +128,7 @@ class Context:
         self._async_got: dict[int, int] = {}  # qpn -> async events got and not acked
         self.destroyed = False
         fastpath.install(self)  # self.fastpath: MRC_FASTPATH as read at import, fixed for this context
+        self._batch_rx: Any = None  # rxbatch.BatchReceiver, made by the first receive_batch
 
     # ------------------------------------------------------------------ objects (mrc.h / mrc_ctl.h)
 
@@ -460,6 +461,18 @@ class Context:
             qp.on_probe_reply(pkt, now)
         else:
             qp.on_port_status(pkt, now)
+
+    def receive_batch(self, data: Any, lens: Any, ecn: Any, ports: Any, srcs: Any, now: int) -> None:
+        """`receive` of each datagram of a batch, in order: row j of the uint8 array `data` holds
+        `lens[j]` bytes that arrived on plane `ports[j]` (ECN-CE when `ecn[j]`) from `srcs[j]` (a row of
+        16 bytes; `srcs` None: not known). The same results as the calls one by one; the common data
+        packet is taken by a compiled kernel without a Python object per packet (rxbatch.py)."""
+        rx = self._batch_rx
+        if rx is None:
+            from .rxbatch import BatchReceiver  # numba: imported by the drivers that batch, only
+
+            rx = self._batch_rx = BatchReceiver(self)
+        rx.receive_batch(data, lens, ecn, ports, srcs, now)
 
     def handle_timer(self, now: int) -> None:
         """Run every expired timer (ACK, loss, retransmission, probe). Safe to call early."""

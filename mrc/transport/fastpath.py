@@ -14,10 +14,12 @@ fast path runs the same steps, in the same order, with the same results, inlined
   cached start value, one join), the same packets byte for byte.
 
 Wire bytes, counters and timers are identical on both paths (tests/unit/test_fastpath.py runs loopback
-scenarios on both and compares every datagram). No numba: a compiled kernel would have to take the
-packet and the QP's state (a Python int bitmap, dicts of messages and memory regions) across a call
-boundary per packet, and CRC-32 is already C (ISA-L); what costs is the interpreter's call and argument
-overhead between the layers, which fusion removes (docs/transport.md, "Fast path").
+scenarios on both and compares every datagram). No numba here: a compiled kernel per packet would take
+the packet and the QP's state (a Python int bitmap, dicts of messages and memory regions) across a call
+boundary per packet; what costs is the interpreter's call and argument overhead between the layers,
+which fusion removes (docs/transport.md, "Fast path"). A driver with batches of datagrams gets the
+compiled version, one call per run of packets: `Context.receive_batch` (rxbatch.py), which falls back
+to `receive` and `sack` below for everything but the common packet.
 
 The switch: the environment variable ``MRC_FASTPATH`` is read once, when this module is first imported
 (``0`` = the pure path, anything else or unset = the fast path) into `ENABLED`; each `Context` takes the

@@ -73,11 +73,18 @@ def _free_base(n: int) -> int:
 @pytest.fixture(scope="module")
 def tb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """default.toml with the dataplane attached and one mrcd per host; private run dir and pin root."""
+    yield from bring_up_testbed(tmp_path_factory)
+
+
+def bring_up_testbed(tmp_path_factory: pytest.TempPathFactory, extra_env: dict[str, str] | None = None,
+                         prefix: str = "t") -> Iterator[dict[str, Any]]:
+    """`tb`'s body, for modules that need their own testbed: the mrcds inherit `extra_env` (as an operator's
+    environment would reach them), removed again afterwards with everything else."""
     env = {"MRC_RUN_DIR": str(tmp_path_factory.mktemp("mrc-run")),
-           "MRC_BPF_PIN_ROOT": f"/sys/fs/bpf/mrc-test-{secrets.token_hex(4)}"}
+           "MRC_BPF_PIN_ROOT": f"/sys/fs/bpf/mrc-test-{secrets.token_hex(4)}", **(extra_env or {})}
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    name = "t" + secrets.token_hex(4)
+    name = prefix + secrets.token_hex(4)
     base = _free_base(4)
     try:
         # the operator's way: build, attach the dataplane, start one mrcd per host and wait for them

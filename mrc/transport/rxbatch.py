@@ -1,0 +1,473 @@
+"""`Context.receive_batch`: a batch of received datagrams, the common data packet in compiled code.
+
+A driver that receives datagrams in batches (recvmmsg into fixed slots) hands the whole batch over as
+arrays: `data` (one slot per row), `lens`, `ecn`, `ports` and the sources. The result is the one that
+`Context.receive(bytes(data[j, :lens[j]]), now, ecn[j], ports[j], srcs[j])` for j = 0, 1, ... gives, in
+that order: the same placements, state, counters, timers and datagrams to send (tests/unit/
+test_rxbatch.py compares them packet by packet). What differs is the cost: the packets that
+`fastpath.receive` handles inline (a well-formed WRITE with a good ICRC, in the window, new, inside a
+message already under way that it does not complete, for a valid memory region, no immediate) are
+parsed, checked and placed by `_run`, a numba kernel that takes a run of them for one QP at a time: no
+Python object is made for them, not even the datagram's `bytes`. The ICRC is ISA-L's CRC-32, called from
+the kernel through a ctypes pointer into python-isal's own library (`_CRC`).
+
+The QP's state crosses into the kernel as plain numbers and a word array (the responder's bitmap, a
+Python int, as uint64 words) and back when the kernel stops: after the run, before a packet it may not
+take (which then goes to `Context.receive` whole, before any state has changed, as in the fast path),
+and after a packet that must be acknowledged at once (the SACK is built by `fastpath.sack` from the
+state copied back). So every rare case keeps its one implementation.
+
+The switch: ``MRC_RX_KERNEL=0`` (read once, at import) keeps `receive_batch` a loop over
+`Context.receive`; so does a context on the pure path (``MRC_FASTPATH=0``), and a python-isal build
+without `crc32_gzip_refl` (`AVAILABLE`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import zlib
+from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
+import numpy.typing as npt
+from llvmlite import ir
+from numba import njit
+from numba.extending import intrinsic
+
+from mrc.wire.consts import EV_INDEX_MAX, EV_SPORT_BASE, ICRC_LEN, MAX_PAYLOAD, MXH_VERSION, PSN_MASK, MxhFlag
+from mrc.wire.icrc import CRC32_RESIDUE
+from mrc.wire.packet import WRITE_HDR_LEN
+
+from . import fastpath
+from .qpcore import _CE, _HALF, _RETX, NEVER
+from .verbs import QpState
+
+if TYPE_CHECKING:
+    from .engine import Context
+    from .qp import QueuePair
+
+ENV: Final = "MRC_RX_KERNEL"
+ENABLED: bool = os.environ.get(ENV, "1").strip() != "0"
+
+
+_CRC_T: Final = ctypes.CFUNCTYPE(ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_uint64)
+
+
+def _isal_crc() -> Any:
+    """ISA-L's `crc32_gzip_refl(init, buf, len)` as a ctypes function taking the buffer's address as an
+    integer, or None where python-isal does not export it. The same values as zlib's crc32 (checked)."""
+    try:
+        from isal import isal_zlib
+
+        addr = ctypes.cast(ctypes.CDLL(isal_zlib.__file__).crc32_gzip_refl, ctypes.c_void_p).value
+    except (ImportError, OSError, AttributeError):
+        return None
+    if not addr:
+        return None
+    f = _CRC_T(addr)
+    probe = (ctypes.c_char * 1001).from_buffer_copy(bytes(range(256)) * 3 + bytes(233))
+    if f(0x1234, ctypes.addressof(probe), 1001) != zlib.crc32(bytes(probe), 0x1234):
+        return None
+    return f
+
+
+def _address(f: Any) -> int:
+    return int(ctypes.cast(f, ctypes.c_void_p).value or 0)
+
+
+_CRC: Final = _isal_crc()
+try:
+    _MEMCPY_ADDR = _address(ctypes.CDLL(None).memcpy)
+except (OSError, AttributeError):
+    _MEMCPY_ADDR = 0
+AVAILABLE: Final = _CRC is not None and _MEMCPY_ADDR != 0
+#: what the kernel calls, by address: a function pointer passed in, not a ctypes global, keeps the
+#: kernel cacheable (numba does not cache code that holds a ctypes pointer; compiling costs ~2.5 s)
+FNS: Final = np.array([_address(_CRC) if _CRC is not None else 0, _MEMCPY_ADDR], dtype=np.int64)
+
+
+def _intrinsic(fn: Any) -> Any:
+    """numba's `intrinsic`, typed Any: called from jitted code without the typing context argument."""
+    return intrinsic(fn)
+
+
+@_intrinsic
+def _call3(typingctx: Any, fn: Any, a: Any, b: Any, c: Any) -> Any:
+    """Call the C function at address `fn` with (uint32, uint64, uint64) or (uint64, uint64, uint64)
+    arguments, returning the first argument's type (ISA-L's crc32_gzip_refl; libc's memcpy)."""
+    sig = a(fn, a, b, c)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        f, x, y, z = args
+        fnty = ir.FunctionType(x.type, [x.type, y.type, z.type])
+        return builder.call(builder.inttoptr(f, fnty.as_pointer()), [x, y, z])
+
+    return sig, codegen
+
+
+
+# what the kernel reports when it stops (`_run`'s first result)
+DONE: Final = 0  # every packet of the range taken
+SACK: Final = 1  # the packet before `j` must be acknowledged now (its fields in st[S_PSN:])
+PURE: Final = 2  # packet `j` goes to Context.receive whole
+CTX: Final = 3  # packet `j` needs context the kernel was not given (memory region, message, ICRC start)
+OTHER_QP: Final = 4  # packet `j` is for another QP (or not a WRITE of one)
+FULL: Final = 5  # packet `j` lies beyond the bitmap words given: copy the state back and go on
+
+# st: the QP state the kernel reads and writes (int64)
+S_CUM, S_OFF, S_WD, S_RXP, S_RXB, S_UNACK, S_COAL = 0, 1, 2, 3, 4, 5, 6
+S_QPN, S_RKEY, S_MRADDR, S_MRLEN, S_MSN, S_MDONE, S_MLEN, S_END = 7, 8, 9, 10, 11, 12, 13, 14
+S_ECN, S_LAST = 15, 16  # ECN-CE data packets taken; 1 once a packet was taken and left unacknowledged
+S_PSN, S_EV, S_TS, S_FLAGS, S_PORT = 17, 18, 19, 20, 21  # the packet to acknowledge now (SACK)
+S_NEED_RKEY, S_NEED_MSN, S_NEED_EV = 22, 23, 24  # what CTX asks for
+S_LPSN, S_LEV, S_LTS, S_LPORT = 25, 26, 27, 28  # the last packet left unacknowledged (last_rx)
+ST_LEN: Final = 29
+
+_OP_WRITE: Final = 0x0A
+_TRIMMED: Final = int(MxhFlag.TRIMMED)
+_ACK_NOW: Final = int(MxhFlag.ACK_REQ_NOW)
+_RTS: Final = QpState.RTS
+_RTR: Final = QpState.RTR
+_MIN_LEN: Final = WRITE_HDR_LEN + ICRC_LEN
+#: bitmap bits given to the kernel beyond the responder's window (a batch advances rcv_cum at most by
+#: the packets it holds plus what they complete, which is inside the window)
+_SLACK_BITS: Final = 1024
+
+U8 = npt.NDArray[np.uint8]
+I64 = npt.NDArray[np.int64]
+
+
+if AVAILABLE:
+
+    @njit(nogil=True)
+    def _u16(a: Any, o: int) -> Any:
+        return (np.int64(a[o]) << 8) | np.int64(a[o + 1])
+
+    @njit(nogil=True)
+    def _u32(a: Any, o: int) -> Any:
+        return ((np.int64(a[o]) << 24) | (np.int64(a[o + 1]) << 16) | (np.int64(a[o + 2]) << 8)
+                | np.int64(a[o + 3]))
+
+    @njit(nogil=True, cache=True)
+    def _run(data: Any, lens: Any, ecn: Any, ports: Any, srcs: Any, peer: Any, j: int, k: int,
+             st: Any, words: Any, mr: Any, starts: Any, fns: Any) -> tuple[int, int]:
+        """Take packets j, j+1, ... < k for the QP of st[S_QPN] in fastpath.receive's order of checks;
+        returns (what stopped it, the index where it stopped)."""
+        nbits = words.shape[0] * 64
+        while j < k:
+            n = lens[j]
+            row = data[j]
+            if n < 56 or n > row.shape[0] or row[0] != 0x0A:
+                return (OTHER_QP if n >= 56 and n <= row.shape[0] else PURE), j
+            if ((np.int64(row[5]) << 16) | (np.int64(row[6]) << 8) | np.int64(row[7])) != st[S_QPN]:
+                return OTHER_QP, j
+            if srcs.shape[0]:
+                for b in range(16):
+                    if srcs[j, b] != peer[b]:
+                        return PURE, j
+            b1 = np.int64(row[1])
+            qw = _u32(row, 4)
+            pw = _u32(row, 8)
+            va = (_u32(row, 12) << 32) | _u32(row, 16)
+            rkey = _u32(row, 20)
+            dlen = _u32(row, 24)
+            ver = np.int64(row[28])
+            flags = np.int64(row[29])
+            ev = _u16(row, 30)
+            msn = _u32(row, 32)
+            mlen = _u32(row, 36)
+            moff = _u32(row, 40)
+            if b1 & 0x0F or qw > 0xFFFFFF or ver != 1 or flags & 0x01 or dlen > 8192:
+                return PURE, j
+            pad = (b1 >> 4) & 3
+            end = 52 + dlen + pad
+            if (dlen + pad) & 3 or n != end + 4 or moff + dlen > mlen:
+                return PURE, j
+            if end != st[S_END] or rkey != st[S_RKEY] or msn != st[S_MSN] or starts[ev & 0x3FFF] < 0:
+                st[S_NEED_RKEY] = rkey
+                st[S_NEED_MSN] = msn
+                st[S_NEED_EV] = ev
+                st[S_END] = end
+                return CTX, j
+            crc = _call3(fns[0], np.uint32(starts[ev & 0x3FFF]), np.uint64(row.ctypes.data), np.uint64(n))
+            if crc != 0x2144DF1C:
+                return PURE, j
+            psn = pw & 0xFFFFFF
+            d = (psn - st[S_CUM]) & 0xFFFFFF
+            if d >= 0x800000 or d >= st[S_WD]:
+                return PURE, j
+            i = st[S_OFF] + d
+            if i >= nbits:
+                return FULL, j
+            w = i >> 6
+            bit = np.uint64(1) << np.uint64(i & 63)
+            off = va - st[S_MRADDR]
+            if words[w] & bit or off < 0 or off + dlen > st[S_MRLEN] or st[S_MDONE] + dlen >= st[S_MLEN]:
+                return PURE, j
+            # ---- placement and accounting (fastpath.receive's)
+            _call3(fns[1], np.uint64(mr.ctypes.data + off), np.uint64(row.ctypes.data + 52), np.uint64(dlen))
+            words[w] |= bit
+            if d == 0:
+                t = i
+                while t < nbits and words[t >> 6] & (np.uint64(1) << np.uint64(t & 63)):
+                    t += 1
+                st[S_CUM] = (st[S_CUM] + t - i) & 0xFFFFFF
+                st[S_OFF] = t
+            st[S_RXP] += 1
+            st[S_RXB] += dlen
+            st[S_MDONE] += dlen
+            e = ecn[j]
+            if e:
+                st[S_ECN] += 1
+            ts = (_u32(row, 44) << 32) | _u32(row, 48)
+            port = ports[j]
+            j += 1
+            u = st[S_UNACK] + 1
+            if e or pw & 0x80000000 or u >= st[S_COAL] or flags & 0x12:
+                st[S_PSN] = psn
+                st[S_EV] = ev
+                st[S_TS] = ts
+                st[S_FLAGS] = flags
+                st[S_PORT] = port
+                return SACK, j
+            st[S_UNACK] = u
+            st[S_LPSN] = psn
+            st[S_LEV] = ev
+            st[S_LTS] = ts
+            st[S_LPORT] = port
+            st[S_LAST] = 1
+        return DONE, j
+
+
+assert _ACK_NOW | _RETX == 0x12 and _TRIMMED == 0x01 and MXH_VERSION == 1 and MAX_PAYLOAD == 8192
+assert CRC32_RESIDUE == 0x2144DF1C and PSN_MASK == 0xFFFFFF and _HALF == 0x800000 and _OP_WRITE == 0x0A
+assert EV_INDEX_MAX == 0x3FFF
+
+
+_EMPTY: Final = np.zeros(0, dtype=np.uint8)
+
+
+def warm() -> None:
+    """Compile (or load from numba's cache) the kernel for the array kinds drivers pass, so that the
+    first batch does not wait for it: sources as a C array (or none), and as a strided view of
+    recvmmsg's sockaddr_in6 slots."""
+    if not AVAILABLE:
+        return
+    st = np.zeros(ST_LEN, dtype=np.int64)
+    one = np.zeros(1, dtype=np.int64)
+    args = (np.zeros((1, 64), dtype=np.uint8), one, np.zeros(1, dtype=np.bool_), one)
+    for srcs in (np.zeros((0, 16), dtype=np.uint8), np.zeros((1, 28), dtype=np.uint8)[:, 8:24]):
+        _run(*args, srcs, np.zeros(16, dtype=np.uint8), 0, 0, st, np.zeros(1, dtype=np.uint64), _EMPTY,
+             np.zeros(1, dtype=np.int64), FNS)
+
+
+class _QpView:
+    """One QP's state as `_run` takes it, kept between batches: the ICRC start table for its full-size
+    packet length, the memory region's array, the state vector and the bitmap words."""
+
+    __slots__ = ("end", "ic", "m", "mr_arr", "mr_obj", "peer", "st", "starts", "words")
+
+    def __init__(self) -> None:
+        self.ic: Any = None
+        self.end = -1
+        self.starts = np.full(EV_INDEX_MAX + 1, -1, dtype=np.int64)
+        self.mr_obj: Any = None
+        self.mr_arr: U8 = _EMPTY
+        self.m: list[Any] | None = None  # the message the last run ended in (its MSN and region in st)
+        self.st = np.zeros(ST_LEN, dtype=np.int64)
+        self.words = np.zeros(0, dtype=np.uint64)
+        self.peer = np.zeros(16, dtype=np.uint8)
+
+
+class BatchReceiver:
+    """`Context.receive_batch` for one context (see the module docstring)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.views: dict[int, _QpView] = {}
+        #: packets taken by the kernel, and kernel calls (statistics for benchmarks)
+        self.taken = 0
+        self.calls = 0
+
+    def receive_batch(self, data: U8, lens: I64, ecn: Any, ports: I64, srcs: U8 | None, now: int) -> None:
+        ctx = self.ctx
+        k = len(lens)
+        if not (ENABLED and AVAILABLE and ctx.fastpath):
+            self._one_by_one(data, lens, ecn, ports, srcs, now, 0, k)
+            return
+        no_src = np.zeros((0, 16), dtype=np.uint8)
+        s = no_src if srcs is None else srcs
+        qps = ctx.qps
+        j = 0
+        while j < k:
+            n = int(lens[j])
+            row = data[j]
+            qp = qps.get((int(row[5]) << 16) | (int(row[6]) << 8) | int(row[7])) if n >= _MIN_LEN else None
+            state = qp.state if qp is not None else None
+            if qp is None or (state is not _RTS and state is not _RTR) or row[0] != _OP_WRITE:
+                self._one_by_one(data, lens, ecn, ports, srcs, now, j, j + 1)
+                j += 1
+                continue
+            j = self._qp_run(qp, data, lens, ecn, ports, s, now, j, k)
+
+    def _one_by_one(self, data: U8, lens: I64, ecn: Any, ports: I64, srcs: U8 | None, now: int,
+                    j0: int, j1: int) -> None:
+        receive = self.ctx.receive
+        for j in range(j0, j1):
+            receive(data[j, : int(lens[j])].tobytes(), now, bool(ecn[j]), int(ports[j]),
+                    None if srcs is None else srcs[j].tobytes())
+
+    def _view(self, qp: QueuePair) -> _QpView:
+        v = self.views.get(qp.qpn)
+        if v is None:
+            if len(self.views) > 4 * len(self.ctx.qps) + 64:  # destroyed QPs: forget their views
+                live = self.ctx.qps
+                for q in [q for q in self.views if q not in live]:
+                    del self.views[q]
+            v = self.views[qp.qpn] = _QpView()
+        if v.ic is not qp.rx_icrc or v.peer.tobytes() != qp.peer_gid:
+            v.ic = qp.rx_icrc
+            v.end = -1
+            v.starts.fill(-1)
+            v.peer = np.frombuffer(qp.peer_gid.ljust(16, b"\0")[:16], dtype=np.uint8).copy()
+        return v
+
+    def _load(self, qp: QueuePair, v: _QpView) -> None:
+        """The QP's receive state into `v.st` / `v.words` (the bitmap relative to rcv_cum)."""
+        st = v.st
+        st[S_CUM] = qp.rcv_cum
+        st[S_OFF] = 0
+        st[S_WD] = qp.Wd
+        st[S_RXP] = qp.rx_packets
+        st[S_RXB] = qp.rx_bytes
+        st[S_UNACK] = qp.unacked
+        st[S_COAL] = qp.ack_coalesce
+        st[S_QPN] = qp.qpn
+        st[S_ECN] = 0
+        st[S_LAST] = 0
+        nwords = (min(qp.Wd, _HALF) + _SLACK_BITS + 63) >> 6
+        rbits = qp.rbits
+        if rbits.bit_length() > 64 * nwords:  # never inside the window; keep the pure path's view
+            nwords = (rbits.bit_length() + 63) >> 6
+        if v.words.shape[0] != nwords:
+            v.words = np.zeros(nwords, dtype=np.uint64)
+        v.words[:] = np.frombuffer(rbits.to_bytes(8 * nwords, "little"), dtype=np.uint64)
+
+    def _store(self, qp: QueuePair, v: _QpView, m: list[Any] | None, now: int) -> None:
+        """`v.st` / `v.words` back into the QP, with fastpath.receive's side effects of the packets taken
+        (their ECN count, the delayed-ACK timer of the last one when it was left unacknowledged)."""
+        st = v.st
+        qp.rbits = int.from_bytes(v.words.tobytes(), "little") >> int(st[S_OFF])
+        qp.rcv_cum = int(st[S_CUM])
+        qp.rx_packets = int(st[S_RXP])
+        qp.rx_bytes = int(st[S_RXB])
+        qp.unacked = int(st[S_UNACK])
+        if m is not None:
+            m[0] = int(st[S_MDONE])
+        if st[S_ECN]:
+            qp.c["ecn_rx"] += int(st[S_ECN])
+            st[S_ECN] = 0
+        if st[S_LAST]:
+            qp.last_rx = (int(st[S_LPSN]), int(st[S_LEV]), int(st[S_LTS]), 0, now, int(st[S_LPORT]))
+            if qp.ack_deadline == NEVER:
+                qp.ack_deadline = now + qp.attr.ack_delay_ns
+            st[S_LAST] = 0
+
+    def _context(self, qp: QueuePair, v: _QpView) -> list[Any] | None:
+        """Resolve what CTX asked for; None when the packet must go to the pure path (no such memory
+        region or message, or a region the peer may not write)."""
+        st = v.st
+        end = int(st[S_END])
+        if end != v.end:
+            v.end = end
+            v.starts.fill(-1)
+        ev = int(st[S_NEED_EV]) & EV_INDEX_MAX
+        if v.starts[ev] < 0:
+            ic = qp.rx_icrc
+            key = (end, EV_SPORT_BASE | ev)
+            sv = ic._start.get(key)
+            v.starts[ev] = ic.start(*key) if sv is None else sv
+        rkey = int(st[S_NEED_RKEY])
+        mr = qp.mrs.get(rkey)
+        if mr is None or not mr.remote_write:
+            return None
+        if mr is not v.mr_obj:
+            v.mr_obj = mr
+            v.mr_arr = np.frombuffer(mr.view, dtype=np.uint8)
+        m = qp.msgs.get(int(st[S_NEED_MSN]))
+        if m is None:
+            return None
+        st[S_RKEY] = rkey
+        st[S_MRADDR] = mr.addr
+        st[S_MRLEN] = mr.length
+        st[S_MSN] = st[S_NEED_MSN]
+        st[S_MDONE] = m[0]
+        st[S_MLEN] = m[2]
+        return m
+
+    def _qp_run(self, qp: QueuePair, data: U8, lens: I64, ecn: Any, ports: I64, srcs: U8, now: int,
+                j: int, k: int) -> int:
+        """Packets from j on for `qp` through the kernel; returns where the next QP's (or the pure
+        path's) packet begins."""
+        v = self._view(qp)
+        st = v.st
+        self._load(qp, v)
+        # the previous batch's message and region, when they are still the QP's (else the first packet
+        # asks for its context)
+        m: list[Any] | None = v.m
+        mr = qp.mrs.get(int(st[S_RKEY])) if m is not None else None
+        if (
+            m is not None and mr is not None and qp.msgs.get(int(st[S_MSN])) is m and mr.remote_write
+            and mr.addr == st[S_MRADDR] and mr.length == st[S_MRLEN]
+        ):
+            v.mr_obj = mr
+            v.mr_arr = np.frombuffer(mr.view, dtype=np.uint8)
+            st[S_MDONE] = m[0]
+            st[S_MLEN] = m[2]
+        else:
+            m = None
+            st[S_RKEY] = -1
+            st[S_MSN] = -1
+        try:
+            return self._loop(qp, v, m, data, lens, ecn, ports, srcs, now, j, k)
+        finally:  # no reference to the region's memory outlives the batch (dereg may close its mapping)
+            v.mr_obj = None
+            v.mr_arr = _EMPTY
+
+    def _loop(self, qp: QueuePair, v: _QpView, m: list[Any] | None, data: U8, lens: I64, ecn: Any,
+              ports: I64, srcs: U8, now: int, j: int, k: int) -> int:
+        st = v.st
+        while True:
+            self.calls += 1
+            j0 = j
+            why, j = _run(data, lens, ecn, ports, srcs, v.peer, j, k, st, v.words, v.mr_arr, v.starts, FNS)
+            self.taken += j - j0
+            if why == CTX:
+                if m is not None:  # the message so far, before the kernel is given another one
+                    m[0] = int(st[S_MDONE])
+                    m = None
+                    st[S_MSN] = -1
+                m2 = self._context(qp, v)
+                if m2 is not None:
+                    m = m2
+                    continue
+                why = PURE
+            if why == SACK:
+                self._store(qp, v, m, now)
+                ef = (_CE if ecn[j - 1] else 0) | (fastpath._S_RETX if int(st[S_FLAGS]) & _RETX else 0)
+                fastpath.sack(qp, now, self.ctx._out, int(st[S_PSN]), int(st[S_EV]), int(st[S_TS]), ef, 0,
+                              int(st[S_PORT]))
+                st[S_UNACK] = qp.unacked
+                st[S_COAL] = qp.ack_coalesce
+                continue
+            if why == FULL:
+                self._store(qp, v, m, now)
+                self._load(qp, v)
+                continue
+            self._store(qp, v, m, now)
+            v.m = m
+            if why == PURE:
+                self._one_by_one(data, lens, ecn, ports, srcs if srcs.shape[0] else None, now, j, j + 1)
+                return j + 1
+            return j  # DONE, or OTHER_QP: the caller dispatches packet j

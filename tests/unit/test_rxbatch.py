@@ -1,0 +1,146 @@
+"""`Context.receive_batch` (mrc/transport/rxbatch.py) against `Context.receive` one datagram at a time.
+
+Two runs of the same seeded scenario, identical but for how the responder B takes its datagrams: one by
+one, or in batches through the compiled kernel. A sends WRITEs (with and without immediate, several
+messages in flight); the channel toward B loses, reorders, duplicates and corrupts packets and mixes in
+stray ones (unknown QPN, truncated, a foreign source, ECN-CE marks); B's SACKs go back to A. After every
+batch the two runs must agree on every datagram B sends, on B's QP state and counters, and at the end
+on every byte placed. The kernel must also have taken most of the data packets (else the comparison
+says nothing about it)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+
+from mrc.transport import Context, QpAttr, QueuePair, rxbatch
+
+GA = bytes.fromhex("fd000000000000000000000000000001")
+GB = bytes.fromhex("fd000000000000000000000000000002")
+GX = bytes.fromhex("fd0000000000000000000000000000ee")
+SLOT = 9216
+
+pytestmark = pytest.mark.skipif(not rxbatch.AVAILABLE, reason="python-isal without crc32_gzip_refl")
+
+
+def _state(qp: QueuePair, ctx: Context) -> dict[str, Any]:
+    return {
+        "rcv_cum": qp.rcv_cum, "rbits": qp.rbits, "rx_packets": qp.rx_packets, "rx_bytes": qp.rx_bytes,
+        "unacked": qp.unacked, "ack_coalesce": qp.ack_coalesce, "ack_deadline": qp.ack_deadline,
+        "last_rx": qp.last_rx if qp.unacked else None, "msgs": {k: list(v) for k, v in qp.msgs.items()},
+        "c": dict(qp.c), "drops": dict(ctx.drops), "recv_cq": len(qp.recv_cq),
+    }
+
+
+def _scenario(batched: bool, seed: int, mtu: int) -> tuple[list[Any], np.ndarray, Any]:
+    rng = random.Random(seed)
+    attr = QpAttr(mtu=mtu)
+    a = Context(GA, ports=4, seed=1)
+    b = Context(GB, ports=4, seed=2)
+    qa = a.create_qp(a.create_cq(), ev_profile=a.create_ev_profile(count=32), attr=attr)
+    qb = b.create_qp(b.create_cq(), ev_profile=b.create_ev_profile(count=32), attr=attr)
+    qa.connect(GB, qb.qpn)
+    qb.connect(GA, qa.qpn)
+    src = np.frombuffer(np.random.default_rng(seed).bytes(2 << 20), dtype=np.uint8).copy()
+    dst = np.zeros(2 << 20, dtype=np.uint8)
+    smr, dmr = a.reg_mr(src), b.reg_mr(dst)
+    for i in range(24):
+        qb.post_recv(100 + i)
+    off = 0
+    wr = 0
+    while off < len(src):
+        n = min(len(src) - off, rng.choice((mtu * 40 + 17, mtu * 7, 3 * mtu + 5, 96 << 10)))
+        wr += 1
+        qa.post_send(wr, smr, off, n, dmr.addr + off, dmr.rkey, imm=wr if wr % 3 == 0 else None)
+        off += n
+    trace: list[Any] = []
+    data = np.zeros((64, SLOT), dtype=np.uint8)
+    now = 1_000
+    held: list[tuple[bytes, int, bool, bytes]] = []
+    for _ in range(4000):
+        for dg in a.datagrams_to_send(now):
+            pkt = bytes(dg.data)
+            r = rng.random()
+            if r < 0.02:
+                continue  # lost
+            if r < 0.03:
+                pkt = pkt[:30] + bytes([pkt[30] ^ 0x40]) + pkt[31:]  # corrupted: bad ICRC
+            held.append((pkt, dg.port, rng.random() < 0.03, GA))
+            if r > 0.99:
+                held.append((pkt, dg.port, False, GA))  # duplicated
+        if rng.random() < 0.05:
+            held.append((bytes(rng.randrange(256) for _ in range(rng.randrange(1, 80))), 0, False, GA))
+        if held and rng.random() < 0.05:
+            p0 = held[rng.randrange(len(held))][0]
+            held.append((p0, 1, False, GX))  # a foreign source
+        # deliver a reordered prefix of what is held, in batches of up to 64
+        rng.shuffle(held) if rng.random() < 0.3 else None
+        take, held = held[: rng.randrange(0, 80)], held[80:] if len(held) > 80 else []
+        for i in range(0, len(take), 64):
+            chunk = take[i : i + 64]
+            if batched:
+                k = len(chunk)
+                lens = np.zeros(k, dtype=np.int64)
+                ecn = np.zeros(k, dtype=np.bool_)
+                ports = np.zeros(k, dtype=np.int64)
+                srcs = np.zeros((k, 16), dtype=np.uint8)
+                for j, (pkt, port, ce, s) in enumerate(chunk):
+                    data[j, : len(pkt)] = np.frombuffer(pkt, dtype=np.uint8)
+                    lens[j], ecn[j], ports[j] = len(pkt), ce, port
+                    srcs[j] = np.frombuffer(s, dtype=np.uint8)
+                b.receive_batch(data[:k], lens, ecn, ports, srcs, now)
+            else:
+                for pkt, port, ce, s in chunk:
+                    b.receive(pkt, now, ce, port, s)
+            out = [bytes(dg.data) for dg in b.datagrams_to_send(now)]
+            trace.append((now, out, _state(qb, b)))
+            for pkt in out:
+                if rng.random() > 0.02:
+                    a.receive(pkt, now, False, 0, GB)
+        for ctx in (a, b):
+            d = ctx.next_deadline()
+            if d is not None and d <= now:
+                ctx.handle_timer(now)
+        for pkt in [bytes(dg.data) for dg in b.datagrams_to_send(now)]:
+            a.receive(pkt, now, False, 0, GB)
+        now += rng.randrange(1_000, 30_000)
+        if not a.qps[qa.qpn].busy and not held:
+            break
+    return trace, dst, b._batch_rx
+
+
+@pytest.mark.parametrize(("seed", "mtu"), [(1, 4096), (2, 8192), (3, 1024)])
+def test_batches_give_what_one_by_one_gives(seed: int, mtu: int) -> None:
+    one, dst_one, _ = _scenario(False, seed, mtu)
+    bat, dst_bat, rx = _scenario(True, seed, mtu)
+    assert len(one) == len(bat)
+    for i, (x, y) in enumerate(zip(one, bat, strict=True)):
+        assert x[0] == y[0]
+        assert x[1] == y[1], f"batch {i}: the datagrams B sent differ"
+        assert x[2] == y[2], f"batch {i}: B's state differs"
+    assert np.array_equal(dst_one, dst_bat)
+    final = one[-1][2]
+    assert final["c"]["imm_rx"] > 0 and final["drops"]  # messages completed; strays counted
+    assert rx is not None and rx.taken > final["rx_packets"] // 2  # the kernel took most data packets
+
+
+def test_the_switch_keeps_the_one_by_one_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rxbatch, "ENABLED", False)
+    one, dst_one, _ = _scenario(False, 4, 4096)
+    bat, dst_bat, rx = _scenario(True, 4, 4096)
+    assert [t[1:] for t in one] == [t[1:] for t in bat] and np.array_equal(dst_one, dst_bat)
+    assert rx is not None and rx.taken == 0 and rx.calls == 0
+
+
+def test_isal_crc_through_ctypes_is_zlibs() -> None:
+    import ctypes
+    import zlib
+
+    buf = (ctypes.c_char * 9000).from_buffer_copy(np.random.default_rng(5).bytes(9000))
+    for init in (0, 1, 0x2144DF1C, 0xFFFFFFFF):
+        for off, n in ((0, 9000), (7, 4100), (52, 8192)):
+            want = zlib.crc32(bytes(buf)[off : off + n], init)
+            assert rxbatch._CRC(init, ctypes.addressof(buf) + off, n) == want
