@@ -438,6 +438,7 @@ class BatchReceiver:
     def _loop(self, qp: QueuePair, v: _QpView, m: list[Any] | None, data: U8, lens: I64, ecn: Any,
               ports: I64, srcs: U8, now: int, j: int, k: int) -> int:
         st = v.st
+        full_at = -1
         while True:
             self.calls += 1
             j0 = j
@@ -463,6 +464,11 @@ class BatchReceiver:
                 continue
             if why == FULL:
                 self._store(qp, v, m, now)
+                if full_at == j:  # fresh words did not hold it either (cannot happen inside the window)
+                    self._one_by_one(data, lens, ecn, ports, srcs if srcs.shape[0] else None, now, j, j + 1)
+                    v.m = m
+                    return j + 1
+                full_at = j
                 self._load(qp, v)
                 continue
             self._store(qp, v, m, now)

@@ -144,3 +144,129 @@ def test_isal_crc_through_ctypes_is_zlibs() -> None:
         for off, n in ((0, 9000), (7, 4100), (52, 8192)):
             want = zlib.crc32(bytes(buf)[off : off + n], init)
             assert rxbatch._CRC(init, ctypes.addressof(buf) + off, n) == want
+
+
+# ---------------------------------------------------------------- hostile headers with a valid ICRC
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from mrc.wire.consts import MxhFlag  # noqa: E402
+from mrc.wire.packet import build_write  # noqa: E402
+
+#: at most one fault per packet, the rest of it valid and in sequence: each of the kernel's checks is then
+#: the only one a packet fails (several faults at once would hide all but the first)
+_FAULTS = [None] * 8 + [
+    "psn_far", "psn_beyond_window", "psn_dup", "va_below", "va_past_end", "len_odd", "len_zero",
+    "len_max", "mlen_small", "moff_past", "trimmed", "ack_now", "retx", "last", "rkey", "pad_bits",
+    "tver", "mxh_version", "qpn_reserved_byte", "short", "long", "foreign_src", "ecn", "ackreq",
+]
+_PACKET = st.tuples(st.integers(0, 3), st.sampled_from(_FAULTS), st.integers(0, 40))
+
+
+def _render(specs: list[tuple[int, str | None, int]], qb: QueuePair, mr: Any,
+            rkey: int) -> list[tuple[bytes, bool, bytes]]:
+    """The packets of `specs` (message, fault, EV) toward `qb`: 4 KiB pieces of messages of 64 KiB, each
+    message 2 MiB apart in the region, the ICRC valid (rewritten after a header fault)."""
+    out = []
+    nxt = {m: 0 for m in range(4)}
+    base = qb.rcv_cum
+    for i, (m, fault, ev) in enumerate(specs):
+        k = nxt[m]
+        nxt[m] += 1
+        psn = base + 40 * m + k
+        dlen = 4096
+        moff = 4096 * k
+        va = mr.addr + (2 << 20) * m + moff
+        mlen = 1 << 16
+        flags = 0
+        if fault == "psn_far":
+            psn += 1 << 22
+        elif fault == "psn_beyond_window":
+            psn += qb.Wd
+        elif fault == "psn_dup":
+            psn -= 1
+        elif fault == "va_below":
+            va = mr.addr - 4096
+        elif fault == "va_past_end":
+            va = mr.addr + mr.length - 2048
+        elif fault == "len_odd":
+            dlen = 4093
+        elif fault == "len_zero":
+            dlen = 0
+        elif fault == "len_max":
+            dlen = 8192
+        elif fault == "mlen_small":
+            mlen = moff + dlen
+        elif fault == "moff_past":
+            moff = mlen
+        elif fault in ("trimmed", "ack_now", "retx", "last"):
+            flags = {"trimmed": MxhFlag.TRIMMED, "ack_now": MxhFlag.ACK_REQ_NOW, "retx": MxhFlag.RETX,
+                     "last": MxhFlag.LAST}[fault]
+        buf = bytearray(64 + dlen + 8)
+        n = build_write(buf, qb.rx_icrc, dqpn=qb.qpn, psn=psn & 0xFFFFFF, ev_index=ev, va=va,
+                        rkey=rkey ^ 0x5A5A if fault == "rkey" else rkey, payload=bytes([i & 0xFF]) * dlen,
+                        msn=m, msg_len=mlen, msg_offset=moff, timestamp_ns=1000 + i, flags=int(flags),
+                        ackreq=fault == "ackreq")
+        pkt = bytearray(buf[:n])
+        header = {"pad_bits": (1, 0x30), "tver": (1, 0x01), "mxh_version": (28, 0x02),
+                  "qpn_reserved_byte": (4, 0x01)}.get(fault or "")
+        if header is not None:
+            pkt[header[0]] ^= header[1]
+            qb.rx_icrc.write(pkt, n - 4, 0xC000 | ev)
+        if fault == "short":
+            pkt = pkt[:-5]
+        elif fault == "long":
+            pkt += b"\0\0\0\0"
+        out.append((bytes(pkt), fault == "ecn", GX if fault == "foreign_src" else GA))
+    return out
+
+
+def _responder() -> tuple[Context, QueuePair, np.ndarray, Any]:
+    b = Context(GB, ports=4, seed=2)
+    qb = b.create_qp(b.create_cq(), ev_profile=b.create_ev_profile(count=32), attr=QpAttr(mtu=4096))
+    qb.connect(GA, 0x77)
+    dst = np.zeros(8 << 20, dtype=np.uint8)
+    mr = b.reg_mr(dst)
+    for i in range(8):
+        qb.post_recv(i)
+    return b, qb, dst, mr
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(specs=st.lists(_PACKET, min_size=1, max_size=48),
+       cuts=st.lists(st.integers(1, 16), min_size=1, max_size=8))
+def test_hostile_headers_with_a_valid_icrc_give_what_one_by_one_gives(
+    specs: list[tuple[int, str | None, int]], cuts: list[int]
+) -> None:
+    """Every header field the kernel reads, pushed out of range (window, region bounds, R_Key, lengths,
+    pad, MXH version, flags, the QPN's reserved byte, a foreign source, ECN) in packets whose ICRC is
+    valid, so that only the kernel's own checks stand between them and the region: the same state,
+    datagrams and bytes as one `receive` per packet."""
+    b1, q1, d1, m1 = _responder()
+    b2, q2, d2, m2 = _responder()
+    p1 = _render(specs, q1, m1, m1.rkey)
+    p2 = _render(specs, q2, m2, m2.rkey)
+    assert len(p1) == len(p2)
+    for pkt, ce, src in p1:
+        b1.receive(pkt, 5_000, ce, 1, src)
+    out1 = [bytes(dg.data) for dg in b1.datagrams_to_send(5_000)]
+    slots = np.zeros((len(p2), SLOT), dtype=np.uint8)
+    lens = np.array([len(x[0]) for x in p2], dtype=np.int64)
+    ecn = np.array([x[1] for x in p2], dtype=np.bool_)
+    ports = np.ones(len(p2), dtype=np.int64)
+    srcs = np.zeros((len(p2), 16), dtype=np.uint8)
+    for j, (pkt, _ce, src) in enumerate(p2):
+        slots[j, : len(pkt)] = np.frombuffer(pkt, dtype=np.uint8)
+        srcs[j] = np.frombuffer(src, dtype=np.uint8)
+    j = 0
+    for c in cuts * (len(p2) // max(1, sum(cuts)) + 1):
+        if j >= len(p2):
+            break
+        sl = slice(j, j + c)
+        b2.receive_batch(slots[sl], lens[sl], ecn[sl], ports[sl], srcs[sl], 5_000)
+        j += c
+    out2 = [bytes(dg.data) for dg in b2.datagrams_to_send(5_000)]
+    assert out1 == out2
+    assert _state(q1, b1) == _state(q2, b2)
+    assert np.array_equal(d1, d2)
