@@ -2,7 +2,7 @@
 """Where an mrcd's time goes at gigabit speeds (docs/daemon.md, "Gigabit speeds: where the time goes").
 Needs root (testbeds with mrcds).
 
-    sudo .venv/bin/python bench/gigabit.py [--ab batch|mtu|floor|pace] [--rate 10gbit] [--size 256M]
+    sudo .venv/bin/python bench/gigabit.py [--ab batch|mtu|floor|pace|catchup] [--rate 10gbit] [--size 256M]
                                            [--iters 2] [--rounds 6] [--profile DIR] [-j]
 
 Round by round, alternating between the two arms of ``--ab``, a fresh testbed of
@@ -17,6 +17,9 @@ and per MiB. The arms (the first is the older behaviour):
   engine's default) and mrcd's own 0 (no floor).
 * ``pace``: ``MRC_PACE_DEBT=0`` (the pacer waits for a whole datagram's worth of tokens) and ``=1`` (a
   datagram goes on any credit, the bucket taken into debt; the default).
+* ``catchup``: ``MRC_PACE_CATCHUP=0`` (a backlogged port's credit stops at the burst, released port by
+  port) and ``=1`` (a backlogged port spends what it earned since the last turn, released in the
+  engine's order; the default).
 
 Prints per round and the medians, and the median of the paired (same round) ratios, second arm / first.
 
@@ -68,6 +71,8 @@ ARMS: dict[str, tuple[Arm, Arm]] = {
     "floor": (Arm("MRC_ACK_REQ_FLOOR=-1", {"MRC_ACK_REQ_FLOOR": "-1"}),
               Arm("MRC_ACK_REQ_FLOOR=0", {"MRC_ACK_REQ_FLOOR": "0"})),
     "pace": (Arm("MRC_PACE_DEBT=0", {"MRC_PACE_DEBT": "0"}), Arm("MRC_PACE_DEBT=1", {"MRC_PACE_DEBT": "1"})),
+    "catchup": (Arm("MRC_PACE_CATCHUP=0", {"MRC_PACE_CATCHUP": "0"}),
+                Arm("MRC_PACE_CATCHUP=1", {"MRC_PACE_CATCHUP": "1"})),
 }
 
 

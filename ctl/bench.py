@@ -107,6 +107,11 @@ def parse_fail_link(value: str) -> tuple[str, str, float]:
         raise MrcError(f"--fail-link {value!r}: expected A:B@SECONDS (e.g. p0l0:p0s0@1)") from None
 
 
+def _delta(st0: dict[str, Any], st1: dict[str, Any], key: str) -> int:
+    """How much counter `key` of two qp_stats answers moved (0 where the daemon has no such counter)."""
+    return int(st1.get(key, 0)) - int(st0.get(key, 0))
+
+
 def _retx(st: dict[str, Any]) -> int:
     return sum(int(st.get(f"retx_{c}", 0)) for c in ("sack", "trim", "timeout", "nack"))
 
@@ -240,6 +245,10 @@ class WriteBench:
                     "retransmits": _retx(st1) - _retx(st0),
                     "trims": int(st1["nack_trim_rx"]) - int(st0["nack_trim_rx"]),
                     "rto": int(st1["rto"]) - int(st0["rto"]),
+                    # loss calls later refuted, and EVs taken out of the spray: spurious ones cost the
+                    # sender its fast path (docs/daemon.md, "Pacing that keeps up")
+                    "lost_then_acked": _delta(st0, st1, "lost_then_acked"),
+                    "ev_marked_bad": _delta(st0, st1, "ev_marked_bad"),
                     "seconds": round(t, 4),
                 })
                 total_bytes += size * cfg.iters

@@ -64,6 +64,10 @@ PACE_BURST: Final = 16 << 10
 #: datagram's worth
 PACE_SLACK_NS: Final = 20_000
 PACE_DEBT: Final = os.environ.get("MRC_PACE_DEBT", "1").strip() != "0"
+#: how much a backlogged port may catch up at once, in time at its rate (`SocketDriver._pace`);
+#: ``MRC_PACE_CATCHUP=0`` (read at import): a backlogged port's credit stops at PACE_BURST too
+PACE_CATCHUP_NS: Final = 1_000_000
+PACE_CATCHUP: Final = os.environ.get("MRC_PACE_CATCHUP", "1").strip() != "0"
 #: datagrams per sendmmsg / recvmmsg call
 MMSG_BATCH: Final = 64
 #: how long the loop waits when the engine's timers ran and a deadline is still due (an engine bug:
@@ -98,12 +102,15 @@ class SocketDriver:
         self._rate = [r / 8e9 for r in (port_rate_bps or [])]
         self._tokens = [float(PACE_BURST)] * len(self._rate)
         self._filled = [clock()] * len(self._rate)
-        self._portq: list[collections.deque[Datagram]] = [collections.deque() for _ in self._rate]
+        #: datagrams the buckets hold, in the engine's order, and how many of them each port holds
+        self._paceq: collections.deque[Datagram] = collections.deque()
+        self._held = [0] * len(self._rate)
         self._pace_at: int | None = None
         #: after a stuck timer, engine deadlines before this wait until it (`turn`)
         self._timers_at = 0
         self.timer_stuck = 0
         self.pace_debt = PACE_DEBT
+        self.pace_catchup = PACE_CATCHUP
         self.paced = 0
         self._dst: dict[bytes, tuple[str, int]] = {}
         self._buf = bytearray(_BUF)
@@ -138,7 +145,7 @@ class SocketDriver:
 
     @property
     def queued(self) -> int:
-        return len(self._pending) + sum(len(q) for q in self._portq)
+        return len(self._pending) + len(self._paceq)
 
     # -- receive
     def receive(self, now: int | None = None) -> int:
@@ -298,7 +305,7 @@ class SocketDriver:
         return a
 
     def _pace(self, t: int, new: list[Datagram]) -> None:
-        """Move what each port's token bucket allows from the port queues to `_pending`. A datagram goes
+        """Move what each port's token bucket allows from the held datagrams to `_pending`. A datagram goes
         when its tokens are short by at most what the port earns in PACE_SLACK_NS, taking the bucket
         into that debt (the next one waits it out): the rate is the port's over any span, the burst at
         most PACE_BURST + PACE_SLACK_NS of the rate. Why not "wait for a datagram's worth": with 8 KiB
@@ -306,35 +313,79 @@ class SocketDriver:
         of a microsecond at 10 Gbit/s, each wait a turn of mrcd's loop (a sleep, an epoll call and the
         turn's work) for nothing. Why not any credit at all: at 100 Mbit/s that let a burst grow by a
         whole datagram (660 us of the port), more of the ECN threshold of the switch port behind it,
-        and a slowed link was told from the healthy ones less clearly."""
+        and a slowed link was told from the healthy ones less clearly.
+
+        A port whose queue was not empty when the bucket was last filled has been sending ever since
+        (a NIC with a backlog serialises back to back), so what it earned since then is all spendable,
+        up to PACE_CATCHUP_NS of its rate; only an idle port's credit stops at PACE_BURST. Why: mrcd's
+        loop fills the buckets once per turn, and a turn of a busy sender takes about a millisecond;
+        capping a backlogged port's credit at PACE_BURST let each port send about five 8 KiB
+        datagrams per turn whatever the turn's length, 0.4 of a 10 Gbit/s link's share of the CPU's
+        pace, and the datagrams held back were on the engine's clock already: their late departure
+        read as loss and as delay (spurious retransmissions, EVs assumed bad, delay steering;
+        docs/daemon.md, "Pacing that keeps up"). ``MRC_PACE_CATCHUP=0`` (read at import): the older
+        rule.
+
+        What the buckets let go leaves in the order the engine gave it, across ports, as it would
+        unpaced: releasing port by port (all of port 0's, then port 1's ...) reordered a turn's
+        datagrams by port, and the last port's left up to a turn later than their timestamps while
+        acknowledgements for the first port's came back. A port that must wait holds the rest of its
+        own datagrams only; the others go on. (The older rule, ``MRC_PACE_CATCHUP=0``, released port
+        by port.)"""
         pend = self._pending
         nports = len(self._rate)
-        for dg in new:
-            p = dg.port
-            if p < nports:
-                self._portq[p].append(dg)
-            else:
-                pend.append(dg)
+        rates = self._rate
+        tokens = self._tokens
+        filled = self._filled
+        held = self._held
+        paceq = self._paceq
+        paceq.extend(new)
         self._pace_at = None
+        if not paceq:
+            return
+        # fill each port's bucket once, then release in the engine's order (below)
+        slack = [0.0] * nports
         for p in range(nports):
-            q = self._portq[p]
-            if not q:
+            rate = rates[p]
+            earned = tokens[p] + (t - filled[p]) * rate
+            cap = float(PACE_BURST)
+            if held[p] and self.pace_catchup:
+                cap = max(cap, rate * PACE_CATCHUP_NS)
+            tokens[p] = earned if earned < cap else cap
+            filled[p] = t
+            slack[p] = rate * PACE_SLACK_NS if self.pace_debt else 0.0
+            held[p] = 0
+        blocked = [False] * nports
+        kept: collections.deque[Datagram] = collections.deque()
+        order = paceq if self.pace_catchup else sorted(
+            paceq, key=lambda dg: dg.port if dg.port < nports else -1)  # the older rule: port by port
+        for dg in order:
+            p = dg.port
+            if p >= nports:
+                pend.append(dg)
                 continue
-            tok = min(float(PACE_BURST), self._tokens[p] + (t - self._filled[p]) * self._rate[p])
-            self._filled[p] = t
-            slack = self._rate[p] * PACE_SLACK_NS if self.pace_debt else 0.0
-            while q:
-                need = len(q[0].data) + WIRE_OVERHEAD
-                if tok < need - slack and tok < PACE_BURST:
-                    wait_ns = t + int((need - slack - tok) / self._rate[p]) + 1
-                    if self._pace_at is None or wait_ns < self._pace_at:
-                        self._pace_at = wait_ns
-                    break
-                tok -= need
-                pend.append(q.popleft())
-            if q:
+            if blocked[p]:
+                held[p] += 1
+                kept.append(dg)
+                continue
+            need = len(dg.data) + WIRE_OVERHEAD
+            tok = tokens[p]
+            if tok < need - slack[p] and tok < PACE_BURST:
+                blocked[p] = True
+                held[p] += 1
+                kept.append(dg)
+                wait_ns = t + int((need - slack[p] - tok) / rates[p]) + 1
+                if self._pace_at is None or wait_ns < self._pace_at:
+                    self._pace_at = wait_ns
+                continue
+            tokens[p] = tok - need
+            pend.append(dg)
+        self._paceq = kept
+        for p in range(nports):
+            if blocked[p]:
                 self.paced += 1
-            self._tokens[p] = tok
+            elif tokens[p] > PACE_BURST:  # idle from now on: no more credit than an idle port keeps
+                tokens[p] = float(PACE_BURST)
 
     def flush(self, now: int | None = None) -> int:
         """Send what is pending, then what the engine has to send now (paced per port); returns

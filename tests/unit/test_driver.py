@@ -15,6 +15,7 @@ from mrc.dataplane.driver import (
     IPV6_PKTINFO,
     IPV6_RECVPKTINFO,
     PACE_BURST,
+    PACE_CATCHUP_NS,
     PACE_SLACK_NS,
     STUCK_TIMER_WAIT_NS,
     WIRE_OVERHEAD,
@@ -285,6 +286,105 @@ def test_the_slack_is_time_of_the_port_rate() -> None:
             d._pace(clock[0], [Datagram(bytearray(size), 0, 0, LO) for _ in range(6)])
             assert len(d._pending) == burst, rate
             assert len(d._pending) * (size + WIRE_OVERHEAD) <= PACE_BURST + rate / 8e9 * PACE_SLACK_NS + size
+
+
+def _tagged(n: int, size: int, ports: int) -> list[Datagram]:
+    """n datagrams of `size` bytes sprayed round robin over `ports`, each carrying its index."""
+    return [Datagram(bytearray(i.to_bytes(4, "big") + bytes(size - 4)), i % ports, i, LO) for i in range(n)]
+
+
+def _index(dg: Datagram) -> int:
+    return int.from_bytes(dg.data[:4], "big")
+
+
+@pytest.mark.parametrize("catchup", [True, False])
+def test_a_backlogged_port_keeps_its_rate_across_long_turns(catchup: bool) -> None:
+    # 200 datagrams of an 8 KiB payload at once to a 10 Gbit/s port, then one driver turn per
+    # millisecond (a busy mrcd): the port has had a backlog throughout, so by each turn it has sent what
+    # the rate gives in the time since the first (within a datagram), no more than that plus the
+    # burst. With a backlogged port's credit capped at PACE_BURST (MRC_PACE_CATCHUP=0) each turn let
+    # only ~5 datagrams go: 40 KB per millisecond, a thirtieth of the rate
+    size = 8192 + 56
+    need = size + WIRE_OVERHEAD
+    rate = 10**10 / 8e9
+    clock = [10**9]
+    with _rx() as sock:
+        d = _paced_driver(sock, 10**10, clock)
+        d.pace_catchup = catchup
+        t0 = clock[0]
+        d._pace(t0, [Datagram(bytearray(size), 0, 0, LO) for _ in range(200)])
+        for k in range(1, 3):
+            clock[0] = t0 + k * 1_000_000
+            d._pace(clock[0], [])
+            released = len(d._pending) * need
+            slack = rate * PACE_SLACK_NS
+            assert released <= PACE_BURST + slack + need + rate * (clock[0] - t0)
+            if catchup:
+                assert released >= min(200 * need, rate * (clock[0] - t0)) - need, k
+            else:
+                assert released <= (k + 1) * (PACE_BURST + slack + need)
+        assert (len(d._pending) == 200) is catchup
+
+
+def test_catching_up_is_bounded_and_an_idle_port_keeps_only_the_burst() -> None:
+    # a backlogged port whose driver stalled 50 ms catches up at most PACE_CATCHUP_NS of its rate at
+    # once; once its queue is empty its credit is an idle port's, PACE_BURST, however long it idles
+    size = 8192 + 56
+    need = size + WIRE_OVERHEAD
+    rate = 10**10 / 8e9
+    slack = rate * PACE_SLACK_NS
+    clock = [10**9]
+    with _rx() as sock:
+        d = _paced_driver(sock, 10**10, clock)
+        d._pace(clock[0], [Datagram(bytearray(size), 0, 0, LO) for _ in range(1000)])
+        first = len(d._pending)
+        clock[0] += 50_000_000
+        d._pace(clock[0], [])
+        caught = len(d._pending) - first
+        assert caught * need <= rate * PACE_CATCHUP_NS + slack + need
+        assert caught * need >= rate * PACE_CATCHUP_NS - need
+        while d._pace_at is not None:  # drain at the rate
+            clock[0] = d._pace_at + 2_000_000
+            d._pace(clock[0], [])
+        assert len(d._pending) == 1000 and d.queued == 1000
+        d._pending.clear()
+        clock[0] += 50_000_000  # idle
+        d._pace(clock[0], [Datagram(bytearray(size), 0, 0, LO) for _ in range(100)])
+        assert len(d._pending) * need <= PACE_BURST + slack + need
+
+
+@pytest.mark.parametrize("catchup", [True, False])
+def test_paced_datagrams_leave_in_the_engines_order(catchup: bool) -> None:
+    # 400 datagrams sprayed over four 1 Gbit/s ports: what the buckets let go, turn after turn, leaves
+    # in the order the engine gave it (as unpaced), not port by port (the older rule,
+    # MRC_PACE_CATCHUP=0: the last port's datagrams left a whole turn after the first port's)
+    clock = [10**9]
+    with _rx() as sock:
+        d = SocketDriver(FakeCtx([]), sock, batch_io=False, port_rate_bps=[10**9] * 4,  # type: ignore[arg-type]
+                         clock=lambda: clock[0])
+        d.pace_catchup = catchup
+        d._pace(clock[0], _tagged(400, 8192 + 56, 4))
+        while d._pace_at is not None:
+            clock[0] = d._pace_at + 300_000
+            d._pace(clock[0], [])
+        order = [_index(dg) for dg in d._pending]
+        assert sorted(order) == list(range(400))
+        assert (order == list(range(400))) is catchup
+
+
+def test_a_port_that_must_wait_holds_back_only_its_own_datagrams() -> None:
+    # port 0 at 10 Mbit/s, port 1 at 10 Gbit/s, sprayed alternately: 300 us later every one of port 1's
+    # datagrams has left, in order, while port 0's wait for their tokens
+    clock = [10**9]
+    with _rx() as sock:
+        d = SocketDriver(FakeCtx([]), sock, batch_io=False, port_rate_bps=[10**7, 10**10],  # type: ignore[arg-type]
+                         clock=lambda: clock[0])
+        d._pace(clock[0], _tagged(40, 8192 + 56, 2))
+        clock[0] += 300_000
+        d._pace(clock[0], [])
+        odd = [_index(dg) for dg in d._pending if dg.port == 1]
+        assert odd == list(range(1, 40, 2))
+        assert d.queued - len(d._pending) >= 18 and d._pace_at is not None
 
 
 class _StuckTimers:
