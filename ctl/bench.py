@@ -243,8 +243,8 @@ class WriteBench:
                     "plane_gbps": {str(p): round((pb1[p] - pb0[p]) * 8 / t / 1e9, 6)
                                    for p in range(len(pb1))},
                     "retransmits": _retx(st1) - _retx(st0),
-                    "trims": int(st1["nack_trim_rx"]) - int(st0["nack_trim_rx"]),
-                    "rto": int(st1["rto"]) - int(st0["rto"]),
+                    "trims": _delta(st0, st1, "nack_trim_rx"),
+                    "rto": _delta(st0, st1, "rto"),
                     # loss calls later refuted, and EVs taken out of the spray: spurious ones cost the
                     # sender its fast path (docs/daemon.md, "Pacing that keeps up")
                     "lost_then_acked": _delta(st0, st1, "lost_then_acked"),

@@ -75,6 +75,10 @@ MMSG_BATCH: Final = 64
 STUCK_TIMER_WAIT_NS: Final = 1_000_000
 
 
+def _port(dg: Datagram) -> int:
+    return dg.port
+
+
 def batch_io_default() -> bool:
     """Batch I/O when ``MRC_BATCH_IO=1`` (and sendmmsg/recvmmsg are usable here); off otherwise."""
     on = os.environ.get("MRC_BATCH_IO", "0").strip().lower() in ("1", "yes", "on", "true")
@@ -102,9 +106,9 @@ class SocketDriver:
         self._rate = [r / 8e9 for r in (port_rate_bps or [])]
         self._tokens = [float(PACE_BURST)] * len(self._rate)
         self._filled = [clock()] * len(self._rate)
-        #: datagrams the buckets hold, in the engine's order, and how many of them each port holds
+        #: datagrams the buckets hold, in the engine's order, and which ports held some at the last fill
         self._paceq: collections.deque[Datagram] = collections.deque()
-        self._held = [0] * len(self._rate)
+        self._backlog = [False] * len(self._rate)
         self._pace_at: int | None = None
         #: after a stuck timer, engine deadlines before this wait until it (`turn`)
         self._timers_at = 0
@@ -337,9 +341,13 @@ class SocketDriver:
         rates = self._rate
         tokens = self._tokens
         filled = self._filled
-        held = self._held
+        backlog = self._backlog
         paceq = self._paceq
-        paceq.extend(new)
+        for dg in new:
+            if dg.port < nports:
+                paceq.append(dg)
+            else:  # a port without a rate: not paced
+                pend.append(dg)
         self._pace_at = None
         if not paceq:
             return
@@ -349,39 +357,38 @@ class SocketDriver:
             rate = rates[p]
             earned = tokens[p] + (t - filled[p]) * rate
             cap = float(PACE_BURST)
-            if held[p] and self.pace_catchup:
+            if backlog[p] and self.pace_catchup:
                 cap = max(cap, rate * PACE_CATCHUP_NS)
             tokens[p] = earned if earned < cap else cap
             filled[p] = t
             slack[p] = rate * PACE_SLACK_NS if self.pace_debt else 0.0
-            held[p] = 0
         blocked = [False] * nports
+        nblocked = 0
         kept: collections.deque[Datagram] = collections.deque()
-        order = paceq if self.pace_catchup else sorted(
-            paceq, key=lambda dg: dg.port if dg.port < nports else -1)  # the older rule: port by port
+        order = iter(paceq if self.pace_catchup else sorted(paceq, key=_port))  # older rule: port by port
         for dg in order:
             p = dg.port
-            if p >= nports:
-                pend.append(dg)
-                continue
             if blocked[p]:
-                held[p] += 1
                 kept.append(dg)
                 continue
             need = len(dg.data) + WIRE_OVERHEAD
             tok = tokens[p]
             if tok < need - slack[p] and tok < PACE_BURST:
                 blocked[p] = True
-                held[p] += 1
                 kept.append(dg)
                 wait_ns = t + int((need - slack[p] - tok) / rates[p]) + 1
                 if self._pace_at is None or wait_ns < self._pace_at:
                     self._pace_at = wait_ns
+                nblocked += 1
+                if nblocked == nports:  # every port waits: the rest stays, in order, unlooked at
+                    kept.extend(order)
+                    break
                 continue
             tokens[p] = tok - need
             pend.append(dg)
         self._paceq = kept
         for p in range(nports):
+            backlog[p] = blocked[p]
             if blocked[p]:
                 self.paced += 1
             elif tokens[p] > PACE_BURST:  # idle from now on: no more credit than an idle port keeps
