@@ -249,6 +249,8 @@ class WriteBench:
                     # sender its fast path (docs/daemon.md, "Pacing that keeps up")
                     "lost_then_acked": _delta(st0, st1, "lost_then_acked"),
                     "ev_marked_bad": _delta(st0, st1, "ev_marked_bad"),
+                    # ... and how many of those an acknowledgement showed to be wrong (paths.refute)
+                    "ev_refuted": _delta(st0, st1, "ev_refuted"),
                     "seconds": round(t, 4),
                 })
                 total_bytes += size * cfg.iters

@@ -276,6 +276,10 @@ class PathSet:
         self.probe_results: list[ProbeResult] = []
         self.losses = 0
         self.marked_bad = 0
+        #: per EV: the transmission whose loss made it ASSUMED_BAD, its send time and PSN (`refute`)
+        self.bad_sent = [0] * n
+        self.bad_psn = [-1] * n
+        self.refuted = 0  # EVs made GOOD again by `refute`
         self._rebuild()
         profile.paths.append(self)
 
@@ -466,14 +470,17 @@ class PathSet:
 
     # ------------------------------------------------------------------ state machine
 
-    def loss(self, i: int, now: int) -> None:
-        """A packet sent on EV i was lost (not trimmed): retire the EV unless at the floor."""
+    def loss(self, i: int, now: int, sent: int = -1, psn: int = -1) -> None:
+        """A packet (PSN `psn`) sent on EV i at `sent` (-1: not known) was lost (not trimmed): retire the
+        EV unless at the floor."""
         self.losses += 1
         self.drops[i] += 1
         if self.state[i] == GOOD:
             if self.good_count > self.min_active:
                 self._set(i, ASSUMED_BAD, now)
                 self.marked_bad += 1
+                self.bad_sent[i] = sent if sent >= 0 else now
+                self.bad_psn[i] = psn
                 self.probe_at[i] = now + self.probe_interval
                 self.probe_ivl[i] = self.probe_interval
                 self.probe_ok[i] = 0
@@ -481,6 +488,27 @@ class PathSet:
                     self.next_probe_deadline = now + self.probe_interval
             else:
                 self.penalise(i)
+
+    def refute(self, i: int, sent: int, psn: int, now: int) -> bool:
+        """The transmission of `psn` on EV i at `sent` was delivered (its acknowledgement came back).
+        When that is the transmission whose loss made i ASSUMED_BAD, or one sent after it, the call was
+        wrong: the path delivered what it was said to have lost. i is GOOD again at once, as after its
+        probes, and its probes stop. A path that really failed delivers nothing sent after the
+        failure; a delivery sent before the transmission that retired i (or at the same time: one burst
+        shares a timestamp) says nothing about the path since, and is not taken."""
+        if self.state[i] != ASSUMED_BAD or now - sent > self.probe_timeout:
+            return False
+        b = self.bad_sent[i]
+        if sent < b or (sent == b and psn != self.bad_psn[i]):
+            return False
+        # no more probes; one in flight is still awaited, so that its reply is not taken for a stray
+        self.probe_at.pop(i, None)
+        self.probe_ivl.pop(i, None)
+        self.probe_ok.pop(i, None)
+        self._set(i, GOOD, now)
+        self.refuted += 1
+        self._recompute_probe_deadline()
+        return True
 
     def _set(self, i: int, state: int, now: int) -> None:
         old = self.state[i]

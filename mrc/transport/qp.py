@@ -283,6 +283,7 @@ class QueuePair(Requester, Responder):
             max_trim_recovery_ns=self.max_trim_recovery_ns,
             ev_marked_bad=self.paths.marked_bad,
             ev_losses=self.paths.losses,
+            ev_refuted=self.paths.refuted,
             port_bytes=list(self.paths.port_bytes),
         )
         return d

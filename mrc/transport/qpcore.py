@@ -98,9 +98,10 @@ class QpCore:
         "tx_retx", "rack_next", "rtxq", "port_thr", "ack_timeout", "retries", "wrs_out", "send_cq", "srtt",
         "rttvar", "min_rtt", "port_srtt", "port_rttvar", "port_min_rtt", "reo_extra", "ctx", "qpn", "recv_cq",
         "rack_ser", "rack_rtt", "rack_thr", "rack_reo", "rack_calm", "rack_bump", "rack_lost",
-        "same_port_rack",
+        "same_port_rack", "ev_refute",
         "error_status", "msn", "trim_pending", "next_rid", "recv_q", "imm_reserved",
-        "max_trim_recovery_ns", "trim_recoveries", "aux_deadline", "tx_old", "first_psn", "wimm_out",
+        "max_trim_recovery_ns", "trim_recoveries", "aux_deadline", "tx_old", "tx_old_ev", "first_psn",
+        "wimm_out",
         "rnr", "gc_at", "max_rx_msgs", "ts_off", "steer_delay", "cc_spec", "ackreq_since", "ackreq_div",
         "Wd", "hint", "fast",
     )
@@ -113,6 +114,7 @@ class QpCore:
         when), where a refutation widens the window: the cross-port rule's mistakes say nothing about
         how a port reorders."""
         self.same_port_rack = self.attr.same_port_rack
+        self.ev_refute = self.attr.ev_refute
         self.rack_ser = [0] * nports
         self.rack_rtt = [0] * nports
         self.rack_thr = [NEVER] * nports
@@ -194,6 +196,7 @@ class QpCore:
         self.tx_retx = [False] * W  # this PSN has been retransmitted (watched through rtxq)
         # PSN -> times of its earlier transmissions, for PSNs sent more than once (feedback may echo any)
         self.tx_old: dict[int, list[int]] = {}
+        self.tx_old_ev: dict[int, list[int]] = {}  # ... and the EVs they went on (Requester.on_sack)
         self.first_psn = attr.initial_psn
         # MXH timestamps go out as now + ts_off, a random per-QP offset (as TCP randomizes its
         # timestamps per connection): echoes are checked against our own transmissions, so feedback
@@ -307,6 +310,7 @@ class QpCore:
         self.rtxq.clear()
         self.rnr.clear()
         self.tx_old.clear()
+        self.tx_old_ev.clear()
         self.wimm_out = 0
         self.rto_deadline = self.loss_deadline = self.ack_deadline = self.aux_deadline = NEVER
         self.gc_at = NEVER

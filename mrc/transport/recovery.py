@@ -243,7 +243,7 @@ class Recovery(QpCore):
         self.inflight -= self.tx_len[slot]
         self.retx_q.append(psn)
         if blame_ev:
-            self.paths.loss(self.tx_ev[slot], now)
+            self.paths.loss(self.tx_ev[slot], now, self.tx_time[slot], psn)
         self.cc.on_loss(now)
 
     # ================================================================== ACK timeout

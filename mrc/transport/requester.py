@@ -18,6 +18,7 @@ from mrc.wire.packet import MrcPacket, write_packet
 
 from .drops import EngineDrop
 from .fastpath import send_new as _fast_send_new
+from .paths import ASSUMED_BAD as _ASSUMED_BAD
 from .qpcore import _ACKED, _CE, _HALF, _INFLIGHT, _LOST, _RETX, _RTS, _S_DUP, _SVC_VALID, NEVER, Datagram
 from .recovery import Recovery
 from .verbs import SendWr, WcStatus, WorkCompletion
@@ -226,7 +227,8 @@ class Requester(Recovery):
     def _retransmit(self, psn: int, slot: int, now: int, out: list[Datagram]) -> bool:
         """Send PSN `psn` again (same PSN, RETX and AckReq set) on an EV other than its last one."""
         paths = self.paths
-        ev = paths.other_ev(self.tx_ev[slot])
+        prev_ev = self.tx_ev[slot]
+        ev = paths.other_ev(prev_ev)
         if ev < 0:
             if self.rto_deadline == NEVER:
                 self.rto_deadline = now + self._rto_interval()
@@ -252,14 +254,18 @@ class Requester(Recovery):
         self.tx_state[slot] = _INFLIGHT
         self.tx_ev[slot] = ev
         old = self.tx_old
+        old_ev = self.tx_old_ev
         times = old.get(psn)
         if times is None:
             if len(old) >= 2 * self.W:  # forget PSNs whose slots were reused
                 floor = self.snd_nxt - self.W
                 for p in [p for p in old if p < floor]:
                     del old[p]
+                    old_ev.pop(p, None)
             times = old[psn] = []
+            old_ev[psn] = []
         times.append(self.tx_time[slot])
+        old_ev[psn].append(prev_ev)
         self.tx_time[slot] = now
         self.serial = s = self.serial + 1
         self.tx_serial[slot] = s
@@ -275,6 +281,18 @@ class Requester(Recovery):
         return True
 
     # ================================================================== validation
+
+    def _abs_psn(self, wire_psn: int) -> int:
+        """The PSN (not wrapped) that a 24-bit PSN from the wire names, within half the space of snd_una."""
+        rel = (wire_psn - self.snd_una) & PSN_MASK
+        return self.snd_una + (rel - PSN_MOD if rel >= _HALF else rel)
+
+    def _sent_on(self, own: int, psn: int, ts: int) -> int:
+        """The EV the transmission `_own_slot` found (`own`, of `psn` sent at `ts`) went on."""
+        if own >= 0:
+            return self.tx_ev[own]
+        sent = self.tx_old.get(psn, [])
+        return self.tx_old_ev[psn][sent.index(ts)] if ts in sent else -1
 
     def _own_slot(self, wire_psn: int, ts: int) -> int:
         """The slot of the transmission a control packet refers to: `wire_psn` names a PSN this QP has
@@ -311,13 +329,25 @@ class Requester(Recovery):
             self._unmatched(EngineDrop.SACK_UNMATCHED)
             return
         c["sack_rx"] += 1
+        paths = self.paths
+        # the transmission that triggered it was delivered: when its EV was retired by the loss of it
+        # (or of one sent before it), that call was wrong (paths.refute)
+        e = s.echo_ev_index  # type: ignore[union-attr]
+        if e < paths.n and paths.state[e] == _ASSUMED_BAD and self.ev_refute:
+            p = self._abs_psn(pkt.psn)
+            if self._sent_on(own, p, ts) == e:
+                paths.refute(e, ts, p, now)
         # a second copy of that PSN arrived: when we had sent it more than once, one of those
         # transmissions was not needed
         if s.echo_flags & _S_DUP and self.tx_retx[own if own >= 0 else -2 - own]:  # type: ignore[union-attr]
             c["retx_spurious"] += 1
+            p = self._abs_psn(pkt.psn)
             if self.rack_lost:
-                rel = (pkt.psn - self.snd_una) & PSN_MASK
-                self._rack_refuted(self.snd_una + (rel - PSN_MOD if rel >= _HALF else rel), now)
+                self._rack_refuted(p, now)
+            if own >= 0 and self.ev_refute:  # this copy came second: the earlier one (if one) came first
+                sent = self.tx_old.get(p)
+                if sent is not None and len(sent) == 1:
+                    paths.refute(self.tx_old_ev[p][0], sent[0], p, now)
         una = self.snd_una
         outstanding = self.snd_nxt - una
         rel = (s.cum_psn - una) & PSN_MASK  # type: ignore[union-attr]
@@ -367,8 +397,11 @@ class Requester(Recovery):
                         inflight -= n
                     elif st == _LOST:
                         spurious += 1
+                        q = una + low.bit_length() - 1
                         if self.rack_lost:
-                            self._rack_refuted(una + low.bit_length() - 1, now)
+                            self._rack_refuted(q, now)
+                        if not self.tx_retx[slot] and self.ev_refute:  # not sent again: the one copy arrived
+                            self.paths.refute(self.tx_ev[slot], self.tx_time[slot], q, now)
                     tx_state[slot] = _ACKED
                     acked += n
                     ser = tx_serial[slot]
@@ -402,9 +435,7 @@ class Requester(Recovery):
                 self.retries = 0
                 self.rto_deadline = now + self.ack_timeout if self.snd_nxt != una else NEVER
         # per-EV steering from the echo of the triggering packet
-        e = s.echo_ev_index  # type: ignore[union-attr]
         ecn = bool(s.echo_flags & _CE)  # type: ignore[union-attr]
-        paths = self.paths
         hot = False
         if e < paths.n:
             if ecn:

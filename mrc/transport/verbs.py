@@ -235,6 +235,11 @@ class QpAttr:
     # about one RTT after its first loss even when RTTs jitter (docs/transport.md). False: the
     # cross-port rule alone
     same_port_rack: bool = True
+    # an ASSUMED_BAD EV is GOOD again as soon as an acknowledgement shows that the transmission whose
+    # loss retired it (or one sent on it later) was delivered: the loss call was wrong, and probing the
+    # EV back would keep a working path out of the spray for a probe round trip or more
+    # (EvPathSet.refute, docs/transport.md). False: only probes bring an EV back
+    ev_refute: bool = True
     # an EV whose RTT sample exceeds 2 x the QP's smoothed RTT + this is steered away from, as on ECN
     # (-1: off): a slow link's queue long before the switch's byte threshold marks it
     steer_delay_ns: int = 10_000
@@ -255,6 +260,8 @@ class QpAttr:
     def check(self) -> None:
         if not isinstance(self.same_port_rack, bool):
             raise ValueError("same_port_rack must be True or False")
+        if not isinstance(self.ev_refute, bool):
+            raise ValueError("ev_refute must be True or False")
         if not 0 <= self.timeout <= 24:
             raise ValueError("timeout must be 0..24")
         if not 0 <= self.linear_cnt <= 7:

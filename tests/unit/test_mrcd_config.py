@@ -180,3 +180,22 @@ def test_a_sigterm_swallowed_during_set_up_still_stops_mrcd(monkeypatch: pytest.
         for s, h in saved.items():
             signal.signal(s, h)
     assert "served" not in events and events[-1] == "daemon closed", events
+
+
+def test_environment_switches_back_to_the_older_loss_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """mrcd's A/B switches: MRC_SAME_PORT_RACK=0 and MRC_EV_REFUTE=0 turn those rules off in the QP
+    attributes mrcd creates its QPs with; unset (or anything else), they stay on."""
+    from mrc.ctl.daemon import qp_attr_overrides
+    from mrc.transport import QpAttr
+
+    for var in ("MRC_SAME_PORT_RACK", "MRC_EV_REFUTE", "MRC_ACK_REQ_FLOOR"):
+        monkeypatch.delenv(var, raising=False)
+    attr = qp_attr_overrides(QpAttr())
+    assert attr.same_port_rack and attr.ev_refute
+    monkeypatch.setenv("MRC_EV_REFUTE", "0")
+    attr = qp_attr_overrides(QpAttr())
+    assert attr.same_port_rack and not attr.ev_refute
+    monkeypatch.setenv("MRC_SAME_PORT_RACK", "0")
+    monkeypatch.setenv("MRC_EV_REFUTE", "1")
+    attr = qp_attr_overrides(QpAttr())
+    assert not attr.same_port_rack and attr.ev_refute

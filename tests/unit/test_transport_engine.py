@@ -462,3 +462,31 @@ def test_control_packets_follow_the_echo_spread_over_the_port_and_avoid_a_dead_p
         ps.state[i] = ASSUMED_BAD
     ps._rebuild()
     assert ps.ev_port[ps.ctl_ev(0)] == 1
+
+
+def test_a_loss_call_is_refuted_only_by_the_lost_transmission_or_a_later_one() -> None:
+    """`PathSet.refute`: the EV retired by the loss of PSN 10 sent at 1,000 ns comes back when that
+    transmission, or one sent on it later, is shown delivered within a probe's timeout; not by a
+    delivery sent earlier, nor by another packet of the same burst (one timestamp), nor by one
+    answered later than a probe may be; and an EV that is not ASSUMED_BAD is left alone."""
+    from mrc.transport.paths import ASSUMED_BAD, DENIED, GOOD, PathSet
+
+    prof = EvProfile.even(1, 8, 2)
+    ps = PathSet(prof, 7, (20_000, 2_000_000, 200_000, 2))
+    ps.loss(3, 50_000, 1_000, 10)
+    assert ps.state[3] == ASSUMED_BAD and 3 in ps.probe_at and ps.next_probe_deadline == 70_000
+    assert not ps.refute(3, 999, 9, 60_000)  # sent before the lost one: says nothing since
+    assert not ps.refute(3, 1_000, 11, 60_000)  # the same burst, another packet
+    assert not ps.refute(3, 1_000, 10, 1_000 + 200_001)  # later than a probe's timeout
+    assert ps.state[3] == ASSUMED_BAD and ps.refuted == 0
+    assert ps.refute(3, 1_000, 10, 60_000)  # the lost transmission itself arrived
+    assert ps.state[3] == GOOD and ps.refuted == 1 and 3 not in ps.probe_at
+    assert ps.next_probe_deadline == 1 << 62 and ps.good_count == 8
+    ps.loss(5, 90_000, 2_000, 20)
+    assert ps.refute(5, 2_500, 23, 95_000)  # a later transmission on it arrived
+    assert not ps.refute(5, 3_000, 24, 96_000)  # GOOD already
+    prof.deny([6])
+    assert not ps.refute(6, 4_000, 30, 97_000) and ps.state[6] == DENIED
+    assert ps.refuted == 2
+    ev = [(e.ev_index, e.state.name) for e in ps.events]
+    assert ev == [(3, "ASSUMED_BAD"), (3, "GOOD"), (5, "ASSUMED_BAD"), (5, "GOOD")]

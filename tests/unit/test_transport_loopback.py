@@ -386,3 +386,47 @@ def test_no_ack_req_floor_keeps_a_small_window_full_with_a_third_of_the_sacks() 
     assert docs[0]["sim_time_s"] <= 1.01 * docs[-1]["sim_time_s"]
     with pytest.raises(ValueError, match="ack_req_floor"):
         QpAttr(ack_req_floor=-2).check()
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_an_ev_retired_by_a_wrong_loss_call_is_good_again_at_the_proof(seed: int) -> None:
+    """Every packet delayed by up to 20 us at random (reordering each path by three base RTTs): loss
+    calls retire EVs whose packets were only late. The acknowledgement of the packet said to be lost
+    (or of one sent after it on that EV) proves the call wrong and makes the EV GOOD at once
+    (`ev_refuted`), without the probes that bring it back otherwise; with `ev_refute` off only probes
+    do. (The runs' lengths are not compared: NSCC's quick adapt, which reads this jitter as queueing,
+    sets them, 1-15 ms either way.)"""
+    on, r_on = run(16 << 20, seed=seed, jitter_ns=20_000)
+    off, r_off = run(16 << 20, seed=seed, jitter_ns=20_000, attr=QpAttr(ev_refute=False))
+    for doc in (on, off):
+        assert doc["completed"] and doc["bit_exact"]
+    s_on, s_off = r_on.qa.stats(), r_off.qa.stats()
+    assert s_on["ev_marked_bad"] > 0 and s_on["ev_refuted"] == s_on["ev_marked_bad"]
+    assert s_off["ev_marked_bad"] > 0 and s_off["ev_refuted"] == 0
+    assert s_on["probe_tx"] < s_off["probe_tx"] / 2
+    # an EV back by its proof raises its GOOD event right after the ASSUMED_BAD one, well before a
+    # probe could have answered twice
+    bad = {e["ev_index"]: e["t_ns"] for e in on["events"] if e["state"] == "ASSUMED_BAD"}
+    back = [e["t_ns"] - bad[e["ev_index"]] for e in on["events"]
+            if e["state"] == "GOOD" and e["ev_index"] in bad]
+    assert back and max(back) < r_on.qa.attr.probe_interval_ns + r_on.qa.attr.probe_timeout_ns
+
+
+def test_a_dead_or_slow_path_is_not_brought_back_by_deliveries() -> None:
+    """What a proof is not. A plane blackholed for good delivers nothing sent after its failure, so its
+    EVs stay ASSUMED_BAD; a plane 300 us longer than the others delivers, but later than a probe's
+    timeout (200 us): a probe answered that late fails, and so does such a proof. Both runs are the
+    same with the rule on and off."""
+    for fabric in ({"blackholes": [Blackhole(plane=2, start_ns=50_000)]},
+                   {"plane_delay_ns": [0, 0, 0, 300_000]}):
+        docs = []
+        for refute in (True, False):
+            doc, r = run(8 << 20, seed=4, attr=QpAttr(ev_refute=refute), **fabric)
+            assert doc["completed"] and doc["bit_exact"]
+            assert r.qa.stats()["ev_marked_bad"] >= 32 and r.qa.stats()["ev_refuted"] == 0
+            for k in ("wall_s", "engine_pps", "wire_floor_pps", "engine_vs_wire_floor"):
+                doc.pop(k)
+            docs.append(doc)
+        assert docs[0] == docs[1]
+        plane = 2 if "blackholes" in fabric else 3
+        assert docs[0]["ev_states"][f"plane{plane}"]["GOOD"] == 0
