@@ -580,6 +580,9 @@ class PathSet:
         self._forget_probe(i)
         self._set(i, int(state), now)
         if state == EvState.ASSUMED_BAD:
+            # the controller's mark: no delivery of what was sent before it refutes it (`refute`)
+            self.bad_sent[i] = now + 1
+            self.bad_psn[i] = -1
             self.probe_at[i] = now + self.probe_interval
             self.probe_ivl[i] = self.probe_interval
             self.probe_ok[i] = 0

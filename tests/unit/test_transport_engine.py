@@ -469,8 +469,10 @@ def test_a_loss_call_is_refuted_only_by_the_lost_transmission_or_a_later_one() -
     transmission, or one sent on it later, is shown delivered within a probe's timeout; not by a
     delivery sent earlier, nor by another packet of the same burst (one timestamp), nor by one
     answered later than a probe may be; and an EV that is not ASSUMED_BAD is left alone."""
+    from mrc.transport import EvState
     from mrc.transport.paths import ASSUMED_BAD, DENIED, GOOD, PathSet
 
+    EV_ASSUMED_BAD = EvState.ASSUMED_BAD
     prof = EvProfile.even(1, 8, 2)
     ps = PathSet(prof, 7, (20_000, 2_000_000, 200_000, 2))
     ps.loss(3, 50_000, 1_000, 10)
@@ -487,6 +489,8 @@ def test_a_loss_call_is_refuted_only_by_the_lost_transmission_or_a_later_one() -
     assert not ps.refute(5, 3_000, 24, 96_000)  # GOOD already
     prof.deny([6])
     assert not ps.refute(6, 4_000, 30, 97_000) and ps.state[6] == DENIED
+    ps.set_state(7, EV_ASSUMED_BAD, 98_000)  # the controller's mark: only probes undo it
+    assert not ps.refute(7, 98_000, 31, 99_000) and ps.state[7] == ASSUMED_BAD
     assert ps.refuted == 2
     ev = [(e.ev_index, e.state.name) for e in ps.events]
-    assert ev == [(3, "ASSUMED_BAD"), (3, "GOOD"), (5, "ASSUMED_BAD"), (5, "GOOD")]
+    assert ev == [(3, "ASSUMED_BAD"), (3, "GOOD"), (5, "ASSUMED_BAD"), (5, "GOOD"), (7, "ASSUMED_BAD")]
