@@ -490,12 +490,13 @@ class PathSet:
                 self.penalise(i)
 
     def refute(self, i: int, sent: int, psn: int, now: int) -> bool:
-        """The transmission of `psn` on EV i at `sent` was delivered (its acknowledgement came back).
-        When that is the transmission whose loss made i ASSUMED_BAD, or one sent after it, the call was
-        wrong: the path delivered what it was said to have lost. i is GOOD again at once, as after its
-        probes, and its probes stop. A path that really failed delivers nothing sent after the
+        """The transmission of `psn` on EV i at `sent` was delivered: its acknowledgement came back at
+        `now`. When that is the transmission whose loss made i ASSUMED_BAD, or one sent after it, the
+        call was wrong: the path delivered what it was said to have lost. i is GOOD again at once, as
+        after its probes, and its probes stop. A path that really failed delivers nothing sent after the
         failure; a delivery sent before the transmission that retired i (or at the same time: one burst
-        shares a timestamp) says nothing about the path since, and is not taken."""
+        shares a timestamp) says nothing about the path since, and one acknowledged later than a probe
+        may be answered is a path too slow to use (its probes would fail): neither is taken."""
         if self.state[i] != ASSUMED_BAD or now - sent > self.probe_timeout:
             return False
         b = self.bad_sent[i]

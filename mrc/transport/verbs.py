@@ -238,7 +238,7 @@ class QpAttr:
     # an ASSUMED_BAD EV is GOOD again as soon as an acknowledgement shows that the transmission whose
     # loss retired it (or one sent on it later) was delivered: the loss call was wrong, and probing the
     # EV back would keep a working path out of the spray for a probe round trip or more
-    # (EvPathSet.refute, docs/transport.md). False: only probes bring an EV back
+    # (PathSet.refute, docs/transport.md). False: only probes bring an EV back
     ev_refute: bool = True
     # an EV whose RTT sample exceeds 2 x the QP's smoothed RTT + this is steered away from, as on ECN
     # (-1: off): a slow link's queue long before the switch's byte threshold marks it
