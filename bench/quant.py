@@ -14,7 +14,9 @@ minimum drops and a median of a few rounds does not). The numba kernels are comp
 Rows, each for backend `numpy` and `numba`: `copy` = numpy.copy of the input (memory bandwidth, read +
 write); `fwht-textbook` = log2(D) vectorised radix-2 butterfly stages (mrc.quant.rht.fwht_textbook);
 `fwht` = the fast transform (numpy: blocked Kronecker matmuls; numba: blocked radix-8/4/2 kernels);
-`rht-textbook` / `rht` = one full rotation (seeded signs + transform) with either; `edenB encode rot=1` =
+`rht-textbook` / `rht` = one full rotation (seeded signs + transform) with either, of a copy; `rht in place`
+(numba) = the rotation of one vector in place, no copy, with its time per element and butterfly level
+(`ns_per_element_level`: the FWHT's compute rate at that size); `edenB encode rot=1` =
 mrc.quant.codec.encode(x, "eden-unbiased", B) with one rotation, `edenB encode auto` with the default
 `auto` (which adds the O(d) moment statistic); `edenB decode` = codec.decode. MB/s are of float32 input
 (4 d bytes), the convention of the issue's targets; `x copy` = time / copy time; `vs numpy` = the numpy
@@ -24,7 +26,12 @@ row's time / the numba row's time.
 (mrc/quant/hop.py): the incoming B-bit frame of a partial sum decoded, the local chunk added, the sum
 encoded with a fresh seed — as three passes (decode, add, encode) and fused (kernels.hop_rotate); the
 fused row's `vs 3-pass` is the three-pass time / fused time, and `identical` says the two frames were the
-same bytes. MB/s are of the chunk's float32 elements.
+same bytes. MB/s are of the chunk's float32 elements. `hop eden{B} floor`: only the arithmetic that any
+hop bit-identical to the three passes must run (two rotations and the codec's quantizer and packing,
+`floor_fn`). Where the rotation runs at its compute-bound rate (2^20 here: its lowest time per element
+and level) its `vs 3-pass` (`<=`) is the most a fused kernel built from these kernels can gain; a faster
+rotation or quantizer would be the codec's own and speed up the three passes as much. Beyond the caches
+(2^22) each rotation of the floor also pays memory passes that fusion saves, so the fused row can beat it.
 
 Prints a table, then the same results as one JSON document (only the JSON with -j).
 """
@@ -91,6 +98,10 @@ def _cases(d: int, backends: tuple[str, ...]) -> dict[tuple[str, str], Callable[
         rotate: Callable[[np.ndarray, int, int], object] = rht.rotate if kern is None else kern.rotate
         cases[("fwht", be)] = partial(_on_copy, fwht, x)
         cases[("rht", be)] = partial(_rotate_copy, rotate, x)
+        if kern is not None:
+            # one rotation of a vector in place (no copy, no allocation): the compute rate of the FWHT
+            y = x.copy()
+            cases[("rht in place", be)] = partial(kern._rotate_into, y, y, 7, 0)
         for bits in (2, 4):
             buf = codec.encode(x, "eden-unbiased", bits, seed=7, rotations=1, backend=be)
             cases[(f"eden{bits} encode rot=1", be)] = partial(
@@ -124,6 +135,8 @@ def measure(log2d: int, rounds: int, backends: tuple[str, ...] = BACKENDS) -> li
         }
         if name in ("fwht", "rht"):
             row["speedup_vs_textbook"] = med[(f"{name}-textbook", "numpy")] / t
+        if name == "rht in place":
+            row["ns_per_element_level"] = t / (d * log2d) * 1e9
         if be != "numpy" and (name, "numpy") in med:
             row["speedup_vs_numpy"] = med[(name, "numpy")] / t
         rows.append(row)
@@ -144,6 +157,7 @@ def measure_hop(log2d: int, rounds: int) -> list[dict[str, Any]]:
                            == hop.hop(frame, own, "eden-unbiased", bits, 9, path="three-pass"))
         for path in hop.PATHS:
             cases[(f"hop eden{bits} {path}", "numba")] = partial_fn(frame, own, bits, path)
+        cases[(f"hop eden{bits} floor", "numba")] = floor_fn(own, bits)
     for f in cases.values():
         f()
     times: dict[tuple[str, str], list[float]] = {k: [] for k in cases}
@@ -160,8 +174,33 @@ def measure_hop(log2d: int, rounds: int) -> list[dict[str, Any]]:
                                "mbps": 4.0 * d / t / 1e6, "identical": identical[bits]}
         if name.endswith("fused"):
             row["speedup_vs_three_pass"] = best[(f"hop eden{bits} three-pass", be)] / t
+        if name.endswith("floor"):
+            # no frame comes out of the floor: nothing to compare; its ratio is the ceiling of any fused hop
+            row["identical"] = None
+            row["ceiling_vs_three_pass"] = best[(f"hop eden{bits} three-pass", be)] / t
         rows.append(row)
     return rows
+
+
+def floor_fn(own: np.ndarray, bits: int) -> Callable[[], object]:
+    """The arithmetic every hop that is bit-identical to decode + add + encode must run, and nothing else:
+    the incoming frame's inverse rotation and the sum's forward rotation (signs, FWHT, scale: the same
+    in-place kernel twice on a vector that is already in place) and the codec's quantizer and packing on
+    the rotated sum (codec.finish, one rotation, no `auto` statistic). No unpacking, lookup, addition,
+    copy, allocation of the input, moment pass or frame parsing: a lower bound on the hop's time."""
+    kern = accel.kernels()
+    assert kern is not None
+    y = np.zeros(1 << (own.size - 1).bit_length(), np.float32)
+    y[: own.size] = own
+
+    def run() -> object:
+        kern._rotate_into(y, y, 3, 0)
+        ny2 = kern._rotate_into(y, y, 9, 0)
+        # finish reads y and leaves it as it was (a normal-range vector is not rescaled)
+        return codec.finish(y, ny2, 1, False, False, "eden-unbiased", float(bits), 9, kern,
+                            np.dtype(np.float32), (own.size,))
+
+    return run
 
 
 def partial_fn(frame: bytes, own: np.ndarray, bits: int, path: str) -> Callable[[], object]:
@@ -172,8 +211,11 @@ def render_hop(rows: list[dict[str, Any]]) -> str:
     out = [f"{'case':<26} {'d':>5} {'ms':>8} {'MB/s':>7} {'vs 3-pass':>9} {'identical':>9}"]
     for r in rows:
         sp = f"{r['speedup_vs_three_pass']:.2f}x" if "speedup_vs_three_pass" in r else ""
+        if "ceiling_vs_three_pass" in r:
+            sp = f"<={r['ceiling_vs_three_pass']:.2f}x"
+        same = "-" if r["identical"] is None else "yes" if r["identical"] else "NO"
         out.append(f"{r['case']:<26} {'2^' + str(r['log2_d']):>5} {r['ms']:>8.2f} {r['mbps']:>7.0f} {sp:>9} "
-                   f"{'yes' if r['identical'] else 'NO':>9}")
+                   f"{same:>9}")
     return "\n".join(out)
 
 
