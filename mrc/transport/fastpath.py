@@ -236,9 +236,10 @@ def sack(
     crc = crc32(bmb, crc32(hdr, ic.start(*key) if v is None else v))
     buf = bytearray().join((hdr, bmb, _ZERO4))
     _pack_icrc(buf, end, crc)
-    self.unacked = 0
-    self.ack_coalesce = self.ack_coalesce_sum - self.ack_coalesce
-    self.ack_deadline = NEVER
+    if not eflags & _S_DUP:  # as Responder._sack: a duplicate's answer leaves the ACK policy's state
+        self.unacked = 0
+        self.ack_coalesce = self.ack_coalesce_sum - self.ack_coalesce
+        self.ack_deadline = NEVER
     self.c["sack_tx"] += 1
     out.append(_new_tuple(Datagram, (buf, paths.ev_port[cev], cev, self.peer_gid)))
 

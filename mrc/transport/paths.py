@@ -555,6 +555,11 @@ class PathSet:
             self.peer_probe_ok.pop(port, None)
             self.set_denied([i for i in idx if i not in self.profile.denied], False, now)
             return
+        if port in self.peer_down:
+            # already down and being probed: a repeat (a newer epoch from a flapping port, or a forger's
+            # stream of them) neither pushes the next probe back nor forgets the one in flight, which
+            # would keep the port from ever being probed and run the QP out of paths
+            return
         self.peer_down.add(port)
         self.peer_probe_ok[port] = 0
         self.peer_probe_at[port] = now + self.probe_max

@@ -25,6 +25,8 @@ from .requester import Requester
 from .responder import Responder
 from .verbs import MemoryRegion, QpAttr, QpHint, QpState, SendWr, WcOpcode, WcStatus, WorkCompletion
 
+_SVC_MAX: Final = 0xFFFFFFFF  # the SACK's 32-bit service time field
+
 __all__ = ["NEVER", "Datagram", "QueuePair"]
 
 # modify_qp: the states each state may move to (RC QPs as ibv_modify_qp has them, without SQD/SQE)
@@ -210,7 +212,8 @@ class QueuePair(Requester, Responder):
             self.ack_deadline = NEVER
             if self.unacked:
                 psn, ev, ts, flags, t, port = self.last_rx
-                self._sack(now, out, psn, ev, ts, flags, now - t, port)
+                # the SACK's service time is 32 bits: a driver that calls late (> 4.3 s) gets the most
+                self._sack(now, out, psn, ev, ts, flags, min(now - t, _SVC_MAX), port)
         if self.state is not _RTS:
             if self.aux_deadline <= now:
                 self._on_aux(now)  # an RTR responder sweeps its incomplete messages too

@@ -198,9 +198,13 @@ class Responder(QpCore):
             echo_ev_index=ev, echo_timestamp_ns=ts, bitmap=bm, words=words, echo_flags=eflags,
             service_time_ns=svc, timestamp_ns=now,
         )
-        self.unacked = 0
-        self.ack_coalesce = self.ack_coalesce_sum - self.ack_coalesce  # the next run: the other length
-        self.ack_deadline = NEVER
+        if not eflags & _S_DUP:
+            self.unacked = 0
+            self.ack_coalesce = self.ack_coalesce_sum - self.ack_coalesce  # the next run: the other length
+            self.ack_deadline = NEVER
+        # else: the answer to a stale or duplicate packet echoes that packet, which anyone can send (its
+        # R_Key is not checked first): a requester that never sent it discards the whole SACK, so the
+        # packets waiting for an acknowledgement still get theirs from the ACK policy
         self.c["sack_tx"] += 1
         out.append(Datagram(buf, paths.ev_port[cev], cev, self.peer_gid))
 

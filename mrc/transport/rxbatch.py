@@ -121,6 +121,9 @@ FULL: Final = 5  # packet `j` lies beyond the bitmap words given: copy the state
 S_CUM, S_OFF, S_WD, S_RXP, S_RXB, S_UNACK, S_COAL = 0, 1, 2, 3, 4, 5, 6
 S_QPN, S_RKEY, S_MRADDR, S_MRLEN, S_MSN, S_MDONE, S_MLEN, S_END = 7, 8, 9, 10, 11, 12, 13, 14
 S_ECN, S_LAST = 15, 16  # ECN-CE data packets taken; 1 once a packet was taken and left unacknowledged
+#: the MXH timestamp is 64 bits; the state row holds it as int64, so one with bit 63 set (the peer's
+#: clock is its own) reads back negative: masked to its unsigned value where it leaves the kernel
+_U64: Final = (1 << 64) - 1
 S_PSN, S_EV, S_TS, S_FLAGS, S_PORT = 17, 18, 19, 20, 21  # the packet to acknowledge now (SACK)
 S_NEED_RKEY, S_NEED_MSN, S_NEED_EV = 22, 23, 24  # what CTX asks for
 S_LPSN, S_LEV, S_LTS, S_LPORT = 25, 26, 27, 28  # the last packet left unacknowledged (last_rx)
@@ -371,7 +374,7 @@ class BatchReceiver:
             qp.c["ecn_rx"] += int(st[S_ECN])
             st[S_ECN] = 0
         if st[S_LAST]:
-            qp.last_rx = (int(st[S_LPSN]), int(st[S_LEV]), int(st[S_LTS]), 0, now, int(st[S_LPORT]))
+            qp.last_rx = (int(st[S_LPSN]), int(st[S_LEV]), int(st[S_LTS]) & _U64, 0, now, int(st[S_LPORT]))
             if qp.ack_deadline == NEVER:
                 qp.ack_deadline = now + qp.attr.ack_delay_ns
             st[S_LAST] = 0
@@ -459,7 +462,8 @@ class BatchReceiver:
             if why == SACK:
                 self._store(qp, v, m, now)
                 ef = (_CE if ecn[j - 1] else 0) | (fastpath._S_RETX if int(st[S_FLAGS]) & _RETX else 0)
-                fastpath.sack(qp, now, self.ctx._out, int(st[S_PSN]), int(st[S_EV]), int(st[S_TS]), ef, 0,
+                ts = int(st[S_TS]) & _U64
+                fastpath.sack(qp, now, self.ctx._out, int(st[S_PSN]), int(st[S_EV]), ts, ef, 0,
                               int(st[S_PORT]))
                 st[S_UNACK] = qp.unacked
                 st[S_COAL] = qp.ack_coalesce

@@ -444,3 +444,73 @@ def test_what_the_network_can_grow_at_the_requester_is_bounded() -> None:
     assert doc["completed"] and doc["bit_exact"] and doc["trims"] > 4096
     assert len(r.qa.trim_recoveries) == 4096 and len(r.qa.trim_pending) <= r.qa.W
     assert len(r.qa.tx_old) <= 2 * r.qa.W and len(r.qa.rnr) <= r.qa.W
+
+
+# ------------------------------------------------- 5. forged packets that reset state (fuzzing, 2026-12)
+
+
+def test_a_forged_stale_write_does_not_cancel_the_pending_acknowledgement() -> None:
+    """A WRITE with a PSN below the cumulative point (anyone can send one: its R_Key is not checked
+    first) is answered with a duplicate SACK echoing it, which the requester discards as naming none of
+    its transmissions. That answer used to reset the responder's ACK policy (nothing pending, the
+    delayed-ACK timer cancelled), so the genuine packets waiting for their acknowledgement lost it."""
+    a, b, qa, qb = pair()
+    src = np.arange(64 * 4096, dtype=np.uint32).view(np.uint8)[: 64 * 4096].copy()
+    dst = np.zeros_like(src)
+    smr, dmr = a.reg_mr(src), b.reg_mr(dst)
+    qa.post_send(1, smr, 0, src.nbytes, dmr.addr, dmr.rkey)
+    deliver(b, a.datagrams_to_send(1_000)[:20], 2_000)  # the last few wait for the delayed ACK
+    deliver(a, b.datagrams_to_send(2_000), 2_000)
+    una = qa.snd_una
+    assert qb.unacked > 0 and qb.ack_deadline != NEVER and una < 20
+    b.receive(stray_write(qb, (qb.rcv_cum - 5) & 0xFFFFFF, rkey=0x1234, va=0), 2_100)
+    answer = b.datagrams_to_send(2_100)
+    assert len(answer) == 1 and b.drops.get("stale") == 1
+    deliver(a, answer, 2_100)
+    assert a.drops.get("sack_unmatched") == 1 and qa.snd_una == una  # discarded: it names nothing of A's
+    assert qb.unacked > 0 and qb.ack_deadline != NEVER  # still owed
+    t = qb.ack_deadline
+    b.handle_timer(t)
+    deliver(a, b.datagrams_to_send(t), t)
+    assert qa.snd_una == 20
+
+
+def test_a_stream_of_forged_port_down_does_not_end_the_qp() -> None:
+    """PORT_STATUS DOWN for every peer port, newer epoch each time, every 1 ms (faster than the 2 ms
+    peer-port probe): each repeat used to push the probe back and forget the one in flight, so no port
+    was ever probed and the WRITE ended in RETRY_EXC_ERR. A repeat for a port already down changes
+    nothing now: the probes find the ports up and the WRITE completes bit-exact."""
+    r = loop(LoopbackConfig(size=4 << 20, seed=3))
+    smr, dmr = r.a.reg_mr(r.src), r.b.reg_mr(r.dst)
+    r.qa.post_send(1, smr, 0, r.src.nbytes, dmr.addr, dmr.rkey)
+    r.fabric.kick(0)
+    wc: list[Any] = []
+    t, epoch = 0, 1
+    while t < 200_000_000 and not wc:
+        for p in range(r.cfg.fabric.planes):
+            r.a.receive(port_status(r.qa.qpn, p, False, epoch, LB_FROM_B), r.fabric.now, False, p, GID_B)
+        epoch += 1
+        r.fabric.kick(r.fabric.now)
+        t += 1_000_000
+        r.fabric.run(until_ns=t)
+        wc = r.qa.send_cq.poll()
+    assert [w.status for w in wc] == [WcStatus.SUCCESS]
+    assert np.array_equal(r.dst, r.src) and r.qa.state == QpState.RTS
+    assert r.qa.c["probe_tx"] > 0
+
+
+def test_a_timer_call_seconds_late_still_acknowledges() -> None:
+    """A driver descheduled for more than 2^32 ns: the delayed ACK's service time (a 32-bit field) is
+    the largest it can say instead of an error out of handle_timer."""
+    a, b, qa, qb = pair()
+    src = np.ones(64 * 4096, np.uint8)
+    smr, dmr = a.reg_mr(src), b.reg_mr(np.zeros_like(src))
+    qa.post_send(1, smr, 0, src.nbytes, dmr.addr, dmr.rkey)
+    deliver(b, a.datagrams_to_send(1_000)[:20], 2_000)
+    b.datagrams_to_send(2_000)
+    assert qb.unacked > 0
+    late = 2_000 + (1 << 32) + 1
+    b.handle_timer(late)
+    (sack,) = b.datagrams_to_send(late)
+    body = parse(sack.data).body
+    assert body is not None and getattr(body, "service_time_ns", None) == 0xFFFFFFFF
