@@ -22,6 +22,7 @@ import click
 from mrc.errors import UsageError
 from mrc.quant import bench as qbench
 from mrc.quant import codec as qcodec
+from mrc.quant.codec import MIN_BITS
 from mrc.quant.lloydmax import MAX_BITS, codebook
 
 from .output import Output, json_option, table
@@ -41,8 +42,8 @@ def parse_bits(text: str) -> list[float]:
             b = float(item)
         except ValueError:
             raise UsageError(f"--bits: {item!r} is not a number") from None
-        if not 0 < b <= MAX_BITS:
-            raise UsageError(f"--bits: {item} is outside (0, {MAX_BITS}]")
+        if not MIN_BITS <= b <= MAX_BITS:
+            raise UsageError(f"--bits: {item} is outside [{MIN_BITS}, {MAX_BITS}]")
         out.append(int(b) if b == int(b) else b)
     return out
 

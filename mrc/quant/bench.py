@@ -38,7 +38,8 @@ def sample(dist: str, d: int, rng: np.random.Generator) -> npt.NDArray[np.float3
 def theory(scheme: str, bits: float) -> float | None:
     """Asymptotic vNMSE (D -> inf, coordinates ~ N(0,1) after rotation), from the Lloyd–Max distortion:
     biased/TurboQuant_mse -> D_b; unbiased/DRIVE -> D_b / (1 - D_b); TurboQuant_prod -> (pi/2) D_{b-1}
-    (D_0 = 1: the QJL sketches the whole vector). None where the scheme does not take this budget."""
+    (D_0 = 1: the QJL sketches the whole vector). None where the scheme does not take this budget, or
+    where the bound is unbounded (an unbiased scheme at a budget so small that D_b rounds to 1)."""
     try:
         codec.check_bits(scheme, bits)
     except codec.CodecError:
@@ -47,7 +48,8 @@ def theory(scheme: str, bits: float) -> float | None:
         return distortion(bits)
     if scheme in ("eden-unbiased", "drive"):
         db = distortion(bits)
-        return db / (1.0 - db)
+        # below ~1e-16 bits D_b rounds to 1: the unbiased bound is unbounded, no number to compare with
+        return db / (1.0 - db) if db < 1.0 else None
     prev = distortion(bits - 1) if bits > 1 else 1.0
     return math.pi / 2.0 * prev
 

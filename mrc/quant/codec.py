@@ -88,6 +88,11 @@ DTYPES: dict[int, np.dtype[Any]] = {1: np.dtype(np.float16), 2: np.dtype(np.floa
 DTYPE_CODES: dict[np.dtype[Any], int] = {v: k for k, v in DTYPES.items()}
 FLAG_AUTO = 0x01
 MAX_NDIM = 32
+#: the smallest bit budget: below it a frame's payload says almost nothing about its element count (a
+#: 72-byte frame at b = 1e-300 claimed 2^26 elements and its decode built 672 MB of masks and output);
+#: at 1/64 bit every 512 coordinates cost about a payload byte, which bounds what a frame can make a
+#: decoder allocate by its own size
+MIN_BITS = 1.0 / 64.0
 MAX_PADDED = 1 << 34
 FLOAT16_MAX = float(np.finfo(np.float16).max)  # 65504
 # sigma^2 = ||y||^2 / D below which the encoder rescales y (exactly, by a power of two): the squared
@@ -186,9 +191,10 @@ def check_bits(scheme: str, bits: float) -> None:
     if scheme not in SCHEMES:
         raise CodecValueError(f"unknown scheme {scheme!r} (known: {', '.join(SCHEMES)})")
     if not isinstance(bits, numbers.Real) or isinstance(bits, (bool, np.bool_)):
-        raise CodecTypeError(f"bit budget must be a number in (0, 8], got {type(bits).__name__} {bits!r}")
-    if not (math.isfinite(bits) and 0 < bits <= 8):
-        raise CodecValueError(f"bit budget must be in (0, 8], got {bits!r}")
+        raise CodecTypeError(f"bit budget must be a number in [{MIN_BITS}, 8], got {type(bits).__name__} "
+                             f"{bits!r}")
+    if not (math.isfinite(bits) and MIN_BITS <= bits <= 8):
+        raise CodecValueError(f"bit budget must be in [{MIN_BITS}, 8], got {bits!r}")
     if scheme == "drive" and bits != 1:
         raise CodecValueError(f"drive is the 1-bit scheme, got bits={bits}")
     if scheme.startswith("turboquant") and bits != int(bits):

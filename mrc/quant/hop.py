@@ -53,9 +53,11 @@ def three_pass(frame_in: Buffer, own: F32, scheme: str, bits: float, seed: int,
                group: int | None = None) -> bytes:
     """decode, add, encode: the reference the fused path must equal byte for byte. `group`: the outgoing
     frame's scale group (codec.encode; None: one scale)."""
-    work = np.asarray(codec.decode(frame_in), np.float32)
-    if work.size != own.size:
-        raise codec.CodecValueError(f"hop: incoming frame holds {work.size} elements, own chunk {own.size}")
+    own = np.ascontiguousarray(own, dtype=np.float32).reshape(-1)
+    d = codec.parse(frame_in).d  # before decoding: a frame must not make us build what we would refuse
+    if d != own.size:
+        raise codec.CodecValueError(f"hop: incoming frame holds {d} elements, own chunk {own.size}")
+    work = np.asarray(codec.decode(frame_in), np.float32).reshape(-1)  # a frame of any shape, as a chunk
     work += own
     return codec.encode(work, scheme, bits, seed=seed, group=group)
 

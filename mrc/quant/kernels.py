@@ -1290,7 +1290,11 @@ def _hop_block(a, base, bsz, own, d, fwd_words, fwd_scale, tot, m2, m4, bi):  # 
         _stages(blk, _first_h(bsz))
     else:
         if hi > 0:
-            tot[bi] = _signed_copy(blk[:hi], blk[:hi], base, fwd_words, fwd_scale)
+            # from a copy, as _fwht_core reads its separate source: with dst and src the same array LLVM's
+            # overlap check sends the loop to its scalar version, whose float64 sum (reassoc) rounds
+            # differently from the vectorised one and changed the frame's scale (d not a power of two)
+            src = blk[:hi].copy()
+            tot[bi] = _signed_copy(blk[:hi], src, base, fwd_words, fwd_scale)
         _block_levels(blk)
 
 

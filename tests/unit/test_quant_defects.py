@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mrc.quant import codec
+from mrc.quant import codec, hop
 
 BACKENDS = ("numba", "numpy")
 _FIXED = struct.Struct("<4sBBBBBBHdQQQ")
@@ -226,3 +226,55 @@ def test_decoded_values_are_finite_for_legitimate_large_inputs() -> None:
     for backend in BACKENDS:
         est = codec.decode(codec.encode(x, "eden-unbiased", 4, seed=1, backend=backend), backend=backend)
         assert np.all(np.isfinite(est)) and not math.isnan(_vnmse(est, x))
+
+
+# ---------------------------------------------------------------- found by fuzzing (2026-12-04)
+
+
+def _forged_frame(d: int, bits: float) -> bytes:
+    """A version-1 EDEN frame of `d` float32 elements, one scale, an empty payload, a valid CRC."""
+    fixed = struct.Struct("<4sBBBBBBHdQQQ")
+    body = fixed.pack(b"MRCQ", 1, 1, 2, 1, 0, 1, 1, bits, 7, d, d) + struct.pack("<Q", d)
+    body += struct.pack("<d", 1.0) + struct.pack("<Q", 0)
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+def test_a_tiny_budget_cannot_claim_a_huge_vector() -> None:
+    """At b = 1e-300 the payload bound allowed an empty payload for any element count: a 76-byte frame
+    decoded into 2^26 zeros (672 MB of masks and output). Budgets below MIN_BITS are refused, by encode
+    and by parse, so a frame's size bounds what decoding it allocates."""
+    frame = _forged_frame(1 << 26, 1e-300)
+    with pytest.raises(codec.CodecValueError, match=r"bit budget must be in \[0.015625, 8\]"):
+        codec.parse(frame)
+    with pytest.raises(codec.CodecValueError):
+        codec.encode(np.ones(8, np.float32), "eden-unbiased", 1e-3)
+    with pytest.raises(codec.CodecError, match="payload of 0 bytes cannot hold"):
+        codec.decode(_forged_frame(1 << 26, codec.MIN_BITS))  # the least budget needs its payload
+    x = np.random.default_rng(0).standard_normal(1 << 12).astype(np.float32)
+    assert np.isfinite(codec.decode(codec.encode(x, "eden-unbiased", codec.MIN_BITS, seed=1))).all()
+
+
+def test_the_hop_checks_the_claimed_size_before_decoding(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A frame that claims more elements than the chunk is refused from its header on both paths: it
+    used to be decoded whole first (the fused path handed it to the three passes, which decoded)."""
+    big = codec.encode(np.ones(1 << 16, np.float32), "eden-unbiased", 2, seed=1)
+
+    def no_decode(*_a: Any, **_k: Any) -> None:
+        raise AssertionError("decoded before the size check")
+
+    monkeypatch.setattr(codec, "decode", no_decode)
+    for path in hop.PATHS:
+        with pytest.raises(codec.CodecValueError, match="holds 65536 elements, own chunk 1000"):
+            hop.hop(big, np.ones(1000, np.float32), "eden-unbiased", 2, 5, path=path)
+
+
+@pytest.mark.parametrize("shape", [(1000, 1), (2, 3), ()])
+def test_the_hop_takes_a_frame_of_any_shape_as_its_chunk(shape: tuple[int, ...]) -> None:
+    """encode keeps the input's shape; a hop's chunk is flat. A frame of shape (1000, 1) met numpy's
+    broadcast (a raw ValueError) in the three passes, which the fused path also falls back to."""
+    x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape) + 1
+    frame = codec.encode(x, "eden-unbiased", 2, seed=1)
+    own = np.ones(x.size, np.float32)
+    outs = {p: hop.hop(frame, own, "eden-unbiased", 2, 5, path=p) for p in hop.PATHS}
+    assert outs["fused"] == outs["three-pass"]
+    assert codec.parse(outs["fused"]).shape == (x.size,)
