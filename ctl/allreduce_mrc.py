@@ -53,12 +53,22 @@ from mrc.quant.accel import prime as prime_codec
 F32 = npt.NDArray[np.float32]
 READY_TIMEOUT_S: Final = 120.0
 RENDEZVOUS: Final = ("auto", "tcpstore", "file")
+LAYOUTS: Final = ("auto", "flat", "hier")
 
 
 def slot_bytes(size_bytes: int, ranks: int, algorithm: str) -> int:
     """MRC slot size for a buffer of `size_bytes`: the largest message the collective posts
     (mrc.collective.ring.max_message_bytes: one pipelined segment for the ring)."""
     return max_message_bytes(size_bytes // 4, ranks, algorithm)
+
+
+def layout_for(layout: str, ranks_per_host: int) -> str:
+    """The layout a run uses: `auto` is the hierarchy with several ranks per host (docs/collective.md,
+    "Ranks per host: flat ring or hierarchy"), the flat ring otherwise; `hier` with one rank per host is
+    the flat ring (there is nothing to reduce within a host)."""
+    if layout == "auto":
+        return "hier" if ranks_per_host > 1 else "flat"
+    return "flat" if ranks_per_host == 1 else layout
 
 
 def place_ranks(hosts: list[str], ranks: int, ranks_per_host: int | None = None) -> list[str]:
@@ -224,9 +234,12 @@ class MrcRunner:
     def __init__(self, testbed: str, ranks: int, size_bytes: int, algorithm: str, *,
                  fail_link: tuple[str, str, float] | None = None, heal_after: float | None = None,
                  sample_s: float = 0.0, timeout_s: float = 120.0, rendezvous: str = "auto",
-                 ranks_per_host: int | None = None, progress: Any = lambda _m: None) -> None:
+                 ranks_per_host: int | None = None, layout: str = "auto", intra: str = "none",
+                 intra_bits: float = 8.0, progress: Any = lambda _m: None) -> None:
         if rendezvous not in RENDEZVOUS:
             raise MrcError(f"rendezvous must be one of {', '.join(RENDEZVOUS)}")
+        if layout not in LAYOUTS:
+            raise MrcError(f"layout must be one of {', '.join(LAYOUTS)}")
         self.rendezvous_choice = rendezvous
         self.testbed = testbed
         self.tb = tbmod.Testbed.load(testbed)
@@ -236,6 +249,11 @@ class MrcRunner:
             raise MrcError(f"testbed {testbed}: {e}") from None
         self.hosts = list(dict.fromkeys(self.rank_hosts))  # the hosts used, in order
         self.ranks_per_host = ranks // len(self.hosts)
+        # the hierarchy needs several ranks on a host to reduce there; with one it would be the flat ring
+        self.layout = layout_for(layout, self.ranks_per_host)
+        if self.layout == "hier" and algorithm != "ring":
+            raise MrcError("--layout hier runs the ring between the hosts: --algorithm ring")
+        self.intra, self.intra_bits = intra, intra_bits
         # per measured iteration: message bytes of all ranks through MRC and to co-located ranks
         self.split_bytes: dict[int, tuple[int, int]] = {}
         self.rank_cpu: dict[int, tuple[float, int]] = {}  # step -> (ranks' CPU s, their page faults)
@@ -246,7 +264,9 @@ class MrcRunner:
         self.sample_s = sample_s
         self.timeout_s = timeout_s
         self.progress = progress
-        self.slot_bytes = slot_bytes(size_bytes, ranks, algorithm)
+        # hier: the intra-host messages are the whole buffer's segments (a one-rank "ring"'s), never
+        # smaller than the leaders' ring's
+        self.slot_bytes = slot_bytes(size_bytes, 1 if self.layout == "hier" else ranks, algorithm)
         self.store: Any = None
         self.rendezvous = ""
         self.t_ref: int | None = None
@@ -354,7 +374,8 @@ class MrcRunner:
                 "correlation": cfg.correlation}
         for r in range(n):
             self._send(r, {"op": "run", "step": step, "input": str(ins[r]), "output": str(outs[r]),
-                           "config": conf})
+                           "config": conf, "layout": self.layout, "intra": self.intra,
+                           "intra_bits": self.intra_bits})
         # every rank has read its input before any starts: the iteration's clock is the collective's,
         # not the spread of the ranks' file reads
         loaded: list[int] = []
@@ -416,6 +437,7 @@ class MrcRunner:
         ref = self.t_ref or 0
         doc: dict[str, Any] = {"testbed": self.testbed, "hosts": self.hosts, "rendezvous": self.rendezvous,
                                "slot_bytes": self.slot_bytes, "ranks_per_host": self.ranks_per_host,
+                               "layout": self.layout, "intra": self.intra if self.layout == "hier" else None,
                                "split_bytes": dict(self.split_bytes), "rank_cpu": dict(self.rank_cpu)}
         if self.fail_link is not None:
             a, b, at = self.fail_link

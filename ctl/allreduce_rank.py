@@ -15,6 +15,9 @@ object per line:
         "local_bytes", "messages", "bits_per_hop", "cpu_s", "page_faults"}} (mrc_bytes + local_bytes =
         wire_bytes: this run's message bytes that went through MRC / to co-located ranks; cpu_s: the
         rank's user + system time during the all-reduce, page_faults its minor faults then)
+        With "layout": "hier" (and "intra", "intra_bits") the run is the hierarchical all-reduce
+        (mrc.collective.hier): the ranks of each host reduce to the host's first rank over shared memory,
+        those leaders run the ring between the hosts over MRC, and each leader sends the result back.
     {"op": "quit"}  (or end of stdin: the launcher went away)  -> destroy the QPs and exit
 
 Any failure is answered {"error": "one line"}; after a transport failure the rank exits (its peers then
@@ -31,7 +34,9 @@ import time
 
 import numpy as np
 
-from mrc.collective import Config, TransportError, allreduce, ring
+from mrc.collective import Config, Result, TransportError, allreduce, ring
+from mrc.collective.hier import allreduce_hosts
+from mrc.collective.transport import Transport
 from mrc.dataplane.collective import RankTransport, open_store
 from mrc.errors import MrcError
 
@@ -55,6 +60,14 @@ def load(path: str, keep: np.ndarray | None) -> np.ndarray:
     return buf
 
 
+def hier_allreduce(t: Transport, hosts: list[str], x: np.ndarray, cfg: Config, step: int, intra: str,
+                   intra_bits: float, out: np.ndarray | None, work: np.ndarray | None) -> Result:
+    """The hierarchical all-reduce over this rank's transport, as the ring's `Result` (wire bytes: the
+    message bytes of both kinds, MRC and shared memory, as the flat ring counts them)."""
+    res = allreduce_hosts(t, hosts, x, cfg, step, intra, intra_bits, out, work)
+    return Result(res.out, res.inter_bytes + res.intra_bytes, res.messages, res.bits_per_hop)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = rank_parser("mrc.ctl.allreduce_rank", "mrc-ar")
     ap.add_argument("--slot-bytes", type=int, required=True)
@@ -75,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     # per iteration for the kernel to zero
     x: np.ndarray | None = None
     out: np.ndarray | None = None
+    work: np.ndarray | None = None  # the hierarchy's host sum (leaders)
     try:
         say({"ready": {"rank": a.rank, "host": hosts[a.rank], "qpn": {p: q.qpn for p, q in t.qps.items()}}})
         for line in sys.stdin:
@@ -99,11 +113,19 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             if ring.ZERO_COPY and (out is None or out.size != x.size):
                 out = np.empty(x.size, np.float32)
+            hier = cmd.get("layout", "flat") == "hier"
+            if hier and ring.ZERO_COPY and (work is None or work.size != x.size):
+                work = np.empty(x.size, np.float32)
             mrc0, local0 = t.mrc_bytes, t.local_bytes
             try:
                 u0 = resource.getrusage(resource.RUSAGE_SELF)
                 t0 = time.monotonic_ns()
-                res = allreduce(t, x, cfg, int(cmd["step"]), out=out if ring.ZERO_COPY else None)
+                if hier:
+                    res = hier_allreduce(t, hosts, x, cfg, int(cmd["step"]), str(cmd.get("intra", "none")),
+                                         float(cmd.get("intra_bits", 8.0)), out if ring.ZERO_COPY else None,
+                                         work if ring.ZERO_COPY else None)
+                else:
+                    res = allreduce(t, x, cfg, int(cmd["step"]), out=out if ring.ZERO_COPY else None)
                 t1 = time.monotonic_ns()
                 u1 = resource.getrusage(resource.RUSAGE_SELF)
             except (TransportError, MrcError, OSError) as e:

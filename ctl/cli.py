@@ -85,7 +85,10 @@ class GrammarGroup(click.Group):
             full = self.match_prefix(ctx, word)
             if full is not None:
                 args = [full, *args[1:]]
-        return super().resolve_command(ctx, args)
+        name, cmd, rest = super().resolve_command(ctx, args)
+        if cmd is not None and not isinstance(cmd, click.Group) and rest == [HELP_VERB]:
+            rest = ["--help"]  # `mrcctl allreduce help`, `mrcctl qp help`: a command's help, as a group's
+        return name, cmd, rest
 
     def match_prefix(self, ctx: click.Context, word: str) -> str | None:
         """The one name that `word` abbreviates, `show` among several, or None when nothing matches
@@ -115,6 +118,17 @@ def adopt(cmd: click.Command) -> click.Command:
     return cmd
 
 
+def _verbs_of(cmd: click.Command) -> list[str]:
+    """The verbs (and their unique prefixes) of a command that takes its verb as a PrefixChoice argument
+    (`mrcctl qp [show]`)."""
+    out: list[str] = []
+    for p in cmd.params:
+        if isinstance(p, click.Argument) and isinstance(p.type, PrefixChoice):
+            for c in p.type.choices:
+                out.extend(str(c)[:k] for k in range(1, len(str(c)) + 1))
+    return out
+
+
 def _help_command() -> click.Command:
     """`GROUP help [VERB ...]`: the help of the group, or of the verb path below it (prefixes allowed).
     Made per lookup, so that no group shares a command object with another."""
@@ -128,6 +142,8 @@ def _help_command() -> click.Command:
         for word in words:
             group = target.command
             if not isinstance(group, click.Group):
+                if word in _verbs_of(group):  # `mrcctl help qp show`: qp takes its verb as an argument
+                    continue
                 raise click.UsageError(f"'{target.command_path}' has no verbs (no '{word}')", target)
             name, cmd, _ = group.resolve_command(target, [word])
             if cmd is None or name is None:  # resolve_command raises first, unless completing
@@ -256,8 +272,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         out.error("aborted")
         return 130
     except _NO_ARGS_IS_HELP as e:
-        e.show()
-        return int(e.exit_code)
+        if not out.json:
+            e.show()
+            return int(e.exit_code)
+        # -j: one JSON document, as for every other error (the text help is for people)
+        group = e.ctx.command if e.ctx is not None else None
+        verbs = sorted(group.commands) if isinstance(group, click.Group) else []
+        path = e.ctx.command_path if e.ctx is not None else PROG
+        out.error(f"'{path}' needs a verb" + (f": one of {', '.join(verbs)}" if verbs else ""))
+        return int(e.exit_code) or 2
     except click.UsageError as e:
         message = e.format_message()
         out.error(message if out.json else message.rstrip(".") + _usage_hint(e))

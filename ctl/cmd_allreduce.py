@@ -5,7 +5,7 @@
                      [--correlation RHO] [--seed S]
                      [--transport inproc|mrc] [--ranks-per-host K] [-n TESTBED] [--fail-link A:B@SECONDS]
                      [--heal-after SECONDS] [--sample-ms MS] [--rendezvous auto|tcpstore|file]
-                     [--report FILE] [-j]
+                     [--layout auto|flat|hier] [--intra SCHEME] [--hosts H] [--report FILE] [-j]
 
 Prints one row per iteration — time, algbw and busbw (nccl-tests definitions), bytes on the wire (all
 ranks), vNMSE against the exact float64 mean — and a summary row. `--transport inproc` runs the ranks as
@@ -14,7 +14,10 @@ its daemons (`mrcctl testbed up --with-daemons`; one per host, or K per host hos
 outnumber the hosts), exchanging chunks by WRITE-with-immediate through the hosts' mrcds and through
 shared memory between ranks of one host (ctl/allreduce_mrc.py), with the same output (plus the bytes
 that crossed MRC); `--fail-link` takes a leaf-spine link down
-SECONDS after the first measured iteration started (and `--heal-after` brings it back).
+SECONDS after the first measured iteration started (and `--heal-after` brings it back). With several
+ranks per host `--layout hier` runs the hierarchical all-reduce (the host's ranks reduce to its first
+over shared memory, those leaders run the ring over MRC, the result comes back the same way) instead
+of one flat ring over all ranks (`flat`); `--hosts H` is the same hierarchy in process.
 """
 
 from __future__ import annotations
@@ -31,9 +34,10 @@ from mrc.collective import ALGORITHMS, COMPRESSIONS, PARTIAL_SUMS, Config
 from mrc.collective import bench as cbench
 from mrc.errors import UsageError
 
-from .output import Output, json_option, table
+from .output import Output, json_option, output_file, table
 
 TRANSPORTS = ("inproc", "mrc")
+LAYOUTS = ("auto", "flat", "hier")
 
 
 def parse_size(text: str) -> int:
@@ -140,8 +144,12 @@ def render(doc: dict[str, Any]) -> str:
               help="inproc: the ranks as H hosts (host-major) running the hierarchical all-reduce: reduce to "
               "each host's leader, compressed ring between the leaders, broadcast (docs/collective.md).")
 @click.option("--intra", type=click.Choice(("none", *COMPRESSIONS[1:])), default="none", show_default=True,
-              help="--hosts: how ranks send to their leader (none: raw float32; or a scheme at 8 bits).")
-@click.option("--report", "report_path", default=None, metavar="FILE",
+              help="--hosts, or --layout hier: how ranks send to their leader (none: raw float32; or a "
+              "scheme at 8 bits).")
+@click.option("--layout", type=click.Choice(LAYOUTS), default="auto", show_default=True,
+              help="mrc with several ranks per host: hier (reduce within each host first, ring between the "
+              "hosts) or flat (one ring over every rank); auto: hier there, flat with one rank per host.")
+@click.option("--report", "report_path", default=None, metavar="FILE", callback=output_file("report"),
               help="Also write the JSON document to FILE (the table still goes to stdout).")
 @json_option
 @click.pass_obj
@@ -149,16 +157,17 @@ def allreduce(
     out: Output, ranks: int, size_text: str, bits: float, scheme: str, partial_sums: str, algorithm: str,
     iters: int, dist: str, correlation: float, seed: int, transport: str, ranks_per_host: int | None,
     name: str | None, fail_link: str | None, heal_after: float | None, sample_ms: int, timeout_s: float,
-    rendezvous: str, hier_hosts: int | None, intra: str, report_path: str | None,
+    rendezvous: str, hier_hosts: int | None, intra: str, layout: str, report_path: str | None,
 ) -> None:
     """All-reduce of a float32 buffer across ranks with compressed chunks: time, bandwidth, wire bytes,
     error against the exact mean."""
     size = parse_size(size_text)
     cfg = Config(scheme, float(bits), partial_sums, algorithm, seed=seed, correlation=correlation)
     if transport == "inproc":
-        if fail_link or heal_after or sample_ms or rendezvous != "auto" or ranks_per_host is not None:
-            raise UsageError("--fail-link, --heal-after, --sample-ms, --rendezvous and --ranks-per-host need "
-                             "--transport mrc")
+        if (fail_link or heal_after or sample_ms or rendezvous != "auto" or ranks_per_host is not None
+                or layout != "auto"):
+            raise UsageError("--fail-link, --heal-after, --sample-ms, --rendezvous, --ranks-per-host and "
+                             "--layout need --transport mrc (in process: --hosts H for the hierarchy)")
         runner: cbench.Runner = cbench.InProcRunner()
         if hier_hosts is not None:
             if ranks % hier_hosts or algorithm != "ring":
@@ -167,10 +176,13 @@ def allreduce(
         out.progress(f"allreduce: {ranks} ranks, {size} B, {scheme}, {iters} iterations ({runner.name})")
         doc = cbench.run(runner, ranks, size, cfg, iters, dist=dist, seed=seed, progress=out.progress)
     else:
-        if hier_hosts is not None or intra != "none":
-            raise UsageError("--hosts and --intra run the ranks in this process: --transport inproc")
+        if hier_hosts is not None:
+            raise UsageError("--hosts H runs the hierarchy in this process (--transport inproc); over MRC "
+                             "the hosts are the testbed's: --layout hier")
+        if layout == "flat" and intra != "none":
+            raise UsageError("--intra is how ranks send to their host's leader: --layout hier")
         doc = _run_mrc(out, ranks, size, cfg, iters, dist, seed, name, fail_link, heal_after, sample_ms,
-                       timeout_s, rendezvous, ranks_per_host)
+                       timeout_s, rendezvous, ranks_per_host, layout, intra)
     if report_path is not None:
         import json
         from pathlib import Path
@@ -185,7 +197,8 @@ def allreduce(
 
 def _run_mrc(out: Output, ranks: int, size: int, cfg: Config, iters: int, dist: str, seed: int,
              name: str | None, fail_link: str | None, heal_after: float | None, sample_ms: int,
-             timeout_s: float, rendezvous: str = "auto", ranks_per_host: int | None = None) -> dict[str, Any]:
+             timeout_s: float, rendezvous: str = "auto", ranks_per_host: int | None = None,
+             layout: str = "auto", intra: str = "none") -> dict[str, Any]:
     from mrc.dataplane import testbed as tbmod
 
     from .allreduce_mrc import MrcRunner
@@ -205,13 +218,14 @@ def _run_mrc(out: Output, ranks: int, size: int, cfg: Config, iters: int, dist: 
     try:
         with MrcRunner(testbed, ranks, size, cfg.algorithm, fail_link=fl, heal_after=heal_after,
                        sample_s=sample_ms / 1e3, timeout_s=timeout_s, rendezvous=rendezvous,
-                       ranks_per_host=ranks_per_host, progress=out.progress) as runner:
+                       ranks_per_host=ranks_per_host, layout=layout, intra=intra,
+                       progress=out.progress) as runner:
             doc = cbench.run(runner, ranks, size, cfg, iters, dist=dist, seed=seed, progress=out.progress)
             extra = runner.extra()
     finally:
         signal.signal(signal.SIGTERM, old)
     doc["config"].update({k: extra[k] for k in ("testbed", "hosts", "ranks_per_host", "rendezvous",
-                                                "slot_bytes")})
+                                                "slot_bytes", "layout", "intra")})
     add_per_iteration(doc, extra["split_bytes"], ("wire_bytes_mrc", "wire_bytes_local"))
     add_per_iteration(doc, extra["rank_cpu"], ("rank_cpu_s", "rank_page_faults"))
     for k in ("failure", "timeline"):

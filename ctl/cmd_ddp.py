@@ -34,7 +34,7 @@ from mrc.collective.train_compare import DEFAULT_HOOKS, DEFAULTS, default_target
 from mrc.errors import MrcError
 
 from .cmd_testbed import name_option
-from .output import Output, json_option, table
+from .output import PLOT_SUFFIXES, Output, json_option, output_file, table
 
 
 @click.group()
@@ -231,7 +231,7 @@ def run_bench(transport: str, ranks: int, tasks: list[str], hooks: list[str], cf
               show_default=True, help="digits: the test accuracy whose first step and time are reported.")
 @click.option("--target-loss", type=click.FloatRange(0, min_open=True), default=default_target("text"),
               show_default=True, help="text: the validation loss whose first step and time are reported.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+@click.option("--plot", "plot_path", default=None, callback=output_file("plot", PLOT_SUFFIXES),
               help="Write a PNG: metric vs wire bytes and vs time, a line per hook.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1, 3600), default=120.0, show_default=True,
               help="A rank gives up waiting for a peer after this many seconds.")

@@ -38,7 +38,7 @@ from mrc.sim.hosts import VARIANTS
 from mrc.sim.loopback import NEVER, Blackhole, FabricConfig, LoopbackConfig, loopback
 from mrc.transport import QpAttr
 
-from .output import Output, json_option, table
+from .output import PLOT_SUFFIXES, Output, json_option, output_file, table
 from .workers import ForkMap, default_jobs
 
 _TIME_UNITS: Final = {"": 1, "ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
@@ -302,7 +302,8 @@ def _fabric_options(
                          help="ACK timeout exponent (1.024 us x 2^t), 0..24."),
             click.option("--seed", default=1, show_default=True, type=int, callback=_SEED,
                          help="0..2^32-1."),
-            click.option("--plot", "plot_path", default=None, help="Write a PNG plot here (plot extra)."),
+            click.option("--plot", "plot_path", default=None, callback=output_file("plot", PLOT_SUFFIXES),
+                         help="Write a PNG plot here (plot extra; .png, .pdf or .svg)."),
             click.option("--jobs", default=None, type=int, callback=_int_in(1, MAX_JOBS),
                          help="Variants simulated at once (1..256), each in its own process [default: "
                               "the CPUs available]; 1 runs them one after another in this process."),
@@ -718,7 +719,7 @@ def _render_incast(doc: dict[str, Any]) -> str:
 @click.option("--size", default="16M", show_default=True, callback=_size_in(4, limits.MAX_BUFFERS_BYTES),
               help="float32 buffer bytes per rank; ranks x size at most 1G.")
 @click.option("--bits", default=2.0, show_default=True, type=float, callback=_num_in(0.0, 8.0, lo_open=True),
-              help="Bit budget per coordinate, (0, 8].")
+              help="Bit budget per coordinate, 1/16..8 (a collective's smallest budget).")
 @click.option("--scheme", type=click.Choice(COMPRESSIONS), default="eden-unbiased", show_default=True)
 @click.option("--partial-sums", type=click.Choice(PARTIAL_SUMS), default="aware", show_default=True)
 @click.option("--time-limit", default="1s", show_default=True, callback=_SIM_TIME,

@@ -317,7 +317,10 @@ def _check_config(path: str) -> int:
     except HostConfigError as e:
         print(f"mrcd: error: {e}", file=sys.stderr)
         return e.exit_code
-    print("\n".join(hostconfig.describe(cfg)))
+    try:
+        print("\n".join(hostconfig.describe(cfg)), flush=True)
+    except BrokenPipeError:  # `mrcd --check-config F | head`: the reader left, which is not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

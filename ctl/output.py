@@ -9,6 +9,7 @@ import json
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 import click
@@ -97,3 +98,30 @@ def json_option(f: _F) -> _F:
         "-j", "--json", is_flag=True, expose_value=False, is_eager=True, callback=_set_json,
         help="Output one JSON document (same as mrcctl -j).",
     )(f)
+
+
+#: the formats a plot is written in (matplotlib picks the format from the name's suffix)
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")
+
+
+def output_file(kind: str, suffixes: Sequence[str] = ()
+                ) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    """A click callback for an option that names a file the command writes at its end (a report, a
+    plot): refused at once, before any work, when it names a directory, lies in a directory that does
+    not exist, or (with `suffixes`) does not end in a format the writer knows."""
+
+    def check(_ctx: click.Context, _param: click.Parameter, value: Any) -> Any:
+        if value is None:
+            return None
+        text = str(value)
+        p = Path(text)
+        if not text or text.endswith("/") or p.is_dir():
+            raise click.BadParameter(f"{text!r} is a directory: name the {kind} file")
+        if not p.parent.is_dir():
+            raise click.BadParameter(f"{text!r}: no directory {str(p.parent)!r} to write the {kind} into")
+        if suffixes and p.suffix.lower() not in suffixes:
+            raise click.BadParameter(f"{text!r}: a {kind} is written as {', '.join(suffixes)} (end the name "
+                                     "with one of them)")
+        return value
+
+    return check

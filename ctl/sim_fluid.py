@@ -20,7 +20,7 @@ import click
 
 from mrc.errors import UsageError
 
-from .output import Output, table
+from .output import PLOT_SUFFIXES, Output, json_option, output_file, table
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -77,7 +77,7 @@ def _common(f: _F) -> _F:
     ]
     for o in reversed(opts):
         f = o(f)
-    return f
+    return json_option(f)  # -j / -p after the verb too, as every other verb takes them
 
 
 def _variants(text: str) -> tuple[str, ...]:
@@ -250,7 +250,8 @@ def failures_cmd(
     "--scenario", default="links:0.01", show_default=True, help="Failures per draw (none for none)."
 )
 @click.option("--draws", default=100, show_default=True, type=click.IntRange(1, 10000))
-@click.option("--plot", "plot_path", default=None, help="Write the slowdown CDF as a PNG.")
+@click.option("--plot", "plot_path", default=None, callback=output_file("plot", PLOT_SUFFIXES),
+              help="Write the slowdown CDF as a PNG (.png, .pdf or .svg).")
 @click.pass_obj
 def tail_cmd(
     out: Output,

@@ -44,7 +44,7 @@ from mrc.topology import Link, Topology, format_rate, from_dict
 from . import netns, seg6
 
 DEFAULT_NAME: Final = "mrc"
-_NAME_RE: Final = re.compile(r"^[a-z][a-z0-9]{0,11}$")
+_NAME_RE: Final = re.compile(r"^[a-z][a-z0-9]{0,11}\Z")
 IFA_F_NODAD: Final = 0x02
 NUD_PERMANENT: Final = 0x80
 TBF_HANDLE: Final = 0x10000  # 1:
@@ -155,11 +155,19 @@ class Testbed:
                            "bring one up with 'mrcctl testbed up'") from None
         except (OSError, ValueError) as e:
             raise MrcError(f"{p}: unreadable testbed state: {e}") from None
-        topo = from_dict(doc["topology"], source=str(p))
-        links = {k: LinkState(bool(v["up"]), int(v["rate"])) for k, v in doc["links"].items()}
-        return cls(name=doc["name"], topo=topo, source=doc.get("source", "?"), links=links,
-                   created=doc.get("created", 0.0), build_seconds=doc.get("build_seconds"),
-                   complete=bool(doc.get("complete")))
+        try:
+            if not isinstance(doc, dict):
+                raise ValueError(f"a JSON {type(doc).__name__} where an object belongs")
+            topo = from_dict(doc["topology"], source=str(p))
+            links = {k: LinkState(bool(v["up"]), int(v["rate"])) for k, v in doc["links"].items()}
+            return cls(name=doc["name"], topo=topo, source=doc.get("source", "?"), links=links,
+                       created=doc.get("created", 0.0), build_seconds=doc.get("build_seconds"),
+                       complete=bool(doc.get("complete")))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            # written by `testbed up` and read back: only a damaged or foreign file gets here
+            what = f"missing {e}" if isinstance(e, KeyError) else str(e)
+            raise MrcError(f"{p}: damaged testbed state ({what}); 'mrcctl testbed down --name {name}' "
+                           "removes what the record names, or remove the file") from None
 
 
 def names() -> list[str]:

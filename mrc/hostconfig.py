@@ -65,9 +65,9 @@ MAX_SOCKET_PATH: Final = 107  # sun_path holds 108 bytes with the NUL
 IFNAMSIZ: Final = 15
 USID_BITS: Final = 16
 
-_NAME_RE: Final = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
-_PCI_RE: Final = re.compile(r"^(?:([0-9a-f]{4}):)?([0-9a-f]{2}):([0-1][0-9a-f])\.([0-7])$")
-_MAC_RE: Final = re.compile(r"^[0-9a-f]{2}(?::[0-9a-f]{2}){5}$")
+_NAME_RE: Final = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}\Z")
+_PCI_RE: Final = re.compile(r"^(?:([0-9a-f]{4}):)?([0-9a-f]{2}):([0-1][0-9a-f])\.([0-7])\Z")
+_MAC_RE: Final = re.compile(r"^[0-9a-f]{2}(?::[0-9a-f]{2}){5}\Z")
 
 #: the keys of each table, in the order the schema (docs/deploy.md) lists them
 _TOP: Final = ("host", "plane", "fabric", "peer", "engine", "metrics", "control")
@@ -626,9 +626,9 @@ def _port_selector(d: _Doc, key: str, p: Mapping[str, Any]) -> tuple[str | None,
                                                  "mac": "02:00:00:00:01:01"}[which])
     if which == "interface":
         if (not text or len(text.encode()) > IFNAMSIZ or text in (".", "..")
-                or any(c in text for c in "/:") or any(c.isspace() for c in text)):
+                or any(c in text for c in "/:") or any(c.isspace() or not c.isprintable() for c in text)):
             raise d.fail(f"{key}.interface", f"{text!r} is not an interface name (1..{IFNAMSIZ} bytes, "
-                                             "no '/', ':' or blanks)")
+                                             "no '/', ':', blanks or control characters)")
         return text, None, None
     low = text.lower()
     if which == "pci":
@@ -864,7 +864,8 @@ def _metrics(d: _Doc, doc: Mapping[str, Any]) -> tuple[str, int] | None:
         ip = ipaddress.ip_address(bare)
     except ValueError:
         ip = None
-    if ip is None or not port.isdigit() or not 1 <= int(port) <= 65535 or (ip.version == 6) != (bare != host):
+    if (ip is None or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535
+            or (ip.version == 6) != (bare != host)):
         raise d.fail("metrics.address", f"{text!r} must be ADDRESS:PORT such as '127.0.0.1:9470' or "
                                         "'[::1]:9470'")
     return str(ip), int(port)
@@ -875,8 +876,9 @@ def _control(d: _Doc, doc: Mapping[str, Any]) -> FsPath:
     if "socket" not in c:
         return FsPath(DEFAULT_SOCKET)
     text = d.string("control.socket", c["socket"], DEFAULT_SOCKET)
-    if not text.startswith("/") or text.endswith("/"):
-        raise d.fail("control.socket", f"{text!r} must be an absolute file path such as {DEFAULT_SOCKET!r}")
+    if not text.startswith("/") or text.endswith("/") or not text.isprintable():
+        raise d.fail("control.socket", f"{text!r} must be an absolute file path such as {DEFAULT_SOCKET!r} "
+                                       "(printable characters)")
     if len(text.encode()) > MAX_SOCKET_PATH:
         raise d.fail("control.socket", f"{len(text.encode())} bytes: a socket path holds at most "
                                        f"{MAX_SOCKET_PATH}")

@@ -31,7 +31,9 @@ leaf ([leaf, destination host port]).
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
+import stat
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -61,12 +63,14 @@ MAX_DELAY_US: Final = 1_000_000
 MAX_BUFFER_BYTES: Final = 1 << 30
 MIN_MTU: Final = 1280  # IPv6's minimum
 MAX_MTU: Final = 65535
+#: a configuration or topology file is read whole: anything larger is not one (and /dev/zero never ends)
+MAX_FILE_BYTES: Final = 16 << 20
 DEFAULT_USID_BLOCK: Final = ipaddress.IPv6Network("fcbb:bbbb::/32")
 DEFAULT_LINK_PREFIX: Final = ipaddress.IPv6Network("fc00::/32")
 DEFAULT_MRC_PREFIX: Final = ipaddress.IPv6Network("fd00::/48")
 
-_NAME_RE: Final = re.compile(r"^[a-z][a-z0-9]{0,7}$")
-_SWITCH_NAME_RE: Final = re.compile(r"^p\d+[ls]\d+$")
+_NAME_RE: Final = re.compile(r"^[a-z][a-z0-9]{0,7}\Z")
+_SWITCH_NAME_RE: Final = re.compile(r"^p\d+[ls]\d+\Z")
 
 # ------------------------------------------------------------------------------------------- values
 
@@ -684,9 +688,15 @@ def read_text(path: FsPath, error: type[FileError] = FileError) -> str:
     """A TOML file's text; `error` (``FILE: problem``, ``FILE:LINE: problem`` for bytes that are not
     UTF-8) when it cannot be read or decoded."""
     try:
-        data = path.read_bytes()
+        # O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below)
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise error(str(path), None, "not a regular file")
+            data = f.read(MAX_FILE_BYTES + 1)
     except OSError as e:
         raise error(str(path), None, f"cannot read: {e.strerror or e}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise error(str(path), None, f"larger than {MAX_FILE_BYTES >> 20} MiB: not a configuration file")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:

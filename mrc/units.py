@@ -21,6 +21,9 @@ SIZE_UNITS: Final = {
 }
 DELAY_UNITS_US: Final = {"": 1, "us": 1, "ms": 10**3, "s": 10**6}
 
+#: larger than any rate, size or delay mrc takes (each caller checks its own range), small enough that
+#: int() of it is exact enough and never meets a float's infinity
+MAX_QUANTITY: Final = 1e30
 _NUMBER_UNIT: Final = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*")
 
 
@@ -29,11 +32,16 @@ def _quantity(value: Any, what: str, units: Mapping[str, int], examples: str) ->
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise ValueError(f"not a {what}: {value!r} (examples: {examples})")
     if isinstance(value, int):
+        if abs(value) > MAX_QUANTITY:
+            raise ValueError(f"{what} {value} is out of range (at most {MAX_QUANTITY:.0e})")
         return float(value)
     m = _NUMBER_UNIT.fullmatch(value)
     if not m or m.group(2).lower() not in units:
         raise ValueError(f"not a {what}: {value!r} (examples: {examples})")
-    return float(m.group(1)) * units[m.group(2).lower()]
+    q = float(m.group(1)) * units[m.group(2).lower()]
+    if not q <= MAX_QUANTITY:  # a digit string too long for a float is inf
+        raise ValueError(f"{what} {value!r} is out of range (at most {MAX_QUANTITY:.0e})")
+    return q
 
 
 def parse_rate(value: Any) -> int:

@@ -8,6 +8,10 @@ scales, data-driven bits, hierarchy").
        own transport, one contribution per host;
     3. intra-host broadcast: the leader sends the result, raw float32, to its ranks.
 
+The intra-host messages are cut into the ring's segments (frame.segments: at most 2^20 elements, one
+codec frame each with `intra`), so no message is larger than the ring's own (a transport with fixed
+slots, MRC ranks, carries both) and a rank's upload and the leader's summing overlap segment by segment.
+
 Why: a flat ring over hosts x ranks quantizes each chunk's partial sum at every one of its n - 1 hops
 (and every rank's contribution once more), most of them between ranks of the same host where bandwidth
 is plentiful; the hierarchy quantizes only across hosts, H - 1 hops instead of H L - 1, so the error the
@@ -22,6 +26,7 @@ Bytes are counted apart: `inter_bytes` (the ring, leaders only) and `intra_bytes
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,8 +35,9 @@ import numpy.typing as npt
 from mrc.errors import UsageError
 from mrc.quant.codec import SCHEMES, check_bits, decode, encode
 
+from . import frame
 from .ring import Config, allreduce, derive_seed
-from .transport import Transport, run_inproc
+from .transport import SubTransport, Transport, run_inproc
 
 F32 = npt.NDArray[np.float32]
 INTRA = ("none", *SCHEMES)
@@ -46,59 +52,122 @@ class HierResult:
     inter_bytes: int = 0  # bytes this rank posted between hosts (the leaders' ring)
     intra_bytes: int = 0  # bytes this rank posted within its host (reduce to, broadcast from the leader)
     bits_per_hop: tuple[float, ...] = ()
+    messages: int = 0  # messages this rank posted, both kinds
+
+
+def _bounds(length: int) -> list[tuple[int, int]]:
+    """The intra-host messages' element ranges: the buffer cut as the ring cuts a chunk."""
+    out = []
+    b = 0
+    for s in frame.segments(length):
+        out.append((b, b + s))
+        b += s
+    return out
 
 
 def allreduce_hier(local: Transport, inter: Transport | None, x: npt.ArrayLike, cfg: Config, step: int = 0,
-                   intra: str = "none", intra_bits: float = 8.0) -> HierResult:
+                   intra: str = "none", intra_bits: float = 8.0, out: F32 | None = None,
+                   work: F32 | None = None) -> HierResult:
     """Sum (or average, cfg.average, over all hosts x ranks) of every rank's 1-D float32 buffer. `local`:
     this host's transport (rank 0 the leader); `inter`: the transport between the hosts' leaders, given
     on the leader only (None elsewhere; a single host needs none). Every host must have the same number
-    of ranks (the average divides by hosts x ranks)."""
+    of ranks. `out` (the result) and, on a leader, `work` (the host's sum): float32 buffers of the
+    input's length, not overlapping it or each other, that a caller all-reducing one size again and
+    again keeps, instead of fresh pages each time (HierResult.out is then `out`)."""
     if intra not in INTRA:
         raise UsageError(f"intra must be one of {', '.join(INTRA)}, got {intra!r}")
     if intra != "none":
         check_bits(intra, intra_bits)
     a = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    for name, buf in (("out", out), ("work", work)):
+        if buf is not None and (buf.dtype != np.float32 or buf.shape != a.shape
+                                or not buf.flags.c_contiguous or np.shares_memory(buf, a)):
+            raise UsageError(f"{name} must be a contiguous float32 buffer of {a.size} elements apart from "
+                             "the input")
+    if out is not None and work is not None and np.shares_memory(out, work):
+        raise UsageError("out and work must not overlap")
     lr, ln = local.rank, local.world_size
     leader = lr == 0
     if not leader and inter is not None:
         raise UsageError("the inter-host transport is for the host's leader (local rank 0) only")
     hosts = inter.world_size if inter is not None else 1
+    parts = _bounds(a.size)
     intra_sent = 0
+    if out is None:
+        out = np.empty(a.size, np.float32)
     if not leader:
-        msg = a.tobytes() if intra == "none" else encode(
-            a, intra, intra_bits, seed=derive_seed(cfg.seed, step, 5, lr))
-        local.send(0, _TAG_UP + lr, msg)
-        intra_sent += len(msg)
+        for j, (b, e) in enumerate(parts):
+            msg: bytes | memoryview = (a[b:e].data.cast("B") if intra == "none" else encode(
+                a[b:e], intra, intra_bits, seed=derive_seed(cfg.seed, step, 5, lr, j)))
+            local.send(0, _TAG_UP + j, msg)
+            intra_sent += len(msg)
+        for j, (b, e) in enumerate(parts):
+            raw = local.recv(0, _TAG_DOWN + j)
+            if len(raw) != 4 * (e - b):
+                raise UsageError(f"broadcast segment {j} of {len(raw)} bytes where {4 * (e - b)} were "
+                                 "expected")
+            out[b:e] = np.frombuffer(raw, np.float32)
         local.flush()
-        raw = local.recv(0, _TAG_DOWN + lr)
-        out = np.frombuffer(raw, np.float32).copy()
-        if out.size != a.size:
-            raise UsageError(f"broadcast of {out.size} elements where {a.size} were expected")
-        return HierResult(out, 0, intra_sent)
-    total = a.astype(np.float64)
-    for src in range(1, ln):
-        msg = local.recv(src, _TAG_UP + src)
-        part = (np.frombuffer(msg, np.float32) if intra == "none" else np.asarray(decode(msg), np.float32))
-        if part.size != a.size:
-            raise UsageError(f"local rank {src} sent {part.size} elements where {a.size} were expected")
-        total += part
-    host_sum = total.astype(np.float32)
+        return HierResult(out, 0, intra_sent, messages=len(parts))
+    # the host's sum, segment by segment as the uploads arrive: each in float64, in local-rank order,
+    # then rounded once (a segment's accumulator is reused: no buffer twice the input's size)
+    host_sum = work if work is not None else np.empty(a.size, np.float32)
+    acc = np.empty(max((e - b for b, e in parts), default=0), np.float64)
+    for j, (b, e) in enumerate(parts):
+        seg = acc[: e - b]
+        seg[:] = a[b:e]
+        for src in range(1, ln):
+            msg = local.recv(src, _TAG_UP + j)
+            part = (np.frombuffer(msg, np.float32) if intra == "none"
+                    else np.asarray(decode(msg), np.float32))
+            if part.size != e - b:
+                raise UsageError(f"local rank {src} sent {part.size} elements in segment {j} where {e - b} "
+                                 "were expected")
+            seg += part
+        host_sum[b:e] = seg
     inter_sent = 0
+    messages = 0
     bits: tuple[float, ...] = ()
     if inter is not None and hosts > 1:
-        res = allreduce(inter, host_sum, dataclasses.replace(cfg, average=False), step)
-        out, inter_sent, bits = res.out, res.wire_bytes, res.bits_per_hop
+        res = allreduce(inter, host_sum, dataclasses.replace(cfg, average=False), step, out=out)
+        inter_sent, bits, messages = res.wire_bytes, res.bits_per_hop, res.messages
     else:
-        out = host_sum
+        out[:] = host_sum
     if cfg.average:
-        out = (out / np.float32(hosts * ln)).astype(np.float32)
-    raw = out.tobytes()
-    for dst in range(1, ln):
-        local.send(dst, _TAG_DOWN + dst, raw)
-        intra_sent += len(raw)
+        out /= np.float32(hosts * ln)
+    for j, (b, e) in enumerate(parts):
+        view = out[b:e].data.cast("B")
+        for dst in range(1, ln):
+            local.send(dst, _TAG_DOWN + j, view)
+            intra_sent += len(view)
+            messages += 1
     local.flush()
-    return HierResult(out, inter_sent, intra_sent, bits)
+    return HierResult(out, inter_sent, intra_sent, bits, messages)
+
+
+def host_groups(t: Transport, hosts: Sequence[str]) -> tuple[SubTransport, SubTransport | None]:
+    """Over one transport of all ranks (`hosts[r]`: rank r's host; every host's ranks in any order), this
+    rank's host group (its co-located ranks in rank order, the first the leader) and, on a leader, the
+    leaders' group (each host's first rank, in the order the hosts first appear)."""
+    if len(hosts) != t.world_size:
+        raise UsageError(f"{len(hosts)} hosts named for {t.world_size} ranks")
+    mine = [r for r, h in enumerate(hosts) if h == hosts[t.rank]]
+    leaders = [list(hosts).index(h) for h in dict.fromkeys(hosts)]
+    return SubTransport(t, mine), (SubTransport(t, leaders) if t.rank == mine[0] else None)
+
+
+def allreduce_hosts(t: Transport, hosts: Sequence[str], x: npt.ArrayLike, cfg: Config, step: int = 0,
+                    intra: str = "none", intra_bits: float = 8.0, out: F32 | None = None,
+                    work: F32 | None = None) -> HierResult:
+    """`allreduce_hier` for a rank that sees every rank through one transport (the MRC ranks' own:
+    shared memory to co-located ranks, MRC to the others), its groups made by `host_groups`. Every
+    host must hold the same number of ranks."""
+    counts = {hosts.count(h) for h in hosts}
+    if len(counts) != 1:
+        raise UsageError(f"the hosts hold different numbers of ranks ({sorted(counts)}): the average needs "
+                         "equal groups")
+    local, inter = host_groups(t, hosts)
+    return allreduce_hier(local, inter, x, cfg, step, intra, intra_bits, out, work)
 
 
 def simulate(buffers: list[F32], hosts: int, cfg: Config, step: int = 0, intra: str = "none",

@@ -43,6 +43,7 @@ from mrc.quant import hop as qhop
 from mrc.quant.codec import SCHEMES, CodecError, check_bits, check_group, decode, encode, parse
 
 from . import frame
+from .schedule import STEP as BUDGET_STEP
 from .schedule import aware_bits, measured_bits
 from .transport import Transport
 
@@ -85,6 +86,9 @@ class Config:
             raise UsageError(f"algorithm must be one of {', '.join(ALGORITHMS)}")
         if self.scheme != "none":
             check_bits(self.scheme, self.bits)
+            if self.bits < BUDGET_STEP:
+                raise UsageError(f"a collective's bit budget is at least {BUDGET_STEP} (one step of the "
+                                 f"per-hop schedules), got {self.bits}")
         if not 0.0 <= self.correlation <= 1.0:
             raise UsageError(f"correlation must be in [0, 1], got {self.correlation}")
         if self.group:
@@ -299,9 +303,8 @@ class _CodecChunks(_Chunks):
         count is not its piece's."""
         lay = self._pieces(c, i)
         if into is None and len(lay) == 1:
-            part = np.asarray(decode(frames[0]), np.float32).reshape(-1)
-            self._check(c, i, 0, part.size, lay[0][1])
-            return part
+            self._check(c, i, 0, parse(frames[0]).d, lay[0][1])  # before decoding what it claims
+            return np.asarray(decode(frames[0]), np.float32).reshape(-1)
         out = np.empty(self.sizes[c][i], np.float32) if into is None else into
         for j, ((o, size), f) in enumerate(zip(lay, frames, strict=True)):
             got = parse(f).d

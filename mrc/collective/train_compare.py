@@ -63,7 +63,7 @@ DEFAULTS: Final[dict[str, Any]] = {
     "text_heads": 4, "text_context": 64, "text_bytes": 1_000_000, "text_val_batches": 8,
 }
 _HOOK_RE: Final = re.compile(
-    r"^(?:(fp32|fp16|mrc-fp32)|powersgd-r(\d+)|eden(\d+(?:\.\d+)?)-(naive|aware)(-ef)?)$")
+    r"^(?:(fp32|fp16|mrc-fp32)|powersgd-r(\d+)|eden(\d+(?:\.\d+)?)-(naive|aware)(-ef)?)\Z")
 
 
 @dataclass(frozen=True)

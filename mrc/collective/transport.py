@@ -125,6 +125,46 @@ class InProcTransport:
         return None
 
 
+class SubTransport:
+    """Some ranks of a transport as a transport of their own: rank i here is rank `members[i]` of `base`
+    (which must be one of them). The hierarchical all-reduce runs its host group and its leaders' ring
+    over two of these on one rank's transport (hier.py); messages keep their tags and, between one pair
+    of ranks, their order, so the collectives on two groups that share a pair must not interleave."""
+
+    def __init__(self, base: Transport, members: Sequence[int]) -> None:
+        self.base = base
+        self.members = list(members)
+        if len(set(self.members)) != len(self.members) or not all(
+                0 <= m < base.world_size for m in self.members):
+            raise ValueError(f"members {self.members} are not distinct ranks of 0..{base.world_size - 1}")
+        if base.rank not in self.members:
+            raise ValueError(f"rank {base.rank} is not among the members {self.members}")
+        self._rank = self.members.index(base.rank)
+        self.send_window = max(1, int(getattr(base, "send_window", 1)))
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return len(self.members)
+
+    def _peer(self, r: int) -> int:
+        if r == self._rank or not 0 <= r < len(self.members):
+            raise TransportError(f"rank {self._rank} of {self.members}: bad peer {r}")
+        return self.members[r]
+
+    def send(self, dst: int, tag: int, data: bytes | memoryview) -> None:
+        self.base.send(self._peer(dst), tag, data)
+
+    def recv(self, src: int, tag: int) -> bytes:
+        return self.base.recv(self._peer(src), tag)
+
+    def flush(self) -> None:
+        self.base.flush()
+
+
 @dataclass
 class RankOutcome(Generic[T]):
     value: T | None

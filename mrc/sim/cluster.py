@@ -31,6 +31,8 @@ from typing import Any, Final
 
 import numpy as np
 
+from mrc import topology
+
 from .fluid import FluidFabric
 
 DEFAULT_MRC_PREFIX: Final = ipaddress.IPv6Network("fd00::/48")
@@ -46,44 +48,65 @@ def cluster_dir() -> Path:
 
 
 def load_cluster(path: str | Path) -> tuple[FluidFabric, dict[str, Any]]:
-    """(fabric, the parsed document) of a cluster file; ValueError naming the file and key."""
+    """(fabric, the parsed document) of a cluster file; ValueError as ``FILE:LINE: key: problem`` (the
+    topology files' form): values of the wrong type are refused, not converted."""
     p = Path(path)
     try:
-        doc = tomllib.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        text = topology.read_text(p)
+        doc = tomllib.loads(text)
+    except topology.FileError as e:
+        raise ValueError(str(e)) from None
+    except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{p}: {e}") from None
+    lines = topology.key_lines(text)
+
+    def fail(key: str, problem: str) -> ValueError:
+        return ValueError(str(topology.FileError(str(p), key, problem, topology.key_line(lines, key))))
+
     for table, keys in doc.items():
         if table not in _KEYS or not isinstance(keys, dict):
-            raise ValueError(f"{p}: unknown table [{table}] (cluster files have [cluster], [addressing])")
+            raise fail(table, "unknown table (cluster files have [cluster], [addressing])")
         for k in keys:
             if k not in _KEYS[table]:
-                raise ValueError(f"{p}: {table}.{k}: unknown key")
+                raise fail(f"{table}.{k}", f"unknown key (known: {', '.join(sorted(_KEYS[table]))})")
     c = doc.get("cluster")
     if not isinstance(c, dict):
         raise ValueError(f"{p}: needs a [cluster] table")
+
+    def whole(key: str) -> int:
+        if key not in c:
+            raise fail(f"cluster.{key}", "missing")
+        v = c[key]
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise fail(f"cluster.{key}", f"must be a whole number, got {v!r}")
+        return v
+
+    rate = c.get("rate_gbps", 100)
+    if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate <= 1e6:
+        raise fail("cluster.rate_gbps", f"must be a number of Gbit/s in (0, 1e6], got {rate!r}")
+    planes, leaves, spines, hpl = (whole(k) for k in ("planes", "leaves", "spines", "hosts_per_leaf"))
     try:
-        fab = FluidFabric(
-            int(c["planes"]),
-            int(c["leaves"]),
-            int(c["spines"]),
-            int(c["hosts_per_leaf"]),
-            float(c.get("rate_gbps", 100)) * 1e9,
-        )
-    except KeyError as e:
-        raise ValueError(f"{p}: cluster.{e.args[0]}: missing") from None
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{p}: cluster: {e}") from None
-    radix = c.get("radix")
-    if radix is not None and (fab.hosts_per_leaf + fab.spines > radix or fab.leaves > radix):
-        raise ValueError(
-            f"{p}: cluster.radix {radix}: a leaf needs {fab.hosts_per_leaf + fab.spines} ports "
-            f"and a spine {fab.leaves}"
-        )
+        fab = FluidFabric(planes, leaves, spines, hpl, float(rate) * 1e9)
+    except ValueError as e:
+        raise fail("cluster", str(e)) from None
+    if "radix" in c:
+        radix = whole("radix")
+        if fab.hosts_per_leaf + fab.spines > radix or fab.leaves > radix:
+            raise fail("cluster.radix", f"{radix}: a leaf needs {fab.hosts_per_leaf + fab.spines} ports "
+                                        f"and a spine {fab.leaves}")
+    prefixes = (("mrc_prefix", DEFAULT_MRC_PREFIX, 48), ("link_prefix", DEFAULT_LINK_PREFIX, 32))
+    for key, default, plen in prefixes:
+        try:
+            _net(doc, key, default, plen)
+        except (TypeError, ValueError) as e:
+            raise fail(f"addressing.{key}", str(e).removeprefix(f"addressing.{key}: ")) from None
     return fab, doc
 
 
 def _net(doc: dict[str, Any], key: str, default: ipaddress.IPv6Network, plen: int) -> ipaddress.IPv6Network:
     raw = doc.get("addressing", {}).get(key)
+    if raw is not None and not isinstance(raw, str):
+        raise ValueError(f"addressing.{key}: must be an IPv6 prefix string such as '{default}', got {raw!r}")
     net = default if raw is None else ipaddress.IPv6Network(raw)
     if net.prefixlen != plen:
         raise ValueError(f"addressing.{key}: {net} must be a /{plen}")

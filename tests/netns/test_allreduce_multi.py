@@ -69,8 +69,9 @@ def test_two_ranks_per_host_agree_with_inproc_then_a_dead_rank_leaves_nothing(
     cfg = Config("eden-unbiased", 2.0, "aware", seed=seed)
     buffers = make_inputs(RANKS, SIZE // 4, "iid", seed, 0)
     # the JSON-file rendezvous: ranks that do not import torch start in a second, not ten
-    runner = MrcRunner(tb["name"], RANKS, SIZE, cfg.algorithm, timeout_s=8, rendezvous="file")
+    runner = MrcRunner(tb["name"], RANKS, SIZE, cfg.algorithm, timeout_s=8, rendezvous="file", layout="flat")
     try:
+        assert runner.layout == "flat"
         assert runner.rank_hosts == [h for h in HOSTS for _ in range(2)]
         assert runner.hosts == HOSTS and runner.ranks_per_host == 2
         assert len(rank_pids(tb["name"])) == RANKS
@@ -110,6 +111,59 @@ def test_two_ranks_per_host_agree_with_inproc_then_a_dead_rank_leaves_nothing(
     assert not runner.rundir.exists()
 
 
+# the same hierarchy in process: one hub of all ranks, the groups cut from it as the rank processes do
+REFERENCE_HIER = """
+import sys
+import numpy as np
+from mrc.collective import Config, run_inproc
+from mrc.collective.bench import make_inputs
+from mrc.collective.hier import allreduce_hosts
+n, size, seed, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+hosts = sys.argv[5].split(",")
+cfg = Config("eden-unbiased", 2.0, "aware", seed=seed)
+xs = make_inputs(n, size // 4, "iid", seed, 0)
+res = run_inproc(n, lambda t: allreduce_hosts(t, hosts, xs[t.rank], cfg, 0))
+np.save(out, res[0].out)
+print(" ".join(f"{r.inter_bytes}:{r.intra_bytes}" for r in res))
+"""
+
+
+def test_hierarchy_over_mrc_agrees_with_inproc_and_only_leaders_cross_the_fabric(
+        tb: dict[str, Any], tmp_path: Path) -> None:  # noqa: F811
+    """--layout hier: each host's two ranks reduce to its first over shared memory, the four leaders run
+    the ring over MRC, the result comes back. The same result and bytes as in process, bit for bit; the
+    MRC bytes are the leaders' ring's; the hosts' egress programs carried them."""
+    seed = 5
+    cfg = Config("eden-unbiased", 2.0, "aware", seed=seed)
+    buffers = make_inputs(RANKS, SIZE // 4, "iid", seed, 0)
+    runner = MrcRunner(tb["name"], RANKS, SIZE, cfg.algorithm, timeout_s=8, rendezvous="file", layout="hier")
+    try:
+        assert runner.layout == "hier"
+        tx0 = {h: _tx_bytes(tb, h) for h in HOSTS}
+        res, secs, down = runner.run(buffers, cfg, 0)
+        tx1 = {h: _tx_bytes(tb, h) for h in HOSTS}
+        assert secs > 0 and down is False
+        assert all(np.array_equal(r.out, res[0].out) for r in res[1:])
+        ref_file = tmp_path / "ref.npy"
+        ref = subprocess.run([sys.executable, "-c", REFERENCE_HIER, str(RANKS), str(SIZE), str(seed),
+                              str(ref_file), ",".join(runner.rank_hosts)], capture_output=True, text=True,
+                             timeout=120, env={**os.environ, **ONE_BLAS_THREAD})
+        assert ref.returncode == 0, ref.stderr
+        assert np.array_equal(res[0].out, np.load(ref_file))
+        split = [tuple(int(v) for v in w.split(":")) for w in ref.stdout.split()]
+        assert [r.wire_bytes for r in res] == [a + b for a, b in split]
+        # through MRC: exactly the leaders' ring (ranks 0, 2, 4, 6); the others only used shared memory
+        mrc_b, local_b = runner.split_bytes[0]
+        assert mrc_b == sum(a for a, _ in split) and local_b == sum(b for _, b in split)
+        assert all(split[r][0] == 0 for r in range(1, RANKS, 2))
+        assert all(split[r][0] > 0 for r in range(0, RANKS, 2))
+        for i, h in enumerate(HOSTS):
+            assert tx1[h] - tx0[h] >= split[2 * i][0], h
+    finally:
+        runner.close()
+    assert not rank_pids(tb["name"])
+
+
 def test_cli_eight_ranks_reports_mrc_bytes(tb: dict[str, Any]) -> None:  # noqa: F811
     r = subprocess.run([sys.executable, "-m", "mrc.ctl.cli", "-j", "allreduce", "--transport", "mrc", "-n",
                         tb["name"], "--ranks", "8", "--size", "2M", "--bits", "2", "--iters", "1",
@@ -120,6 +174,7 @@ def test_cli_eight_ranks_reports_mrc_bytes(tb: dict[str, Any]) -> None:  # noqa:
     assert doc["summary"]["errors"] == 0
     c = doc["config"]
     assert c["ranks"] == 8 and c["ranks_per_host"] == 2 and c["hosts"] == HOSTS
+    assert c["layout"] == "hier" and c["intra"] == "none"  # auto: the hierarchy with ranks sharing hosts
     for it in doc["iterations"]:
         assert it["wire_bytes_mrc"] + it["wire_bytes_local"] == it["wire_bytes"]
         assert it["wire_bytes_mrc"] > 0 and it["wire_bytes_local"] > 0

@@ -5,6 +5,7 @@ simulator at 64 hosts (docs/sim.md, "Fluid model")."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -141,3 +142,23 @@ def test_agreement_with_the_packet_simulator_at_64_hosts() -> None:
         r = fluid_exp.solve(fab, st, v, src, dst, 1, steer_rounds=20)
         assert abs(r.mean() - dg[v]["capacity_fraction"]) <= 0.03, v
         assert abs(r.min() - dg[v]["flow_fraction_min"]) <= 0.05, v
+
+
+@pytest.mark.parametrize(("body", "where", "problem"), [
+    ("planes = 1.9", ":2: cluster.planes", "must be a whole number, got 1.9"),
+    ("planes = true", ":2: cluster.planes", "must be a whole number, got True"),
+    ('planes = "2"', ":2: cluster.planes", "must be a whole number, got '2'"),
+    ('planes = 2\nradix = "x"', ":6: cluster.radix", "must be a whole number"),
+    ("planes = 2\nwidth = 3", ":6: cluster.width", "unknown key"),
+    ('planes = 2\nrate_gbps = "fast"', ":6: cluster.rate_gbps", "number of Gbit/s"),
+    ('planes = 2\n[addressing]\nmrc_prefix = "zz"', ":7: addressing.mrc_prefix", "zz"),
+    ('planes = 2\n[addressing]\nmrc_prefix = 5', ":7: addressing.mrc_prefix", "IPv6 prefix string"),
+])
+def test_cluster_file_errors_name_the_line_and_refuse_wrong_types(tmp_path: Path, body: str, where: str,
+                                                                  problem: str) -> None:
+    f = tmp_path / "c.toml"
+    first, _, rest = body.partition("\n")
+    f.write_text(f"[cluster]\n{first}\nleaves = 4\nspines = 4\nhosts_per_leaf = 4\n{rest}\n")
+    with pytest.raises(ValueError) as e:
+        load_cluster(f)
+    assert str(e.value).startswith(f"{f}{where}: ") and problem in str(e.value), str(e.value)

@@ -245,3 +245,63 @@ def test_mrcd_version(capsys: Cap) -> None:
         mrcd_main(["--version"])
     assert e.value.code == 0
     assert capsys.readouterr().out == f"mrcd {__version__}\n"
+
+
+# ------------------------------------------------------------------------- errors before any work
+
+
+def test_json_error_for_a_group_without_its_verb(capsys: Cap) -> None:
+    rc, out, err = _run(capsys, "-j", "sim")
+    assert rc == 2 and err == ""
+    assert json.loads(out) == {"error": "'mrcctl sim' needs a verb: one of fluid, loopback, run"}
+    rc, out, err = _run(capsys, "sim")  # for people: the group's help, as before
+    assert rc == 2 and "Usage: mrcctl sim" in out + err
+
+
+@pytest.mark.parametrize("words", [("qp", "help"), ("stats", "help"), ("allreduce", "help"),
+                                   ("help", "qp", "show"), ("help", "stats", "sh")])
+def test_help_verb_on_commands_without_sub_verbs(capsys: Cap, words: tuple[str, ...]) -> None:
+    rc, out, _ = _run(capsys, *words)
+    obj = words[1] if words[0] == "help" else words[0]
+    assert rc == 0 and out.startswith(f"Usage: mrcctl {obj} "), out
+
+
+@pytest.mark.parametrize(("args", "problem"), [
+    (("allreduce", "--size", "9" * 400), "out of range"),
+    (("allreduce", "--size", "64K", "--bits", "1e-17"), "bit budget must be in [0.015625, 8]"),
+    (("allreduce", "--size", "64K", "--bits", "0.03"), "bit budget is at least 0.0625"),
+    (("allreduce", "--size", "64K", "--report", "/"), "is a directory"),
+    (("allreduce", "--size", "64K", "--report", "/nonexistent-dir/r.json"), "no directory"),
+    (("sim", "run", "permutation", "--hosts", "4", "--plot", "x.txt"), "written as .png, .pdf, .svg"),
+    (("sim", "fluid", "step-tail", "--plot", "/"), "is a directory"),
+])
+def test_bad_values_are_one_json_error_before_any_work(capsys: Cap, tmp_path: Path, args: tuple[str, ...],
+                                                       problem: str) -> None:
+    rc, out, err = _run(capsys, "-j", *args)
+    assert rc != 0 and err == ""
+    assert problem in json.loads(out)["error"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_json_flag_after_a_fluid_verb(capsys: Cap) -> None:
+    rc, out, _ = _run(capsys, "sim", "fluid", "permutation", "--hosts", "128", "-j")
+    assert rc == 0 and json.loads(out)["experiment"] == "permutation"
+
+
+@pytest.mark.parametrize("state", ["{}", "[1]", '{"name": "bad", "topology": {}, "links": {"x": {}}}'])
+def test_damaged_testbed_state_is_a_clear_error(capsys: Cap, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                state: str) -> None:
+    monkeypatch.setenv("MRC_RUN_DIR", str(tmp_path))
+    (tmp_path / "testbed").mkdir()
+    (tmp_path / "testbed" / "bad.json").write_text(state)
+    rc, out, _ = _run(capsys, "-j", "testbed", "show", "--name", "bad")
+    assert rc in (1, 2)  # 2: a topology error of the record's topology (a ConfigError)
+    msg = json.loads(out)["error"]
+    assert "bad.json" in msg and ("damaged testbed state" in msg or "topology" in msg), msg
+
+
+def test_mrcd_check_config_into_a_closed_pipe_is_not_an_error() -> None:
+    example = ROOT / "deploy" / "mrcd.clos.example.toml"
+    r = subprocess.run(f"{sys.executable} -m mrc.ctl.daemon --check-config '{example}' | head -c 1",
+                       shell=True, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr

@@ -343,6 +343,17 @@ ERRORS = [
     (BASE + '[engine]\nmtu = 3000\n', "engine.mtu", 24, "must be \"auto\" or a power of two 256..8192"),
     (BASE + '[engine]\nmtu = "16KiB"\n', "engine.mtu", 24, "got 16384"),
     (BASE + '[engine]\nmtu = "jumbo"\n', "engine.mtu", 24, "must be \"auto\" or a payload size"),
+    # what a regex's "$" let through (it also matches before a final newline), non-ASCII digits, NULs
+    (BASE.replace('name = "a"', 'name = "a\\n"'), "host.name", 2, "must be 1..63 lowercase"),
+    (BASE.replace('name = "b"', 'name = "b\\n"'), "peer[0].name", 17, "must be 1..63 lowercase"),
+    (BASE.replace('interface = "eth2"', 'mac = "02:00:00:00:00:01\\n"'), "plane[1].mac", 10, "not a MAC"),
+    (BASE.replace('"eth2"', '"eth\\u00002"'), "plane[1].interface", 10, "control characters"),
+    (BASE + '[metrics]\naddress = "127.0.0.1:\u00b2"\n', "metrics.address", 24, "must be ADDRESS:PORT"),
+    (BASE + '[metrics]\naddress = "127.0.0.1:\uff19\uff14\uff17\uff10"\n', "metrics.address", 24,
+     "must be ADDRESS:PORT"),
+    (BASE + '[control]\nsocket = "/run/a\\u0000b"\n', "control.socket", 24, "printable"),
+    (BASE.replace('address = "fc00:2::a/64"', 'address = "fc00:2::a/64"\nrate = "' + "9" * 400 + '"'),
+     "plane[1].rate", 12, "out of range"),
 ]
 
 
@@ -453,3 +464,19 @@ def test_describe_explicit_fabric() -> None:
     assert "metrics: off" in lines and "CC nscc" in lines[-3]
     b2b = hostconfig.describe(hostconfig.load(B2B_EXAMPLE))
     assert sum(x.startswith("  plane ") and "(p" in x and ":link)" in x for x in b2b) == 4
+
+
+def test_special_files_are_refused_without_reading_them(tmp_path: Path) -> None:
+    """A FIFO is not waited on and a character device (/dev/zero: no end) is not read: each is refused
+    as not a regular file; a file over the size bound is refused before it is parsed."""
+    import os
+
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    for f in (fifo, Path("/dev/zero")):
+        with pytest.raises(hostconfig.HostConfigError, match="not a regular file"):
+            hostconfig.load(f)
+    big = tmp_path / "big.toml"
+    big.write_bytes(b"#" * (topology.MAX_FILE_BYTES + 1))
+    with pytest.raises(hostconfig.HostConfigError, match="larger than"):
+        hostconfig.load(big)

@@ -256,7 +256,7 @@ def _sim_error(capsys: pytest.CaptureFixture[str], args: list[str]) -> str:
     (["--seed", "-1"], "Invalid value for '--seed': must be 0..4294967295, got -1"),
     (["--seed", str(2**32)], "'--seed': must be 0..4294967295"),
     (["--size", "2G"], "'--size': must be 1..1073741824 bytes"),
-    (["--size", "9" * 400], "not a size"),
+    (["--size", "9" * 400], "out of range"),
     (["--planes", "65"], "'--planes': must be 1..64"),
     (["--evs", "99999"], "'--evs': must be 1..16384"),
     (["--mpr", "9"], "'--mpr': must be 1..8"),

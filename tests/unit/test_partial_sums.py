@@ -11,8 +11,10 @@ import pytest
 
 from mrc.collective import Config, Result, Transport, allreduce, frame, run_inproc, vnmse
 from mrc.collective.bench import exact_mean, make_inputs
-from mrc.collective.hier import simulate
+from mrc.collective.hier import HierResult, allreduce_hosts, simulate
+from mrc.collective.ring import max_message_bytes
 from mrc.collective.schedule import STEP, aware_bits, measured_bits, model_error
+from mrc.collective.transport import SubTransport, TransportError
 from mrc.errors import UsageError
 from mrc.quant import codec
 from mrc.quant.bench import theory
@@ -183,3 +185,104 @@ def test_hier_single_host_is_exact_with_fp32() -> None:
     res = simulate(xs, 1, Config("eden-unbiased", 2, "aware"))
     exact = exact_mean(xs)
     assert np.allclose(res[0].out, exact, atol=1e-6) and all(r.inter_bytes == 0 for r in res)
+
+
+def test_hier_over_one_transport_is_the_per_host_transports_hierarchy() -> None:
+    """MRC ranks see every rank through one transport: the groups cut from it (SubTransport) give the
+    result and the bytes of the hierarchy over per-host transports, bit for bit."""
+    hosts, per, d = 3, 2, 3000
+    names = [f"h{h}" for h in range(hosts) for _ in range(per)]
+    xs = make_inputs(hosts * per, d, "correlated", 2, 0)
+    cfg = Config("eden-unbiased", 2, "aware", seed=6)
+    def over_one(intra: str) -> list[HierResult]:
+        return run_inproc(hosts * per, lambda t: allreduce_hosts(t, names, xs[t.rank], cfg, intra=intra))
+
+    for intra in ("none", "eden-unbiased"):
+        ref = simulate(xs, hosts, cfg, intra=intra)
+        got = over_one(intra)
+        for r, g in zip(ref, got, strict=True):
+            assert np.array_equal(r.out, g.out)
+            assert (r.inter_bytes, r.intra_bytes) == (g.inter_bytes, g.intra_bytes)
+    with pytest.raises(UsageError, match="different numbers"):
+        run_inproc(3, lambda t: allreduce_hosts(t, ["a", "a", "b"], xs[t.rank], cfg))
+
+
+class _Recording:
+    """A transport that records the size of every message it carries."""
+
+    def __init__(self, t: Transport, sizes: list[int]) -> None:
+        self.t, self.sizes = t, sizes
+
+    rank = property(lambda self: self.t.rank)
+    world_size = property(lambda self: self.t.world_size)
+
+    def send(self, dst: int, tag: int, data: bytes | memoryview) -> None:
+        self.sizes.append(len(data))
+        self.t.send(dst, tag, data)
+
+    def recv(self, src: int, tag: int) -> bytes:
+        return self.t.recv(src, tag)
+
+    def flush(self) -> None:
+        self.t.flush()
+
+
+@pytest.mark.parametrize("intra", ["none", "eden-unbiased"])
+def test_hier_messages_are_segments_no_larger_than_the_rings(intra: str) -> None:
+    """A buffer longer than one segment goes to and from the leader segment by segment, so a transport
+    with slots sized for the ring (MRC ranks: max_message_bytes of a one-rank ring) carries it."""
+    d = frame.MAX_SEGMENT + 4099
+    xs = make_inputs(4, d, "iid", 1, 0)
+    sizes: list[list[int]] = [[] for _ in range(4)]
+    cfg = Config("eden-unbiased", 2, "aware")
+    res = run_inproc(4, lambda t: allreduce_hosts(_Recording(t, sizes[t.rank]), ["a", "a", "b", "b"],
+                                                  xs[t.rank], cfg, intra=intra))
+    segs = len(frame.segments(d))
+    assert segs > 1
+    assert all(np.array_equal(r.out, res[0].out) for r in res)
+    assert max(max(s) for s in sizes) <= max_message_bytes(d, 1)
+    assert len(sizes[1]) == len(sizes[3]) == segs  # a non-leader uploads one message per segment
+    assert res[1].messages == segs and res[0].messages >= segs + 2  # the leader: its ring and broadcast
+    if intra == "none":
+        assert res[0].intra_bytes == res[1].intra_bytes == 4 * d
+
+
+def test_sub_transport_maps_ranks_and_refuses_outsiders() -> None:
+    def body(t: Transport) -> bytes | None:
+        if t.rank not in (1, 3):
+            with pytest.raises(ValueError, match="not among"):
+                SubTransport(t, [1, 3])
+            return None
+        sub = SubTransport(t, [3, 1])  # rank 3 is rank 0 here
+        assert sub.world_size == 2 and sub.rank == (0 if t.rank == 3 else 1)
+        with pytest.raises(TransportError, match="bad peer"):
+            sub.send(sub.rank, 0, b"x")
+        if sub.rank == 0:
+            sub.send(1, 7, b"from 3")
+            return None
+        return sub.recv(0, 7)
+
+    assert run_inproc(4, body)[1] == b"from 3"
+    with pytest.raises(ValueError, match="distinct"):
+        run_inproc(2, lambda t: SubTransport(t, [0, 0]))
+
+
+def test_hier_writes_into_the_callers_buffers() -> None:
+    """`out` and `work` (MRC ranks keep them across iterations): the same result, in `out`; buffers that
+    overlap the input or each other are refused."""
+    xs = make_inputs(4, 5000, "iid", 3, 0)
+    cfg = Config("eden-unbiased", 4, "aware", seed=2)
+    names = ["a", "a", "b", "b"]
+    plain = run_inproc(4, lambda t: allreduce_hosts(t, names, xs[t.rank], cfg))
+    outs = [np.full(5000, np.nan, np.float32) for _ in range(4)]
+    works = [np.full(5000, np.nan, np.float32) for _ in range(4)]
+    kept = run_inproc(4, lambda t: allreduce_hosts(t, names, xs[t.rank], cfg, out=outs[t.rank],
+                                                   work=works[t.rank]))
+    for r, p, k in zip(range(4), plain, kept, strict=True):
+        assert k.out is outs[r] and np.array_equal(k.out, p.out)
+    def with_buffers(out: np.ndarray, work: np.ndarray | None) -> list[HierResult]:
+        return run_inproc(2, lambda t: allreduce_hosts(t, ["a", "a"], xs[0], cfg, out=out, work=work))
+
+    for out, work in ((xs[0], None), (outs[0], outs[0]), (np.zeros(4999, np.float32), None)):
+        with pytest.raises(UsageError):
+            with_buffers(out, work)
