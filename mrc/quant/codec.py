@@ -451,7 +451,11 @@ def _encode_rotated(
 
 def parse(buf: bytes | bytearray | memoryview) -> Header:
     """Parse and check a buffer's header and framing (not the payload contents)."""
-    mv = memoryview(buf).cast("B")
+    try:
+        mv = memoryview(buf).cast("B")
+    except TypeError as e:  # not a buffer, or a strided view of one
+        raise CodecTypeError(f"a frame is a contiguous bytes-like object, got {type(buf).__name__}: "
+                             f"{e}") from None
     n = len(mv)
     if n < _FIXED.size + _U64.size + _CRC.size:
         raise CodecError(f"buffer too short for a header ({n} bytes)")

@@ -67,6 +67,9 @@ def hop(frame_in: Buffer, own: npt.ArrayLike, scheme: str, bits: float, seed: in
     """encode(decode(frame_in) + own, scheme, bits, seed=seed, group=group), fused where it can be
     (module doc). Grouped-scale frames (codec version 2), in or out, always take the three passes: the
     fused sweep's lookup uses one scale and its output is the one-scale frame."""
+    # the outgoing frame's seed is the ring's to give: both paths refuse None (encode would draw one at
+    # random, and the two paths, or two ranks, would then differ)
+    seed = codec.check_seed(seed)
     own32 = np.ascontiguousarray(own, dtype=np.float32).reshape(-1)
     which = default_path() if path is None else path
     if which not in PATHS:

@@ -278,3 +278,13 @@ def test_the_hop_takes_a_frame_of_any_shape_as_its_chunk(shape: tuple[int, ...])
     outs = {p: hop.hop(frame, own, "eden-unbiased", 2, 5, path=p) for p in hop.PATHS}
     assert outs["fused"] == outs["three-pass"]
     assert codec.parse(outs["fused"]).shape == (x.size,)
+
+
+def test_what_is_not_a_contiguous_frame_is_a_codec_error_and_the_hop_wants_a_seed() -> None:
+    f = codec.encode(np.ones(100, np.float32), "eden-unbiased", 2, seed=1)
+    for bad in (None, "x", np.frombuffer(f, np.uint8)[::2], memoryview(f)[::2]):
+        with pytest.raises(codec.CodecTypeError, match="contiguous bytes-like"):
+            codec.decode(bad)  # type: ignore[arg-type]
+    for path in hop.PATHS:  # None would draw a random seed on one path and be refused on the other
+        with pytest.raises(codec.CodecTypeError, match="seed"):
+            hop.hop(f, np.ones(100, np.float32), "eden-unbiased", 2, None, path=path)  # type: ignore[arg-type]
