@@ -63,15 +63,21 @@ def _tx_bytes(bed: dict[str, Any], host: str) -> int:
     return sum(int(row.get("tx_bytes", 0)) for row in st["dataplane"]["planes"].values())
 
 
+def _eight_ranks(bed: dict[str, Any], seed: int, layout: str) -> tuple[Config, list[Any], MrcRunner]:
+    """The 2-bit config, the ranks' inputs and a runner of RANKS rank processes in `layout` (the JSON-file
+    rendezvous: ranks that do not import torch start in a second, not ten)."""
+    cfg = Config("eden-unbiased", 2.0, "aware", seed=seed)
+    buffers = make_inputs(RANKS, SIZE // 4, "iid", seed, 0)
+    runner = MrcRunner(bed["name"], RANKS, SIZE, cfg.algorithm, timeout_s=8, rendezvous="file", layout=layout)
+    assert runner.layout == layout
+    return cfg, buffers, runner
+
+
 def test_two_ranks_per_host_agree_with_inproc_then_a_dead_rank_leaves_nothing(
         tb: dict[str, Any], tmp_path: Path) -> None:  # noqa: F811
     seed = 3
-    cfg = Config("eden-unbiased", 2.0, "aware", seed=seed)
-    buffers = make_inputs(RANKS, SIZE // 4, "iid", seed, 0)
-    # the JSON-file rendezvous: ranks that do not import torch start in a second, not ten
-    runner = MrcRunner(tb["name"], RANKS, SIZE, cfg.algorithm, timeout_s=8, rendezvous="file", layout="flat")
+    cfg, buffers, runner = _eight_ranks(tb, seed, "flat")
     try:
-        assert runner.layout == "flat"
         assert runner.rank_hosts == [h for h in HOSTS for _ in range(2)]
         assert runner.hosts == HOSTS and runner.ranks_per_host == 2
         assert len(rank_pids(tb["name"])) == RANKS
@@ -134,11 +140,8 @@ def test_hierarchy_over_mrc_agrees_with_inproc_and_only_leaders_cross_the_fabric
     the ring over MRC, the result comes back. The same result and bytes as in process, bit for bit; the
     MRC bytes are the leaders' ring's; the hosts' egress programs carried them."""
     seed = 5
-    cfg = Config("eden-unbiased", 2.0, "aware", seed=seed)
-    buffers = make_inputs(RANKS, SIZE // 4, "iid", seed, 0)
-    runner = MrcRunner(tb["name"], RANKS, SIZE, cfg.algorithm, timeout_s=8, rendezvous="file", layout="hier")
+    cfg, buffers, runner = _eight_ranks(tb, seed, "hier")
     try:
-        assert runner.layout == "hier"
         tx0 = {h: _tx_bytes(tb, h) for h in HOSTS}
         res, secs, down = runner.run(buffers, cfg, 0)
         tx1 = {h: _tx_bytes(tb, h) for h in HOSTS}
