@@ -43,6 +43,7 @@ import numpy as np
 import numpy.typing as npt
 
 from mrc.collective import Config, Result
+from mrc.collective.hier import LAYOUTS
 from mrc.collective.ring import max_message_bytes
 from mrc.dataplane import testbed as tbmod
 from mrc.dataplane.client import MrcClient
@@ -53,7 +54,6 @@ from mrc.quant.accel import prime as prime_codec
 F32 = npt.NDArray[np.float32]
 READY_TIMEOUT_S: Final = 120.0
 RENDEZVOUS: Final = ("auto", "tcpstore", "file")
-LAYOUTS: Final = ("auto", "flat", "hier")
 
 
 def slot_bytes(size_bytes: int, ranks: int, algorithm: str) -> int:

@@ -32,12 +32,12 @@ import click
 from mrc import units
 from mrc.collective import ALGORITHMS, COMPRESSIONS, PARTIAL_SUMS, Config
 from mrc.collective import bench as cbench
+from mrc.collective.hier import LAYOUTS
 from mrc.errors import UsageError
 
 from .output import Output, json_option, output_file, table
 
 TRANSPORTS = ("inproc", "mrc")
-LAYOUTS = ("auto", "flat", "hier")
 
 
 def parse_size(text: str) -> int:

@@ -33,7 +33,9 @@ def _quantity(value: Any, what: str, units: Mapping[str, int], examples: str) ->
         raise ValueError(f"not a {what}: {value!r} (examples: {examples})")
     if isinstance(value, int):
         if abs(value) > MAX_QUANTITY:
-            raise ValueError(f"{what} {value} is out of range (at most {MAX_QUANTITY:.0e})")
+            # not the value itself: str() of an int over 4300 digits raises
+            raise ValueError(f"{what} of {value.bit_length()} bits is out of range "
+                             f"(at most {MAX_QUANTITY:.0e})")
         return float(value)
     m = _NUMBER_UNIT.fullmatch(value)
     if not m or m.group(2).lower() not in units:

@@ -87,7 +87,6 @@ def _fused(frame_in: Buffer, own: F32, scheme: str, bits: float, seed: int) -> b
     if kern is None or scheme not in _FUSED_SCHEMES:
         return None
     codec.check_bits(scheme, bits)
-    seed = codec.check_seed(seed)
     h = codec.parse(frame_in)
     n = h.padded
     block = 1 << kern._block_bits(np.dtype(np.float32))
