@@ -28,6 +28,7 @@ class EngineDrop(StrEnum):
     UNKNOWN_QPN = "unknown_qpn"  # no QP with that number (never created, or destroyed)
     QP_STATE = "qp_state"  # the QP is not in RTR/RTS
     FOREIGN_SRC = "foreign_src"  # from an address other than the QP's peer
+    BAD_PKEY = "bad_pkey"  # a P_Key outside the QP's partition (IBA 10.9.3; checked after the ICRC)
     PORT_DISABLED = "port_disabled"  # arrived on a port administratively down
     # responder: data outside what it can place
     STALE = "stale"  # below the cumulative PSN (answered with a duplicate SACK)

@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Final
 
-from mrc.wire.consts import Opcode
+from mrc.wire.consts import Opcode, pkey_matches
 from mrc.wire.errors import WireError
 from mrc.wire.icrc import IcrcContext
 from mrc.wire.packet import parse, parse_write
@@ -447,6 +447,9 @@ class Context:
             pkt = parse(data, qp.rx_icrc)
         except WireError as e:
             self.drop(EngineDrop(e.reason))
+            return
+        if not pkey_matches(pkt.pkey):  # every QP holds the default key (parse_write passes no other)
+            self.drop(EngineDrop.BAD_PKEY)
             return
         op = pkt.opcode
         if op < 0x10:  # RDMA WRITE Only (0x0A) / with Immediate (0x0B): parse admits no other below 0xC0

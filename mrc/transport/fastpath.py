@@ -39,6 +39,7 @@ from mrc.wire.consts import (
     ICRC_LEN,
     MAX_PAYLOAD,
     MXH_VERSION,
+    PKEY_PARTITION,
     PSN_MASK,
     QPN_MASK,
     SACK_MAX_WORDS,
@@ -115,7 +116,7 @@ def receive(
     imm: int | None
     if op == _OP_WRITE:
         hl = WRITE_HDR_LEN
-        (_, b1, _, qw, pw, va, rkey, dlen, ver, flags, ev, msn, mlen, moff, ts) = _unpack_write(data)
+        (_, b1, pkey, qw, pw, va, rkey, dlen, ver, flags, ev, msn, mlen, moff, ts) = _unpack_write(data)
         imm = None
     elif op == _OP_SACK:
         _sack_rx(self, qp, data, n, now, ecn, port, src)
@@ -123,7 +124,10 @@ def receive(
     else:  # WRITE with immediate (a message's last packet: the pure path completes it), other control
         _pure_receive(self, data, now, ecn, port, src)
         return
-    if b1 & 0x0F or qw > QPN_MASK or ver != MXH_VERSION or flags & _TRIMMED or dlen > MAX_PAYLOAD:
+    if (
+        pkey & PKEY_PARTITION != PKEY_PARTITION or b1 & 0x0F or qw > QPN_MASK or ver != MXH_VERSION
+        or flags & _TRIMMED or dlen > MAX_PAYLOAD
+    ):
         _pure_receive(self, data, now, ecn, port, src)
         return
     pad = (b1 >> 4) & 3
@@ -193,8 +197,8 @@ def _sack_rx(
         )
         end = _SACK_HDR.size + 8 * words
         if (
-            not b1 and qw <= QPN_MASK and ver == MXH_VERSION and not flags & _TRIMMED and words >= 1
-            and n == end + ICRC_LEN
+            not b1 and pkey & PKEY_PARTITION == PKEY_PARTITION and qw <= QPN_MASK and ver == MXH_VERSION
+            and not flags & _TRIMMED and words >= 1 and n == end + ICRC_LEN
         ):
             ic = qp.rx_icrc
             key = (end, EV_SPORT_BASE | (ev & EV_INDEX_MAX))

@@ -17,6 +17,17 @@ PSN_MOD: Final = 1 << PSN_BITS
 PSN_MASK: Final = PSN_MOD - 1
 QPN_MASK: Final = (1 << 24) - 1
 DEFAULT_PKEY: Final = 0xFFFF
+#: the bits of a P_Key that name the partition (bit 15 is the membership: 1 full, 0 limited)
+PKEY_PARTITION: Final = 0x7FFF
+
+
+def pkey_matches(key: int, own: int = DEFAULT_PKEY) -> bool:
+    """Whether a packet's P_Key `key` admits it to a QP whose key is `own` (IBA 10.9.3): the same
+    partition, not the invalid one (0), and not both limited members. Every MRC QP holds the default
+    key (full member of partition 0x7FFF), so a packet passes when its low 15 bits are all ones."""
+    part = key & PKEY_PARTITION
+    return part == own & PKEY_PARTITION and part != 0 and bool((key | own) & 0x8000)
+
 
 MXH_VERSION: Final = 1
 #: Default path MTU payload (RoCE's largest IB MTU); the format allows up to MAX_PAYLOAD.

@@ -35,6 +35,7 @@ from .consts import (
     MIN_PAYLOAD,
     MXH_LEN,
     MXH_VERSION,
+    PKEY_PARTITION,
     PSN_MASK,
     QPN_MASK,
     SACK_MAX_WORDS,
@@ -519,7 +520,7 @@ def parse_write(data: bytes | bytearray, ctx: IcrcContext) -> WriteFields | None
         if n < WRITE_HDR_LEN:
             return None
         hl = WRITE_HDR_LEN
-        (_, b1, _, qw, pw, va, rkey, dma_len, ver, flags, ev, msn, mlen, moff, ts) = (
+        (_, b1, pkey, qw, pw, va, rkey, dma_len, ver, flags, ev, msn, mlen, moff, ts) = (
             _WRITE.unpack_from(data)
         )
         imm = None
@@ -527,13 +528,17 @@ def parse_write(data: bytes | bytearray, ctx: IcrcContext) -> WriteFields | None
         if n < WRITE_IMM_HDR_LEN:
             return None
         hl = WRITE_IMM_HDR_LEN
-        (_, b1, _, qw, pw, va, rkey, dma_len, imm, ver, flags, ev, msn, mlen, moff, ts) = (
+        (_, b1, pkey, qw, pw, va, rkey, dma_len, imm, ver, flags, ev, msn, mlen, moff, ts) = (
             _WRITE_IMM.unpack_from(data)
         )
     else:
         return None
-    # qw > QPN_MASK: BTH byte 4 (FECN, BECN, Resv6) is not zero, as no endpoint sends it: left to `parse`
-    if b1 & 0x0F or qw > QPN_MASK or ver != MXH_VERSION or flags & _TRIMMED or dma_len > MAX_PAYLOAD:
+    # qw > QPN_MASK: BTH byte 4 (FECN, BECN, Resv6) is not zero, as no endpoint sends it: left to `parse`;
+    # a P_Key outside the default partition: left to the engine's check after `parse`
+    if (
+        pkey & PKEY_PARTITION != PKEY_PARTITION or b1 & 0x0F or qw > QPN_MASK or ver != MXH_VERSION
+        or flags & _TRIMMED or dma_len > MAX_PAYLOAD
+    ):
         return None
     pad = (b1 >> 4) & 3
     end = hl + dma_len + pad

@@ -514,3 +514,47 @@ def test_a_timer_call_seconds_late_still_acknowledges() -> None:
     (sack,) = b.datagrams_to_send(late)
     body = parse(sack.data).body
     assert body is not None and getattr(body, "service_time_ns", None) == 0xFFFFFFFF
+
+
+def _with_pkey(dg: Datagram, key: int, ctx: IcrcContext) -> bytes:
+    """The datagram with its P_Key replaced and its ICRC made valid again (what a forger can send)."""
+    pkt = bytearray(dg.data)
+    pkt[2:4] = key.to_bytes(2, "big")
+    ctx.write(pkt, len(pkt) - 4, 0xC000 | dg.ev_index)
+    return bytes(pkt)
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_a_packet_outside_the_qps_partition_is_dropped_as_bad_pkey(
+    fast: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """IBA 10.9.3: every MRC QP holds the default P_Key (full member of partition 0x7FFF). A WRITE or
+    a SACK with a valid ICRC but another partition's key places nothing, acknowledges nothing and is
+    counted `bad_pkey`; a limited member's key of the same partition (0x7FFF) is admitted. On both
+    paths: the fast one (and parse_write's hot path) used to ignore the key."""
+    from mrc.transport import fastpath
+
+    monkeypatch.setattr(fastpath, "ENABLED", fast)
+    a, b, qa, qb = pair()
+    src = np.arange(16 * 4096, dtype=np.uint32).view(np.uint8)[: 16 * 4096].copy()
+    dst = np.zeros_like(src)
+    smr, dmr = a.reg_mr(src), b.reg_mr(dst)
+    qa.post_send(1, smr, 0, src.nbytes, dmr.addr, dmr.rkey)
+    writes = a.datagrams_to_send(1_000)
+    assert len(writes) == 16
+    for key in (0x1234, 0x0000, 0x8000, 0xFFFE):  # another partition, the invalid one twice, a near miss
+        for dg in writes:
+            b.receive(_with_pkey(dg, key, FROM_A), 2_000, False, dg.port, GA)
+    assert b.drops == {"bad_pkey": 64}
+    assert not dst.any() and qb.rx_packets == 0 and b.datagrams_to_send(2_000) == []
+    for dg in writes:  # a limited member of the same partition is admitted
+        b.receive(_with_pkey(dg, 0x7FFF, FROM_A), 3_000, False, dg.port, GA)
+    assert np.array_equal(dst, src)
+    sacks = b.datagrams_to_send(3_000)
+    assert sacks
+    una = qa.snd_una
+    for dg in sacks:
+        a.receive(_with_pkey(dg, 0x1234, FROM_B), 3_100, False, dg.port, GB)
+    assert a.drops == {"bad_pkey": len(sacks)} and qa.snd_una == una
+    deliver(a, sacks, 3_200)
+    assert qa.snd_una == 16 and qa.send_cq.poll()[0].status == WcStatus.SUCCESS
