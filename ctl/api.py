@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from mrc.dataplane import testbed as tbmod
-from mrc.dataplane.client import MrcClient, socket_path
+from mrc.dataplane.client import MrcClient, check_socket_path, socket_path
 from mrc.errors import MrcError
 from mrc.hostconfig import DEFAULT_SOCKET
 
@@ -23,10 +23,10 @@ LOCAL: Final = ""
 
 def local_socket(name: str | None = None) -> Path | None:
     """The local mrcd's socket when mrcctl should talk to it: $MRC_SOCKET, or (no testbed named and none
-    up) the default socket when it exists."""
+    up) the default socket when it exists. A $MRC_SOCKET too long for a unix socket is an error naming it."""
     env = os.environ.get("MRC_SOCKET")
     if env:
-        return Path(env)
+        return check_socket_path(env, "MRC_SOCKET")
     if name is None and not tbmod.names() and Path(DEFAULT_SOCKET).exists():
         return Path(DEFAULT_SOCKET)
     return None

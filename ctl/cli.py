@@ -25,7 +25,7 @@ import importlib
 import pkgutil
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import click
 from click.shell_completion import CompletionItem, get_completion_class
@@ -40,6 +40,10 @@ COMPLETE_VAR = "_MRCCTL_COMPLETE"
 PREFERRED_VERB = "show"
 HELP_VERB = "help"
 SHELLS = ("bash", "zsh", "fish")
+#: What to install for a package of the venv that objects import when they run, never when mrcctl
+#: starts (pyroute2: every object that reaches a testbed or an mrcd, through mrc.dataplane). Its absence
+#: is a broken install, told as one error line saying what to install, not an import traceback.
+INSTALL_HINTS: Final = {"pyroute2": "run `make setup` (or pip install pyroute2)"}
 
 
 if TYPE_CHECKING:
@@ -291,6 +295,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MrcError as e:
         out.error(str(e))
         return e.exit_code
+    except ModuleNotFoundError as e:
+        dep = (e.name or "").partition(".")[0]
+        if dep not in INSTALL_HINTS:
+            raise  # not an install problem we know: a bug, shown whole
+        out.error(f"{dep} is not importable: {INSTALL_HINTS[dep]}")
+        return 1
     except OSError as e:
         out.error(f"{e.strerror or e}{': ' + str(e.filename) if e.filename else ''}")
         return 1

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Final, Protocol
 
+from mrc.dataplane.client import check_socket_path
 from mrc.dataplane.protocol import ErrorKind, ProtocolError, validate_request
 from mrc.errors import MrcError
 from mrc.transport import MemoryRegion
@@ -124,7 +125,9 @@ class ControlServer:
         self.paused_total = 0  # times a client's reading stopped because its replies piled up
 
     def listen(self, path: Path) -> None:
-        """Bind `path` (mode 0600 from the start: root only) and listen without blocking."""
+        """Bind `path` (mode 0600 from the start: root only) and listen without blocking; a path too long
+        for a unix socket is an MrcError naming it and the limit."""
+        check_socket_path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()

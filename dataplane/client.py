@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from mrc.errors import MrcError
+from mrc.hostconfig import MAX_SOCKET_PATH
 
 from . import shm
 from .protocol import (
@@ -64,6 +65,17 @@ def socket_dir() -> Path:
 def socket_path(host: str) -> Path:
     """The control socket of host `host` (on a testbed: the host's namespace name, e.g. mrc-h0)."""
     return socket_dir() / f"{host}.sock"
+
+
+def check_socket_path(path: str | Path, name: str | None = None) -> Path:
+    """`path`, if a unix socket can have it (sun_path: MAX_SOCKET_PATH bytes and the NUL). A longer one
+    fails in connect/bind with an OSError without errno ("AF_UNIX path too long"), which reads as
+    "Input/output error": refused here instead, naming the path, or `name`, the variable it came from."""
+    n = len(os.fsencode(path))
+    if n <= MAX_SOCKET_PATH:
+        return Path(path)
+    limit = f"a unix socket path holds at most {MAX_SOCKET_PATH}"
+    raise MrcError(f"{name} path is {n} bytes; {limit}: {path}" if name else f"{path}: {n} bytes; {limit}")
 
 
 @dataclass
@@ -97,6 +109,7 @@ def _connect(path: Path, timeout: float) -> socket.socket:
     """A connected socket to mrcd's control socket. A listener whose backlog is full answers EAGAIN at
     once (AF_UNIX has no connect in progress, and a socket with a timeout is non-blocking inside): that is
     retried until `timeout`, so a busy mrcd is waited for and a stopped one is told as such."""
+    check_socket_path(path)
     deadline = time.monotonic() + timeout
     while True:
         sk = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -201,6 +201,25 @@ def check_bits(scheme: str, bits: float) -> None:
         raise CodecValueError(f"{scheme} takes an integer bit budget, got {bits}")
 
 
+#: Backend names a caller may mean the GPU by: there is none (numba's kernels are compiled for the CPU).
+_GPU_BACKENDS = ("cuda", "gpu")
+
+
+def check_backend(backend: object) -> ModuleType | None:
+    """accel.kernels(`backend`), an unknown name refused here as CodecValueError naming it and the
+    backends there are: accel's own ValueError would reach the caller as a plain ValueError, from
+    deep inside encode / decode, and say nothing of a GPU."""
+    if backend is not None and not isinstance(backend, str):
+        raise CodecTypeError(f"backend must be one of {', '.join(accel.BACKENDS)} or None, got "
+                             f"{type(backend).__name__} {backend!r}")
+    if backend is not None and backend not in accel.BACKENDS:
+        gpu = " (the codec runs on the CPU: this package has no GPU backend)" if (
+            backend.lower() in _GPU_BACKENDS) else ""
+        raise CodecValueError(f"unknown backend {backend!r}: available are {', '.join(accel.BACKENDS)}, or "
+                              f"None for the process default ({accel.ENV}){gpu}")
+    return accel.kernels(backend)
+
+
 def compute_dtype(dtype: np.dtype[Any]) -> np.dtype[np.floating]:
     return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
 
@@ -229,7 +248,7 @@ def encode(
 
     Raises CodecTypeError (wrong type: a non-integer seed, `rotations=True`, ...) or CodecValueError
     (out of range), both CodecError, naming the argument and its allowed range."""
-    kern = accel.kernels(backend)
+    kern = check_backend(backend)
     check_bits(scheme, bits)
     check_group(scheme, group)
     bits = float(bits)
@@ -588,7 +607,7 @@ def decode(
     with no padding (a float32 frame of a power-of-two length, the ring's pieces), the inverse rotation
     writes into it directly: no array of its own and no copy. Its contents are unspecified if decode
     raises."""
-    kern = accel.kernels(backend)
+    kern = check_backend(backend)
     out_dtype = _output_dtype(dtype)
     h = parse(buf)
     if out is not None:

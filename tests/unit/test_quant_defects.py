@@ -288,3 +288,25 @@ def test_what_is_not_a_contiguous_frame_is_a_codec_error_and_the_hop_wants_a_see
     for path in hop.PATHS:  # None would draw a random seed on one path and be refused on the other
         with pytest.raises(codec.CodecTypeError, match="seed"):
             hop.hop(f, np.ones(100, np.float32), "eden-unbiased", 2, None, path=path)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------- unknown backends
+
+
+@pytest.mark.parametrize("backend", ["cuda", "CUDA", "gpu", "numbaa", ""])
+def test_an_unknown_backend_is_a_codec_error_naming_the_available_ones(backend: str) -> None:
+    """backend='cuda' was a plain ValueError from accel.kernels; now the codec's own error, before any
+    work, naming the backend asked for, the ones there are and (for a GPU name) that there is none."""
+    frame = codec.encode(np.ones(8, np.float32), "eden-unbiased", 2, seed=1)
+    for call in (lambda: codec.encode(np.ones(8, np.float32), "eden-unbiased", 2, seed=1, backend=backend),
+                 lambda: codec.decode(frame, backend=backend)):
+        with pytest.raises(codec.CodecValueError) as e:
+            call()
+        msg = str(e.value)
+        assert msg.startswith(f"quant codec: unknown backend {backend!r}: available are numba, numpy")
+        assert ("no GPU backend" in msg) == (backend.lower() in ("cuda", "gpu"))
+
+
+def test_a_backend_of_the_wrong_type_is_a_codec_type_error() -> None:
+    with pytest.raises(codec.CodecTypeError, match="backend must be one of numba, numpy or None, got int 1"):
+        codec.encode(np.ones(8, np.float32), "eden-unbiased", 2, seed=1, backend=1)  # type: ignore[arg-type]
