@@ -2,8 +2,8 @@
 """Where an mrcd's time goes at gigabit speeds (docs/daemon.md, "Gigabit speeds: where the time goes").
 Needs root (testbeds with mrcds).
 
-    sudo .venv/bin/python bench/gigabit.py [--ab batch|mtu|floor|pace|catchup] [--rate 10gbit] [--size 256M]
-                                           [--iters 2] [--rounds 6] [--profile DIR] [-j]
+    sudo .venv/bin/python bench/gigabit.py [--ab batch|mtu|floor|pace|catchup|ackdelay] [--rate 10gbit]
+                                           [--size 256M] [--iters 2] [--rounds 6] [--profile DIR] [-j]
 
 Round by round, alternating between the two arms of ``--ab``, a fresh testbed of
 deploy/topologies/default.toml with its links at ``--rate`` and one mrcd per host; in each, one ``mrcctl
@@ -20,6 +20,8 @@ and per MiB. The arms (the first is the older behaviour):
 * ``catchup``: ``MRC_PACE_CATCHUP=0`` (a backlogged port's credit stops at the burst, released port by
   port) and ``=1`` (a backlogged port spends what it earned since the last turn, released in the
   engine's order; the default).
+* ``ackdelay``: the responder's delayed ACK at 4 us (the engine's default) and at 50 us (fewer SACKs
+  where a loop turn takes longer than 4 us).
 
 Prints per round and the medians, and the median of the paired (same round) ratios, second arm / first.
 
@@ -73,6 +75,8 @@ ARMS: dict[str, tuple[Arm, Arm]] = {
     "pace": (Arm("MRC_PACE_DEBT=0", {"MRC_PACE_DEBT": "0"}), Arm("MRC_PACE_DEBT=1", {"MRC_PACE_DEBT": "1"})),
     "catchup": (Arm("MRC_PACE_CATCHUP=0", {"MRC_PACE_CATCHUP": "0"}),
                 Arm("MRC_PACE_CATCHUP=1", {"MRC_PACE_CATCHUP": "1"})),
+    "ackdelay": (Arm("MRC_ACK_DELAY_NS=4000", {"MRC_ACK_DELAY_NS": "4000"}),
+                 Arm("MRC_ACK_DELAY_NS=50000", {"MRC_ACK_DELAY_NS": "50000"})),
 }
 
 

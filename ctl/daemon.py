@@ -110,21 +110,25 @@ class _PortRx:
 def qp_attr_overrides(attr: QpAttr) -> QpAttr:
     """`attr` with the environment's switches to an older behaviour, so both run on one testbed or host
     side by side: ``MRC_SAME_PORT_RACK=0`` (the cross-port loss rule alone, docs/transport.md),
-    ``MRC_EV_REFUTE=0`` (EVs retired by a wrong loss call come back by probes only) and
+    ``MRC_EV_REFUTE=0`` (EVs retired by a wrong loss call come back by probes only),
     ``MRC_ACK_REQ_FLOOR=BYTES`` (AckReq on every packet below that many bytes in flight; ``-1``:
-    ack_coalesce x mtu, the engine's default, where mrcd's own is 0; docs/daemon.md, "Gigabit speeds").
+    ack_coalesce x mtu, the engine's default, where mrcd's own is 0; docs/daemon.md, "Gigabit speeds")
+    and ``MRC_ACK_DELAY_NS=NS`` (the delayed ACK; ``4000``: the engine's, where mrcd's own is longer on
+    fast ports, hostconfig.mrcd_ack_delay_ns; docs/daemon.md, "Fewer SACKs on fast links").
     A value that is not an integer in QpAttr's range stops mrcd with the variable's name."""
     if os.environ.get("MRC_SAME_PORT_RACK", "1").strip() == "0":
         attr = dataclasses.replace(attr, same_port_rack=False)
     if os.environ.get("MRC_EV_REFUTE", "1").strip() == "0":
         attr = dataclasses.replace(attr, ev_refute=False)
-    floor = os.environ.get("MRC_ACK_REQ_FLOOR", "").strip()
-    if floor:
-        try:
-            attr = dataclasses.replace(attr, ack_req_floor=int(floor))
-            attr.check()
-        except ValueError as err:
-            raise MrcError(f"MRC_ACK_REQ_FLOOR={floor!r}: {err}") from None
+    for var, field in (("MRC_ACK_REQ_FLOOR", "ack_req_floor"), ("MRC_ACK_DELAY_NS", "ack_delay_ns")):
+        value = os.environ.get(var, "").strip()
+        if value:
+            try:
+                changed: dict[str, Any] = {field: int(value)}
+                attr = dataclasses.replace(attr, **changed)
+                attr.check()
+            except ValueError as err:
+                raise MrcError(f"{var}={value!r}: {err}") from None
     return attr
 
 

@@ -149,10 +149,12 @@ class TestbedSite:
         # milliseconds without any loss (docs/daemon.md)
         # the payload per packet: the largest the fabric's links carry whole (8 KiB at the default MTU
         # of 9000), as a RoCE NIC takes its QPs' path MTU from the port's (docs/daemon.md, "Path MTU")
-        # no AckReq floor: the delayed ACK answers within one loop turn (QpAttr.ack_req_floor)
+        # no AckReq floor: the delayed ACK (mrcd's, longer on fast links: hostconfig.mrcd_ack_delay_ns)
+        # answers within a few loop turns (QpAttr.ack_req_floor)
         mtu = payload_for_mtu(topo.link.mtu)
+        delay = hostconfig.mrcd_ack_delay_ns([topo.link.rate_bps] * topo.planes, mtu)
         self.qp_attr = QpAttr(timeout=15, reorder_ns=reorder_ns, probe_timeout_ns=probe_timeout_ns, mtu=mtu,
-                              ack_req_floor=0)
+                              ack_req_floor=0, ack_delay_ns=delay)
         # per plane a link of link.rate (testbed_nscc: the window and the target delay)
         self.nscc: NsccConfig | None = testbed_nscc(topo.planes, topo.link.rate_bps, topo.link.buffer_bytes,
                                                     mtu, testbed_target_delay_ns())
@@ -233,7 +235,7 @@ class ConfigSite:
             raise
         self.port_ifname = [p.ifname for p in self.hd.ports]
         self.port_rate_bps = [p.rate_bps for p in self.hd.ports]
-        self.qp_attr = hostconfig.qp_attr(cfg, payload)
+        self.qp_attr = hostconfig.qp_attr(cfg, payload, self.port_rate_bps)
         self.nscc: NsccConfig | None = hostconfig.nscc_config(cfg, payload, self.port_rate_bps)
         self.paths: PathWriter = self.hd
 

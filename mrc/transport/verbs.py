@@ -290,6 +290,8 @@ class QpAttr:
             raise ValueError("rx_msg_timeout_ns must be 1 ms .. 1 h")
         if self.ack_coalesce < 1:
             raise ValueError("ack_coalesce must be >= 1")
+        if not 0 <= self.ack_delay_ns <= 100_000_000:
+            raise ValueError("ack_delay_ns must be 0 .. 100 ms")
         if not 0 <= self.ack_req_per_window <= 64:
             raise ValueError("ack_req_per_window must be 0..64")
         if not -1 <= self.ack_req_floor <= 1 << 30:

@@ -184,6 +184,26 @@ def test_explicit_clos_paths_and_ev_table() -> None:
     assert hops == [ipaddress.IPv6Address("fe80::1"), ipaddress.IPv6Address("fc00:2::1")]
 
 
+def test_mrcds_delayed_ack_is_longer_only_where_it_can_coalesce_at_the_ports_rate() -> None:
+    """Two 8 KiB packets within 50 us need 2.6 Gbit/s: 4 x 10 Gbit/s and 100 Gbit/s ports get mrcd's
+    longer delayed ACK; 4 x 100 Mbit/s and 1 x 1 Gbit/s keep the engine's 4 us (there the delay would
+    coalesce nothing, only wake the loop once more per packet); ports whose rate is not known yet (a
+    real NIC before mrcd reads it) count as fast."""
+    from mrc.transport import QpAttr
+
+    longer, engine = hostconfig.MRCD_ACK_DELAY_NS, QpAttr().ack_delay_ns
+    assert longer > engine
+    assert hostconfig.mrcd_ack_delay_ns([10**10] * 4, 8192) == longer
+    assert hostconfig.mrcd_ack_delay_ns([10**11], 8192) == longer
+    assert hostconfig.mrcd_ack_delay_ns([10**8] * 4, 8192) == engine
+    assert hostconfig.mrcd_ack_delay_ns([10**9], 8192) == engine
+    assert hostconfig.mrcd_ack_delay_ns([10**9, None], 8192) == longer
+    assert hostconfig.mrcd_ack_delay_ns([], 8192) == longer
+    auto = hostconfig.loads(BASE, "a.toml")
+    assert hostconfig.qp_attr(auto, 8192, [10**8] * 4).ack_delay_ns == engine
+    assert hostconfig.qp_attr(auto, 8192, [10**10] * 4).ack_delay_ns == longer
+
+
 def test_the_payload_follows_the_smallest_port_mtu_or_the_file() -> None:
     # a real host's NICs often have an MTU of 1500: 4 KiB payloads (the engine's default) would be
     # dropped at the port, so mrcd takes the largest power of two the smallest port carries whole

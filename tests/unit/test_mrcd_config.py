@@ -199,3 +199,25 @@ def test_environment_switches_back_to_the_older_loss_rules(monkeypatch: pytest.M
     monkeypatch.setenv("MRC_EV_REFUTE", "1")
     attr = qp_attr_overrides(QpAttr())
     assert not attr.same_port_rack and attr.ev_refute
+
+
+@pytest.mark.parametrize(("var", "field"), [("MRC_ACK_REQ_FLOOR", "ack_req_floor"),
+                                            ("MRC_ACK_DELAY_NS", "ack_delay_ns")])
+def test_integer_switches_set_their_attribute_or_stop_mrcd_naming_the_variable(
+    var: str, field: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MRC_ACK_REQ_FLOOR and MRC_ACK_DELAY_NS (side-by-side runs of the acknowledgement policy): an
+    integer in QpAttr's range sets the field; anything else is an error naming the variable, never a
+    QP created with a value QpAttr.check refuses."""
+    from mrc.ctl.daemon import qp_attr_overrides
+    from mrc.errors import MrcError
+    from mrc.transport import QpAttr
+
+    monkeypatch.setenv(var, "64000")
+    assert getattr(qp_attr_overrides(QpAttr()), field) == 64000
+    monkeypatch.delenv(var)
+    assert getattr(qp_attr_overrides(QpAttr()), field) == getattr(QpAttr(), field)
+    for bad in ("-5", "1e3", "999999999999"):
+        monkeypatch.setenv(var, bad)
+        with pytest.raises(MrcError, match=var):
+            qp_attr_overrides(QpAttr())

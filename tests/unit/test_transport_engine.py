@@ -256,6 +256,39 @@ def test_coalesced_acks_and_delayed_ack_timer() -> None:
     assert b.next_deadline() == 100 + QpAttr().rx_msg_timeout_ns
 
 
+@pytest.mark.parametrize(("delay_ns", "sacks"), [(4_000, 8), (None, 2)])
+def test_mrcds_delayed_ack_answers_a_busy_loop_every_few_turns_not_every_turn(
+    delay_ns: int | None, sacks: int
+) -> None:
+    """A responder handed 4 data packets per loop turn, turns 20 us apart, each turn's receive taking
+    10 us before the timers run (as in mrcd's loop): at the engine's 4 us delayed ACK every turn sends a
+    SACK; at mrcd's (hostconfig.MRCD_ACK_DELAY_NS) the delay or the 16-packet coalescing run, whichever
+    comes first, answers: fewer SACKs for the same packets, every packet acknowledged."""
+    from mrc import hostconfig
+
+    delay = hostconfig.MRCD_ACK_DELAY_NS if delay_ns is None else delay_ns
+    a, b, qa, _ = pair(QpAttr(ack_req_floor=0, ack_delay_ns=delay))
+    smr, dmr = a.reg_mr(bytearray(64 * 4096)), b.reg_mr(bytearray(64 * 4096))
+    qa.post_send(1, smr, 0, 64 * 4096, dmr.addr, dmr.rkey)
+    d = a.datagrams_to_send(0)[:32]
+    assert not any(parse(g.data).ackreq for g in d[1:])
+    sent = []
+    for turn in range(8):
+        now = 1_000 + 20_000 * turn
+        deliver(b, d[4 * turn : 4 * turn + 4], now)
+        now += 10_000
+        dl = b.next_deadline()
+        if dl is not None and dl <= now:
+            b.handle_timer(now)
+        sent += b.datagrams_to_send(now)
+    assert kinds(sent).count(Opcode.SACK) == sacks
+    dl = b.next_deadline()
+    if dl is not None and dl - now <= delay:  # what the last turns left waits for the delayed ACK
+        b.handle_timer(dl)
+        sent += b.datagrams_to_send(dl)
+    assert max(parse(g.data).body.cum_psn for g in sent) == 32  # type: ignore[union-attr]
+
+
 # ------------------------------------------------------------------------------------ loss and paths
 
 
