@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO, Any, Final, Protocol
 
 from mrc.dataplane.client import check_socket_path
-from mrc.dataplane.protocol import ErrorKind, ProtocolError, validate_request
+from mrc.dataplane.protocol import ErrorKind, ProtocolError, RejectReason, validate_request
 from mrc.errors import MrcError
 from mrc.transport import MemoryRegion
 
@@ -55,24 +55,24 @@ class RequestRejected(ProtocolError):
 
 
 def _no_constants(name: str) -> Any:
-    raise RequestRejected("bad_json", f"bad request: {name} is not a JSON number")
+    raise RequestRejected(RejectReason.BAD_JSON, f"bad request: {name} is not a JSON number")
 
 
 def parse_request(line: bytes) -> dict[str, Any]:
     """One request line -> its object, or RequestRejected: JSON (no NaN/Infinity, nesting within the
     parser's limits), an object, with a string `op`."""
     if len(line) > MAX_REQUEST_BYTES:
-        raise RequestRejected("too_long", f"bad request: longer than {MAX_REQUEST_BYTES} bytes")
+        raise RequestRejected(RejectReason.TOO_LONG, f"bad request: longer than {MAX_REQUEST_BYTES} bytes")
     try:
         req = json.loads(line, parse_constant=_no_constants)
     except RecursionError:
-        raise RequestRejected("bad_json", "bad request: nested too deeply") from None
+        raise RequestRejected(RejectReason.BAD_JSON, "bad request: nested too deeply") from None
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
-        raise RequestRejected("bad_json", f"bad request: not JSON ({e})") from None
+        raise RequestRejected(RejectReason.BAD_JSON, f"bad request: not JSON ({e})") from None
     if not isinstance(req, dict):
-        raise RequestRejected("not_object", "bad request: a request is a JSON object")
+        raise RequestRejected(RejectReason.NOT_OBJECT, "bad request: a request is a JSON object")
     if not isinstance(req.get("op"), str):
-        raise RequestRejected("bad_op", "bad request: 'op' must be a string")
+        raise RequestRejected(RejectReason.BAD_OP, "bad request: 'op' must be a string")
     return req
 
 
@@ -202,7 +202,8 @@ class ControlServer:
                             continue
                         with contextlib.suppress(OSError):
                             os.close(fd)
-                        self.rejected["too_many_fds"] = self.rejected.get("too_many_fds", 0) + 1
+                        fds = RejectReason.TOO_MANY_FDS
+                        self.rejected[fds] = self.rejected.get(fds, 0) + 1
             if not data:
                 self.drop(c)
                 return
@@ -228,7 +229,7 @@ class ControlServer:
             if i < 0:
                 if len(c.rbuf) > MAX_REQUEST_BYTES and not c.skipping:
                     self.reject(c, None, RequestRejected(
-                        "too_long", f"bad request: longer than {MAX_REQUEST_BYTES} bytes"))
+                        RejectReason.TOO_LONG, f"bad request: longer than {MAX_REQUEST_BYTES} bytes"))
                     c.skipping = True
                 if c.skipping:
                     c.rbuf.clear()
@@ -309,11 +310,11 @@ class ControlServer:
         except ProtocolError as e:  # a handler's own protocol check (hello's version)
             self.reject(c, rid, e)
         except (MrcError, ValueError) as e:  # a valid request the operation declines
-            self.reject(c, rid, ProtocolError(ErrorKind.REFUSED, "invalid", str(e)))
+            self.reject(c, rid, ProtocolError(ErrorKind.REFUSED, RejectReason.INVALID, str(e)))
         except Exception as e:  # a handler bug: one error reply, logged, the loop goes on
             print(f"mrcd: internal error in op {op}: {type(e).__name__}: {e}\n{traceback.format_exc()}",
                   file=self.log or sys.stderr, end="")
-            self.reject(c, rid, ProtocolError(ErrorKind.INTERNAL, "internal",
+            self.reject(c, rid, ProtocolError(ErrorKind.INTERNAL, RejectReason.INTERNAL,
                                               f"internal error in op {op} (mrcd logged it)"))
         else:
             push(c, {"id": rid, "ok": res})

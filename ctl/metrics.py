@@ -43,6 +43,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from mrc import __version__ as mrc_version
 from mrc.dataplane.abi import DropReason
 from mrc.dataplane.bpf import attached_here
+from mrc.dataplane.protocol import RejectReason
 from mrc.transport import EvState, QpState
 from mrc.transport.drops import EngineDrop
 
@@ -299,8 +300,9 @@ def _engine(h: str, planes: int, s: EngineSnapshot) -> Iterator[Metric]:
                               "control-socket requests answered with an error (and descriptors closed "
                               "unused: too_many_fds), by reason",
                               labels=["host", "reason"])
-    for reason, n in sorted(s.rejected.items()):
-        rej.add_metric([h, reason], n)
+    # every reason of the closed set at 0 from the first scrape (and any other the server counted)
+    for reason in sorted({r.value for r in RejectReason} | set(s.rejected)):
+        rej.add_metric([h, reason], s.rejected.get(reason, 0))
     yield rej
     c: dict[str, int] = dict(s.gone_counters)
     for q in qps:

@@ -49,6 +49,23 @@ class ErrorKind(StrEnum):
     INTERNAL = "internal"  # a bug in mrcd's handler; mrcd logs it and goes on
 
 
+class RejectReason(StrEnum):
+    """Why mrcd refused a control-socket request: the closed set of `mrc_control_rejected_total{reason}`
+    (published at 0 from the first scrape, so a rate sees the first refusal)."""
+
+    TOO_LONG = "too_long"  # a line longer than the request limit
+    BAD_JSON = "bad_json"  # not JSON, nested too deeply, NaN / Infinity
+    NOT_OBJECT = "not_object"  # JSON, but not an object
+    BAD_OP = "bad_op"  # no string `op`
+    UNKNOWN_OP = "unknown_op"
+    UNKNOWN_FIELD = "unknown_field"
+    BAD_FIELD = "bad_field"  # a missing, ill-typed or out-of-range field
+    VERSION = "version"  # a protocol major version mrcd does not speak
+    INVALID = "invalid"  # a valid request mrcd declines (unknown QPN, a state that does not allow it)
+    INTERNAL = "internal"  # a bug in mrcd's handler
+    TOO_MANY_FDS = "too_many_fds"  # descriptors beyond a request's limit, closed unused
+
+
 class ProtocolError(MrcError):
     """A request that fails the schema (raised locally by the client, or by mrcd before dispatch), or an
     error reply from mrcd. `reason` keys mrcd's `mrc_control_rejected_total{reason}`; `kind` is what the
@@ -169,7 +186,7 @@ def _is_int(v: Any) -> bool:
 
 def _check(op: str, f: Field, v: Any) -> None:
     def wrong() -> ProtocolError:
-        return _bad("bad_field", f"bad request: {op}: field {f.name!r} must be {f.expected()}, "
+        return _bad(RejectReason.BAD_FIELD, f"bad request: {op}: field {f.name!r} must be {f.expected()}, "
                                  f"got {type(v).__name__} {_short(v)}")
 
     if f.type == "int":
@@ -207,16 +224,17 @@ def validate_request(req: Mapping[str, Any]) -> OpSpec:
     op = req["op"]
     spec = OPS.get(op)
     if spec is None:
-        raise _bad("unknown_op", f"unknown operation {op[:64]!r} (operations: {', '.join(OPS)})")
+        raise _bad(RejectReason.UNKNOWN_OP, f"unknown operation {op[:64]!r} (operations: {', '.join(OPS)})")
     known = {f.name for f in spec.fields}
     extra = sorted(str(k) for k in req if k not in known and k not in ENVELOPE)
     if extra:
-        raise ProtocolError(ErrorKind.UNKNOWN_FIELD, "unknown_field",
+        raise ProtocolError(ErrorKind.UNKNOWN_FIELD, RejectReason.UNKNOWN_FIELD,
                             f"{op}: unknown field {extra[0][:64]!r} (it takes: {spec.field_list()})")
     for f in spec.fields:
         if f.name not in req or (req[f.name] is None and not f.required):
             if f.required:
-                raise _bad("bad_field", f"bad request: {op}: missing field {f.name!r} ({f.expected()})")
+                raise _bad(RejectReason.BAD_FIELD,
+                           f"bad request: {op}: missing field {f.name!r} ({f.expected()})")
             continue
         _check(op, f, req[f.name])
     return spec
@@ -249,7 +267,8 @@ def parse_version(v: str) -> tuple[int, int]:
     """``"MAJOR.MINOR"`` -> (major, minor), or ProtocolError (bad_request)."""
     major, sep, minor = v.partition(".")
     if not (sep and major.isdigit() and minor.isdigit()):
-        raise _bad("bad_field", f"bad request: hello: protocol must be MAJOR.MINOR, got {_short(v)}")
+        raise _bad(RejectReason.BAD_FIELD,
+                   f"bad request: hello: protocol must be MAJOR.MINOR, got {_short(v)}")
     return int(major), int(minor)
 
 
@@ -260,6 +279,6 @@ def check_version(theirs: str, *, side: str) -> None:
         newer = "newer" if major > PROTOCOL_MAJOR else "older"
         fix = ("upgrade mrcd" if side == "client" else "upgrade the client") if newer == "newer" else \
             ("upgrade the client" if side == "client" else "upgrade mrcd")
-        raise ProtocolError(ErrorKind.REFUSED, "version",
+        raise ProtocolError(ErrorKind.REFUSED, RejectReason.VERSION,
                             f"protocol version mismatch: the {side} speaks {theirs} ({newer} major), "
                             f"this side speaks {PROTOCOL_VERSION}: {fix}")

@@ -564,6 +564,35 @@ class MrcProcessGroup(dist.ProcessGroup):
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
         return self.reduce_scatter_single(output, input, opts)
 
+    # -- what this backend does not do: refused on every rank alike, before any message (the group stays
+    # usable), naming the op; without these torch's base class answered "No backend type associated with
+    # device type cpu", which names neither mrc nor the op
+    def _refuse(self, what: str) -> dist.Work:
+        raise MrcBackendRefused(f"mrc backend: {what} is not supported (all_reduce, broadcast, all_gather, "
+                                "reduce, reduce_scatter and barrier are; docs/collective.md)")
+
+    def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int) -> dist.Work:
+        return self._refuse("send")
+
+    def recv(self, tensors: list[torch.Tensor], src_rank: int, tag: int) -> dist.Work:
+        return self._refuse("recv")
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> dist.Work:
+        return self._refuse("recv from any source")
+
+    def scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> dist.Work:  # type: ignore[override]
+        return self._refuse("scatter")
+
+    def gather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> dist.Work:  # type: ignore[override]
+        return self._refuse("gather")
+
+    def alltoall(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> dist.Work:
+        return self._refuse("all_to_all")
+
+    def alltoall_base(self, output: Any, input: Any, output_split_sizes: Any,
+                      input_split_sizes: Any, opts: Any = None) -> dist.Work:
+        return self._refuse("all_to_all_single")
+
     def barrier(self, opts: Any = None) -> dist.Work:
         def go() -> None:
             if self._n > 1:

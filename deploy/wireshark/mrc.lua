@@ -470,8 +470,25 @@ local previous = udp_port:get_dissector(ROCEV2_PORT)
 
 function mrc.dissector(tvb, pinfo, tree)
     if previous ~= nil then
-        -- An exception in the InfiniBand dissector (e.g. on a trimmed packet) must not hide MXH.
-        pcall(function() previous:call(tvb, pinfo, tree) end)
+        -- An exception in the InfiniBand dissector (e.g. on a trimmed packet) must not hide MXH. pcall
+        -- catches what Dissector.call turns into a Lua error (a "malformed" ReportedBoundsError), but
+        -- not a read past the bytes the capture kept (BoundsError, "Packet size limited during
+        -- capture"): that unwinds through the Lua state, skips MXH and, repeated, corrupts the state
+        -- ("C stack overflow" on every later packet). So a packet cut by the snaplen goes to InfiniBand
+        -- as a packet of the captured length, and only when that holds all of InfiniBand's own headers
+        -- (BTH, RETH, ImmDt: what comes before MXH) and the 4 bytes it then takes for the ICRC; cut
+        -- inside them, the MRC tree alone says what was captured (InfiniBand would report a packet
+        -- shorter than its headers as malformed).
+        local captured = tvb:len()
+        if captured >= tvb:reported_len() then
+            pcall(function() previous:call(tvb, pinfo, tree) end)
+        else
+            local headers = captured >= 1 and MXH_OFFSET[tvb(0, 1):uint()] or nil
+            if headers == nil or captured >= headers + ICRC_LEN then
+                local kept = tvb:range(0, captured):tvb()
+                pcall(function() previous:call(kept, pinfo, tree) end)
+            end
+        end
     end
     dissect_mrc(tvb, pinfo, tree)
     return tvb:len()

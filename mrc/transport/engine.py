@@ -77,6 +77,13 @@ class AsyncEvent:
     detail: str
 
 
+def raise_negative_time(now: int) -> None:
+    """The driver's clock went below 0: the engine's times (MXH timestamps, an unsigned 64-bit field on
+    the wire) are nanoseconds since any origin at or before the driver's start, never negative."""
+    raise ValueError(f"time {now} ns is negative: the engine's clock is nanoseconds since any origin at or "
+                     "before the driver's start (docs/transport.md, 'Time')")
+
+
 class Context:
     """One host's MRC engine (see the module docstring for the driver interface)."""
 
@@ -423,7 +430,9 @@ class Context:
     ) -> None:
         """Process one UDP payload that arrived on plane `port` (with ECN-CE when `ecn`). `src`, when the
         driver knows it, is checked against the QP's peer. Malformed or foreign packets are counted in
-        `drops` by reason and never raise."""
+        `drops` by reason and never raise (a negative `now` is the driver's error: ValueError)."""
+        if now < 0:
+            raise_negative_time(now)
         if len(data) < 12:
             self.drop(EngineDrop.TRUNCATED)
             return
@@ -470,6 +479,8 @@ class Context:
         `lens[j]` bytes that arrived on plane `ports[j]` (ECN-CE when `ecn[j]`) from `srcs[j]` (a row of
         16 bytes; `srcs` None: not known). The same results as the calls one by one; the common data
         packet is taken by a compiled kernel without a Python object per packet (rxbatch.py)."""
+        if now < 0:
+            raise_negative_time(now)
         rx = self._batch_rx
         if rx is None:
             from .rxbatch import BatchReceiver  # numba: imported by the drivers that batch, only
@@ -479,6 +490,8 @@ class Context:
 
     def handle_timer(self, now: int) -> None:
         """Run every expired timer (ACK, loss, retransmission, probe). Safe to call early."""
+        if now < 0:
+            raise_negative_time(now)
         out = self._out
         for qp in self._active:
             if qp.deadline <= now:
@@ -487,6 +500,8 @@ class Context:
     def datagrams_to_send(self, now: int) -> list[Datagram]:
         """Everything to transmit now: control packets produced by `receive`/`handle_timer`, then as
         many data packets as the windows allow. Each Datagram owns its buffer."""
+        if now < 0:
+            raise_negative_time(now)
         out = self._out
         for qp in self._active:
             if qp.parked:  # still window-full since its last send: what send would find (and count)

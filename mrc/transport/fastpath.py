@@ -100,7 +100,7 @@ def receive(
     """`Context.receive` with the common data packet handled inline (see the module docstring); every
     other packet, and every check that fails, goes to `Context.receive` itself before anything changed."""
     n = len(data)
-    if n < WRITE_HDR_LEN + ICRC_LEN or type(data) is memoryview:
+    if n < WRITE_HDR_LEN + ICRC_LEN or type(data) is memoryview or now < 0:
         _pure_receive(self, data, now, ecn, port, src)
         return
     op = data[0]
@@ -126,7 +126,7 @@ def receive(
         return
     if (
         pkey & PKEY_PARTITION != PKEY_PARTITION or b1 & 0x0F or qw > QPN_MASK or ver != MXH_VERSION
-        or flags & _TRIMMED or dlen > MAX_PAYLOAD
+        or flags & _TRIMMED or dlen > MAX_PAYLOAD or ev > EV_INDEX_MAX
     ):
         _pure_receive(self, data, now, ecn, port, src)
         return
@@ -198,7 +198,7 @@ def _sack_rx(
         end = _SACK_HDR.size + 8 * words
         if (
             not b1 and pkey & PKEY_PARTITION == PKEY_PARTITION and qw <= QPN_MASK and ver == MXH_VERSION
-            and not flags & _TRIMMED and words >= 1 and n == end + ICRC_LEN
+            and not flags & _TRIMMED and words >= 1 and n == end + ICRC_LEN and ev <= EV_INDEX_MAX
         ):
             ic = qp.rx_icrc
             key = (end, EV_SPORT_BASE | (ev & EV_INDEX_MAX))

@@ -45,6 +45,12 @@ _TRIMMED: Final = int(MxhFlag.TRIMMED)
 _S_RETX: Final = int(SackFlag.RETX)
 
 
+def _dup_flags(ecn: bool, flags: int) -> int:
+    """The echo flags of the SACK that answers a duplicate or stale data packet: DUPLICATE, and like
+    every SACK's echo, the triggering packet's own ECN-CE and RETX (docs/wire.md)."""
+    return _S_DUP | (_CE if ecn else 0) | (_S_RETX if flags & _RETX else 0)
+
+
 class Responder(QpCore):
     """Placement, acknowledgement, probe replies and port status (see the module docstring)."""
 
@@ -67,7 +73,7 @@ class Responder(QpCore):
         if d >= _HALF:  # below the cumulative point: an old duplicate
             c["stale_rx"] += 1
             self.ctx.drop(EngineDrop.STALE)
-            self._sack(now, out, psn, ev, ts, _S_DUP, 0, port)
+            self._sack(now, out, psn, ev, ts, _dup_flags(ecn, flags), 0, port)
             return
         if d >= self.Wd:
             c["oow_rx"] += 1
@@ -79,7 +85,7 @@ class Responder(QpCore):
         if rbits & bit:
             c["dup_rx"] += 1
             self.ctx.drop(EngineDrop.DUPLICATE)
-            self._sack(now, out, psn, ev, ts, _S_DUP, 0, port)
+            self._sack(now, out, psn, ev, ts, _dup_flags(ecn, flags), 0, port)
             return
         if flags & _TRIMMED:
             c["trim_rx"] += 1

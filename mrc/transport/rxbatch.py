@@ -184,7 +184,7 @@ if AVAILABLE:
             mlen = _u32(row, 36)
             moff = _u32(row, 40)
             if (b1 & 0x0F or _u16(row, 2) & 0x7FFF != 0x7FFF or qw > 0xFFFFFF or ver != 1 or flags & 0x01
-                    or dlen > 8192):
+                    or dlen > 8192 or ev > 0x3FFF):
                 return PURE, j
             pad = (b1 >> 4) & 3
             end = 52 + dlen + pad

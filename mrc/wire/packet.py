@@ -445,6 +445,8 @@ def parse(
         raise WireError("bad_field", f"BTH TVer {b1 & 0x0F} != 0")
     if ver != MXH_VERSION:
         raise WireError("bad_version", f"MXH version {ver}, expected {MXH_VERSION}")
+    if ev > EV_INDEX_MAX:  # 14 bits (the UDP source port 0xC000 | EV carries no more)
+        raise WireError("bad_field", f"MXH EV index {ev:#06x} > {EV_INDEX_MAX:#06x}")
     pad = (b1 >> 4) & 3
     body: ControlBody | None = None
     status: IcrcStatus
@@ -537,7 +539,7 @@ def parse_write(data: bytes | bytearray, ctx: IcrcContext) -> WriteFields | None
     # a P_Key outside the default partition: left to the engine's check after `parse`
     if (
         pkey & PKEY_PARTITION != PKEY_PARTITION or b1 & 0x0F or qw > QPN_MASK or ver != MXH_VERSION
-        or flags & _TRIMMED or dma_len > MAX_PAYLOAD
+        or flags & _TRIMMED or dma_len > MAX_PAYLOAD or ev > EV_INDEX_MAX
     ):
         return None
     pad = (b1 >> 4) & 3

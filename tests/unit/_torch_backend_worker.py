@@ -17,6 +17,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -168,6 +169,27 @@ def checks(rank: int, world: int, gloo: Any) -> dict[str, Any]:
         dist.all_reduce(torch.ones(3), op=dist.ReduceOp.BAND)
     except Exception as e:  # bitwise ops need integer tensors
         out["errors"]["band_float"] = str(e).splitlines()[0]
+    # ops the backend does not do: each refused by name, the group still usable after them
+    t = torch.ones(4)
+    peer = (rank + 1) % world
+    refused: dict[str, Callable[[], Any]] = {
+        "send": lambda: dist.send(t, peer),
+        "recv": lambda: dist.recv(t, peer),
+        "isend": lambda: dist.isend(t, peer),
+        "scatter": lambda: dist.scatter(t, [torch.ones(4)] * world if rank == 0 else None, src=0),
+        "gather": lambda: dist.gather(t, [torch.ones(4) for _ in range(world)] if rank == 0 else None, dst=0),
+        "all_to_all": lambda: dist.all_to_all([torch.ones(1) for _ in range(world)],
+                                              [torch.ones(1) for _ in range(world)]),
+        "all_to_all_single": lambda: dist.all_to_all_single(torch.ones(world), torch.ones(world)),
+    }
+    for name, call in refused.items():
+        try:
+            call()
+        except Exception as e:
+            out["errors"][f"refused_{name}"] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+    after = torch.ones(3)
+    dist.all_reduce(after)
+    ok["usable_after_refusals"] = bool((after == world).all())
     return out
 
 

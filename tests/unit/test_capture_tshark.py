@@ -26,6 +26,9 @@ TSHARK = shutil.which("tshark")
 EDITCAP = shutil.which("editcap")
 LUA = Path(__file__).resolve().parents[2] / "deploy" / "wireshark" / "mrc.lua"
 SNAP = 200
+#: a cut inside the RETH / ImmDt / MXH of data packets: the InfiniBand dissector then reads past the
+#: captured bytes, which (uncaught) used to skip the MRC tree and, repeated, break the Lua state
+SHORT_SNAP = 128
 
 pytestmark = [
     pytest.mark.tshark,
@@ -92,10 +95,11 @@ def captures(tmp_path_factory: pytest.TempPathFactory) -> Captures:
     pcap = base / "s.pcap"
     write_pcap(pcap, [(1_700_000_000 + i * 1e-6, f) for i, f in enumerate(frames)])
     files = {"pcap": pcap, "pcapng": base / "s.pcapng", "cut.pcapng": base / "cut.pcapng",
-             "cut.pcap": base / "cut.pcap"}
+             "cut.pcap": base / "cut.pcap", "cut128.pcap": base / "cut128.pcap"}
     _editcap("-F", "pcapng", str(pcap), str(files["pcapng"]))
     _editcap("-s", str(SNAP), str(files["pcapng"]), str(files["cut.pcapng"]))
     _editcap("-F", "pcap", "-s", str(SNAP), str(pcap), str(files["cut.pcap"]))
+    _editcap("-F", "pcap", "-s", str(SHORT_SNAP), str(pcap), str(files["cut128.pcap"]))
     cfg = base / "cfg"
     cfg.mkdir()
     return files, frames, cfg
@@ -118,12 +122,13 @@ def test_headers_and_wire_lengths_from_pcapng_and_cut_copies(
     rows = _fields(cfg, files[name], FIELDS)
     built = _built(frames)
     assert len(rows) == len(frames)
+    snap = SNAP
     cut_seen = 0
     for row, frame, p in zip(rows, frames, built, strict=True):
-        cut = name.startswith("cut") and len(frame) > SNAP
+        cut = name.startswith("cut") and len(frame) > snap
         cut_seen += cut
         assert _one(row, "frame.len") == len(frame)
-        assert _one(row, "frame.cap_len") == (SNAP if cut else len(frame))
+        assert _one(row, "frame.cap_len") == (snap if cut else len(frame))
         assert _one(row, "infiniband.bth.opcode") == p.opcode == _one(row, "mrc.opcode")
         assert _one(row, "infiniband.bth.psn") == p.psn
         assert _one(row, "mrc.mxh.ev_index") == p.ev_index
@@ -141,7 +146,7 @@ def test_headers_and_wire_lengths_from_pcapng_and_cut_copies(
         assert "Malformed" not in info and "Invalid Packet Length" not in info
         assert info.startswith(f"MRC {p.opcode_name}")
         if cut:
-            assert f"[cut by snaplen: {SNAP - 102} of {p.length} bytes captured]" in info
+            assert f"[cut by snaplen: {snap - 102} of {p.length} bytes captured]" in info
             assert _one(row, "mrc.icrc.status") == 3
         elif p.trimmed:
             assert _one(row, "mrc.icrc.status") == 2
@@ -151,6 +156,35 @@ def test_headers_and_wire_lengths_from_pcapng_and_cut_copies(
             assert row["_ws.expert.message"] == [], row["_ws.expert.message"]
     if name.startswith("cut"):
         assert cut_seen >= 4 and any(len(p.payload) == 4096 for p in built)
+
+
+def test_a_cut_inside_the_headers_decodes_what_was_kept_and_never_breaks_the_script(
+    captures: Captures,
+) -> None:
+    """Cut at 128 bytes (26 of the UDP payload: inside a WRITE's RETH): InfiniBand's dissector would
+    read past the captured bytes, an exception pcall cannot catch, which skipped the MRC tree of those
+    packets and, after a few hundred, broke the script for every later packet ("C stack overflow").
+    Now every packet gets its MRC tree (opcode, cut noted), InfiniBand decodes BTH wherever its
+    headers were kept, and no error or malformed packet is reported."""
+    files, frames, cfg = captures
+    rows = _fields(cfg, files["cut128.pcap"], ["frame.cap_len", "_ws.col.Info", "infiniband.bth.psn",
+                                              "mrc.opcode", "mrc.truncated"])
+    built = _built(frames)
+    kept = SHORT_SNAP - 102  # of the UDP payload (Ethernet, two IPv6 headers and UDP before it)
+    assert len(rows) == len(frames)
+    for row, frame, p in zip(rows, frames, built, strict=True):
+        cut = len(frame) > SHORT_SNAP
+        assert _one(row, "mrc.opcode") == p.opcode
+        assert _one(row, "mrc.truncated") == int(cut)
+        assert ",".join(row["_ws.col.Info"]).startswith(f"MRC {p.opcode_name}")
+        headers = {0x0A: 28, 0x0B: 32}.get(p.opcode, 12) + 4
+        if not cut or kept >= headers:
+            assert _one(row, "infiniband.bth.psn") == p.psn
+        else:
+            assert row["infiniband.bth.psn"] == []
+    experts = _tshark(cfg, "-r", str(files["cut128.pcap"]), "-q", "-z", "expert")
+    assert "Errors" not in experts and "Lua" not in experts and "Malformed" not in experts
+    assert sum(len(f) > SHORT_SNAP for f in frames) >= 8
 
 
 def test_no_udp_checksum_error_and_the_tree_says_why(captures: Captures) -> None:

@@ -170,13 +170,26 @@ def test_promtool_rule_tests_catch_a_broken_alert(tmp_path: Path) -> None:
 
 
 def _unit_class(expr: str) -> str:
-    """What a panel query measures: bytes, seconds or a count (rates of each included)."""
+    """What a panel query measures: bytes, seconds or a count, and "/s" when it is a rate. A histogram's
+    quantile is in its unit; a rate of its buckets (observations above a bound per second) is a count
+    per second, whatever the histogram measures."""
     names = _referenced(expr)
+    if "histogram_quantile" in expr:
+        kind = "seconds" if any(n.endswith("_seconds") for n in names) else "count"
+        return kind
+    per_s = "/s" if "rate(" in expr and "increase(" not in expr else ""
+    if re.search(r"mrc_[a-z0-9_]+_bucket\b", expr):
+        return "count" + per_s
     if any(n.endswith("_seconds") for n in names):
-        return "seconds"
+        return "seconds" + per_s
     if any(n.endswith(("_bytes", "_bytes_total")) for n in names):
-        return "bytes"
-    return "count"
+        return "bytes" + per_s
+    return "count" + per_s
+
+
+#: the Grafana units each kind of query may be shown in (bytes per second as bits: the query's * 8)
+UNITS_FOR = {"seconds": {"s", "ms"}, "bytes": {"bytes"}, "bytes/s": {"bps", "Bps"},
+             "count": {"short", "none"}, "count/s": {"pps", "ops", "reqps"}}
 
 
 def test_dashboard_structure() -> None:
@@ -211,6 +224,15 @@ def test_dashboard_structure() -> None:
                       and any(pr.get("id") == "unit" for pr in o.get("properties", []))}
         kinds = {t["refId"]: _unit_class(t["expr"]) for t in p["targets"] if t["refId"] not in overridden}
         assert len(set(kinds.values())) <= 1, f"panel {p['id']} {p['title']!r} mixes {kinds} on one axis"
+        # and each query is shown in a unit of its kind (a rate of turns is not a time)
+        for t in p["targets"]:
+            unit = next((pr["value"] for o in p["fieldConfig"].get("overrides", [])
+                         if o.get("matcher", {}).get("id") == "byFrameRefID"
+                         and o["matcher"]["options"] == t["refId"]
+                         for pr in o.get("properties", []) if pr.get("id") == "unit"),
+                        p["fieldConfig"]["defaults"]["unit"])
+            kind = _unit_class(t["expr"])
+            assert unit in UNITS_FOR[kind], f"panel {p['id']} {t['refId']}: a {kind} query in unit {unit}"
     units = {p["title"]: p["fieldConfig"]["defaults"]["unit"] for p in panels}
     assert units["Congestion window per QP"] == "bytes" and units["Smoothed RTT per QP"] == "s"
     titles = " ".join(p["title"].lower() for p in panels)

@@ -153,6 +153,11 @@ def test_names_types_and_labels(tmp_path: Path) -> None:
     assert 'mrc_egress_drops_total{host="h0",reason="no_path"} 7.0' in text
     assert 'mrc_engine_drops_total{host="h0",reason="unknown_qpn"} 3.0' in text
     assert 'mrc_control_rejected_total{host="h0",reason="bad_json"} 2.0' in text
+    from mrc.dataplane.protocol import RejectReason
+
+    for reason in RejectReason:  # the closed set at 0 from the first scrape: rate() sees the first one
+        if reason != RejectReason.BAD_JSON:
+            assert f'mrc_control_rejected_total{{host="h0",reason="{reason.value}"}} 0.0' in text, reason
     assert 'mrc_peer_notes_total{host="h0",result="dropped"} 1.0' in text
     assert 'mrc_control_clients{host="h0"} 2.0' in text and 'mrc_control_paused_total{host="h0"} 5.0' in text
     assert 'mrc_engine_turn_seconds_bucket{host="h0",le="0.01"} 7.0' in text  # cumulative: 5 + 2
@@ -396,3 +401,21 @@ def test_exported_drop_reasons_are_those_the_host_programs_emit() -> None:
 
 def test_collector_is_empty_until_mrcd_hands_it_the_daemon() -> None:
     assert list(MrcCollector().collect()) == []
+
+
+def test_every_reason_the_control_server_rejects_with_is_in_the_closed_set() -> None:
+    """mrc_control_rejected_total{reason} is published for RejectReason's members from the start; a
+    reason the server or the protocol's validation raises must be one of them (no free-form string)."""
+    import re
+    from pathlib import Path
+
+    from mrc.dataplane.protocol import RejectReason
+
+    root = Path(__file__).resolve().parents[2]
+    for f in ("ctl/control_server.py", "dataplane/protocol.py", "ctl/operations.py"):
+        text = (root / f).read_text()
+        literal = re.findall(
+            r'(?:RequestRejected|_bad|ProtocolError)\(\s*(?:ErrorKind\.\w+,\s*)?"([a-z_]+)"', text)
+        assert not literal, f"{f}: free-form reasons {literal}"
+        for name in re.findall(r"RejectReason\.([A-Z_]+)", text):
+            assert name in RejectReason.__members__, (f, name)

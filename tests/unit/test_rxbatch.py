@@ -160,7 +160,7 @@ _FAULTS = [None] * 8 + [
     "psn_far", "psn_beyond_window", "psn_dup", "va_below", "va_past_end", "len_odd", "len_zero",
     "len_max", "mlen_small", "moff_past", "trimmed", "ack_now", "retx", "last", "rkey", "pad_bits",
     "tver", "mxh_version", "qpn_reserved_byte", "short", "long", "foreign_src", "ecn", "ackreq", "ts_high",
-    "pkey_other", "pkey_limited",
+    "pkey_other", "pkey_limited", "ev_high",
 ]
 _PACKET = st.tuples(st.integers(0, 3), st.sampled_from(_FAULTS), st.integers(0, 40))
 
@@ -212,7 +212,8 @@ def _render(specs: list[tuple[int, str | None, int]], qb: QueuePair, mr: Any,
                         ackreq=fault == "ackreq")
         pkt = bytearray(buf[:n])
         header = {"pad_bits": (1, 0x30), "tver": (1, 0x01), "mxh_version": (28, 0x02),
-                  "qpn_reserved_byte": (4, 0x01), "pkey_other": (2, 0x6D), "pkey_limited": (2, 0x80)}.get(
+                  "qpn_reserved_byte": (4, 0x01), "pkey_other": (2, 0x6D), "pkey_limited": (2, 0x80),
+                  "ev_high": (30, 0x40)}.get(
                       fault or "")
         if header is not None:
             pkt[header[0]] ^= header[1]

@@ -147,6 +147,11 @@ def test_three_ranks_on_one_host_match_gloo(mrcd: FakeMrcd, tmp_path: Path) -> N
         assert all(d["identical"].values()), {k: v for k, v in d["identical"].items() if not v}
         assert d["close"]["all_reduce_random"] < 1e-5
         assert "integer or bool tensors only" in d["errors"]["band_float"]
+        for op, said in (("send", "send"), ("recv", "recv"), ("isend", "send"), ("scatter", "scatter"),
+                         ("gather", "gather"), ("all_to_all", "all_to_all"),
+                         ("all_to_all_single", "all_to_all_single")):
+            msg = d["errors"].get(f"refused_{op}", "")
+            assert f"mrc backend: {said} is not supported" in msg, (op, msg)
         assert d["stats"]["mrc_bytes"] == 0 and d["stats"]["local_bytes"] > 0
         m, g = d["ddp_mrc"]["losses"], d["ddp_gloo"]["losses"]
         assert len(m) == len(g) == 6

@@ -304,7 +304,7 @@ def test_lost_packet_is_retransmitted_on_another_ev_and_its_ev_retired() -> None
     t = 30_000
     a.handle_timer(t)
     retx = a.datagrams_to_send(t)
-    p = parse(retx[0].data)
+    p = next(parse(g.data) for g in retx if g.data[0] < 0x10)  # (a probe of the retired EV may come first)
     assert p.psn == 1 and p.flags & MxhFlag.RETX and p.ev_index != lost_ev
     assert qa.paths.state[lost_ev] == 1 and qa.c["retx_sack"] == 1
     ev = a.poll_ev_events()

@@ -558,3 +558,86 @@ def test_a_packet_outside_the_qps_partition_is_dropped_as_bad_pkey(
     assert a.drops == {"bad_pkey": len(sacks)} and qa.snd_una == una
     deliver(a, sacks, 3_200)
     assert qa.snd_una == 16 and qa.send_cq.poll()[0].status == WcStatus.SUCCESS
+
+
+@pytest.mark.parametrize("where", ["duplicate", "stale"])
+def test_the_sack_answering_a_copy_echoes_its_retx_and_ce_with_duplicate(where: str) -> None:
+    """Every SACK echoes the flags of the packet that triggered it (docs/wire.md): a retransmitted,
+    CE-marked copy of a packet already placed (above the cumulative point: a duplicate; below: stale)
+    is answered DUPLICATE | RETX | ECN_CE; the responder used to echo DUPLICATE alone."""
+    from mrc.wire.consts import MxhFlag
+
+    a, b, qa, _ = pair()
+    src = np.arange(4 * 4096, dtype=np.uint8)
+    smr, dmr = a.reg_mr(src), b.reg_mr(np.zeros_like(src))
+    qa.post_send(1, smr, 0, src.nbytes, dmr.addr, dmr.rkey)
+    dgs = a.datagrams_to_send(1_000)
+    first = 0 if where == "stale" else 2  # 0 is below the cumulative point once 0 and 1 arrived
+    deliver(b, [dgs[0], dgs[1], dgs[2]] if where == "stale" else [dgs[2]], 2_000)
+    b.datagrams_to_send(2_000)
+    pkt = bytearray(dgs[first].data)
+    pkt[12 + 16 + 1] |= int(MxhFlag.RETX)  # MXH flags byte (WRITE: BTH 12 + RETH 16, then version)
+    FROM_A.write(pkt, len(pkt) - 4, 0xC000 | dgs[first].ev_index)
+    b.receive(bytes(pkt), 3_000, True, dgs[first].port, GA)
+    (answer,) = b.datagrams_to_send(3_000)
+    body = parse(answer.data).body
+    assert b.drops == {where: 1}
+    assert body.echo_flags == SackFlag.DUPLICATE | SackFlag.RETX | SackFlag.ECN_CE  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_the_clock_may_start_at_zero_and_may_not_go_negative(
+    fast: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Time is nanoseconds since any origin at or before the driver's start: a transfer whose packets
+    leave at t = 0 is acknowledged with an RTT sample (a send time of 0 used to be taken for no sample);
+    a negative time is the driver's error, named, on every entry point (it used to reach the MXH
+    timestamp's unsigned pack as a struct.error, or pass unnoticed)."""
+    from mrc.transport import fastpath
+
+    monkeypatch.setattr(fastpath, "ENABLED", fast)
+    a, b, qa, _ = pair()
+    src = np.arange(4 * 4096, dtype=np.uint8)
+    smr, dmr = a.reg_mr(src), b.reg_mr(np.zeros_like(src))
+    qa.post_send(1, smr, 0, src.nbytes, dmr.addr, dmr.rkey)
+    dgs = a.datagrams_to_send(0)
+    deliver(b, dgs, 3_000)
+    deliver(a, b.datagrams_to_send(3_000), 6_000)
+    assert qa.snd_una == len(dgs) and qa.srtt == 6_000
+    for call in (lambda: a.datagrams_to_send(-1), lambda: a.handle_timer(-5),
+                 lambda: b.receive(dgs[0].data, -10**12, False, 0, GA)):
+        with pytest.raises(ValueError, match="negative"):
+            call()
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_an_ev_index_beyond_14_bits_is_a_bad_field(fast: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/wire.md: the MXH EV index is < 2^14 (the UDP source port 0xC000 | EV has no room for more).
+    A WRITE or SACK with 0x4000 set, its ICRC valid for the source port the low bits give, is a
+    `bad_field` drop, as the capture tools call it; it used to be placed, acknowledged and echoed."""
+    from mrc.transport import fastpath
+
+    monkeypatch.setattr(fastpath, "ENABLED", fast)
+    a, b, qa, _ = pair()
+    src = np.arange(4 * 4096, dtype=np.uint8)
+    dst = np.zeros_like(src)
+    smr, dmr = a.reg_mr(src), b.reg_mr(dst)
+    qa.post_send(1, smr, 0, src.nbytes, dmr.addr, dmr.rkey)
+    dgs = a.datagrams_to_send(1_000)
+
+    def high(dg: Datagram, mxh: int, ctx: IcrcContext) -> bytes:
+        pkt = bytearray(dg.data)
+        pkt[mxh + 2] |= 0x40  # EV index, big-endian, at MXH + 2
+        ctx.write(pkt, len(pkt) - 4, 0xC000 | dg.ev_index)
+        return bytes(pkt)
+
+    for dg in dgs:
+        b.receive(high(dg, 28 if dg.data[0] == 0x0A else 32, FROM_A), 2_000, False, dg.port, GA)
+    assert b.drops == {"bad_field": len(dgs)} and not dst.any() and b.datagrams_to_send(2_000) == []
+    deliver(b, dgs, 3_000)
+    sacks = b.datagrams_to_send(3_000)
+    for dg in sacks:
+        a.receive(high(dg, 12, FROM_B), 3_100, False, dg.port, GB)
+    assert a.drops == {"bad_field": len(sacks)} and qa.snd_una == 0
+    deliver(a, sacks, 3_200)
+    assert qa.snd_una == len(dgs) and np.array_equal(dst, src)
