@@ -537,6 +537,7 @@ class WriteBench:
         th = marks.get("heal")
         if th is not None:
             doc["heal_call_ms"] = round((marks.get("heal_done", th) - th) / 1e6, 3)
+        doc["healed_during_transfer"] = th is not None
         t_down_end = th if th is not None else end_ns
         doc["goodput_fraction_during"] = self._fraction(samples, tf, t_down_end)
         if th is not None:

@@ -43,6 +43,21 @@ def _size(v: str, what: str) -> int:
     return n
 
 
+
+def failure_notes(f: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
+    """Why a failure row has no figure ("-"), so an empty row is not read as a failure the transport
+    missed: the transfer ended before the link failed, no EV of the QP crossed the link (the hosts share
+    a leaf, or the link is on a plane not used), or the link was healed after the transfer ended."""
+    notes = []
+    if f.get("completed_before_failure"):
+        notes.append("the transfer completed before the link failed: use a larger --size or an earlier time")
+    elif f.get("evs_through_link") == 0:
+        notes.append(f"no path of the QP {cfg['src']} -> {cfg['dst']} crosses {f['link']}: the hosts share "
+                     "a leaf, or its plane is not used; nothing to detect")
+    elif cfg.get("heal_after_s") is not None and not f.get("healed_during_transfer"):
+        notes.append("the link was healed after the transfer ended: no restore to measure")
+    return notes
+
 def _render(doc: dict[str, Any]) -> str:
     rows = []
     planes = sorted({p for r in doc["rows"] for p in r["plane_gbps"]}, key=int)
@@ -67,6 +82,7 @@ def _render(doc: dict[str, Any]) -> str:
                      f"goodput while down {pct(f['goodput_fraction_during'])}, "
                      f"restore {ms(f['restore_ms'])}, "
                      f"goodput after {pct(f.get('goodput_fraction_after'))}")
+        lines += [f"  ({why})" for why in failure_notes(f, doc["config"])]
     b = doc.get("baseline")
     if b:
         extra = ""

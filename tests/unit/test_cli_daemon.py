@@ -60,3 +60,21 @@ def test_stats_text_shows_the_control_socket_and_leaves_it_out_for_an_older_mrcd
     h0, h1 = (ln for ln in text.splitlines() if ln.startswith(("h0:", "h1:")))
     assert h0.endswith("; control: 2 clients, rejected invalid=1 too_many_fds=24, paused 3")
     assert "control:" not in h1 and h1.endswith("denied links -")
+
+
+def test_an_empty_failure_row_says_why() -> None:
+    """`bench write --fail-link` prints "detect -" when nothing could be detected; the row now says why,
+    so a link the QP never crossed is not read as a failure the transport missed."""
+    from mrc.ctl.cmd_bench import failure_notes
+
+    cfg = {"src": "h0", "dst": "h1", "heal_after_s": 1.5}
+    base = {"link": "p0l0-p0s0", "completed_before_failure": False, "evs_through_link": 16,
+            "healed_during_transfer": True}
+    assert failure_notes(base, cfg) == []
+    assert "completed before the link failed" in failure_notes(
+        {**base, "completed_before_failure": True}, cfg)[0]
+    (unused,) = failure_notes({**base, "evs_through_link": 0}, cfg)
+    assert "no path of the QP h0 -> h1 crosses p0l0-p0s0" in unused
+    (late,) = failure_notes({**base, "healed_during_transfer": False}, cfg)
+    assert "healed after the transfer ended" in late
+    assert failure_notes({**base, "healed_during_transfer": False}, {**cfg, "heal_after_s": None}) == []
