@@ -446,7 +446,7 @@ class Requester(Recovery):
                 paths.relieve(e)
         # RTT sample (per transmission timestamps: no retransmission ambiguity)
         rtt = -1
-        if ts <= now:  # a send time of ours (_own_slot): any origin of the clock, 0 and below included
+        if 0 < ts <= now:  # a send time of ours (_own_slot); one at exactly 0 is not sampled (docs: Time)
             rtt = now - ts - s.service_time_ns  # type: ignore[union-attr]
             if rtt < 0:
                 rtt = 0
