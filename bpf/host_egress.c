@@ -65,7 +65,9 @@ int host_egress(struct __sk_buff *skb)
 		return drop(cookie, MRC_DROP_TRUNCATED, len);
 	if (mxh[0] != MRC_MXH_VERSION)
 		return drop(cookie, MRC_DROP_BAD_VERSION, len);
-	__u32 ev = mrc_be16(mxh + MRC_MXH_OFF_EV_INDEX) & ((1 << MRC_EV_INDEX_BITS) - 1);
+	__u32 ev = mrc_be16(mxh + MRC_MXH_OFF_EV_INDEX);
+	if (ev >> MRC_EV_INDEX_BITS) /* no EV has an index that wide: no path (it used to alias a lower one) */
+		return drop(cookie, MRC_DROP_NO_PATH, len);
 
 	struct mrc_path_key key = {};
 	key.netns_cookie = cookie;

@@ -57,6 +57,17 @@ int host_ingress(struct xdp_md *ctx)
 		return drop(port, MRC_DROP_TRUNCATED, len);
 	if (mrc_ip6_version(outer) != 6)
 		return drop(port, MRC_DROP_BAD_IP, len);
+	if (mrc_ip6_is_ext(outer[6])) {
+		/* MRC's fabric writes its path into the destination address (micro-SIDs, no SRH): a tunnel
+		 * behind extension headers is never its own, and End.DT6 would decapsulate it into the MRC
+		 * socket past every check below (the QP filter included). Other traffic with extension
+		 * headers (MLD's hop-by-hop, ...) passes. */
+		__u8 *p = outer + MRC_IP6_HLEN;
+		int last = mrc_ip6_skip_ext(&p, outer[6], end);
+		if (last == MRC_NH_IPV6 || last == -2)
+			return drop(port, MRC_DROP_BAD_IP, len);
+		return XDP_PASS;
+	}
 	if (outer[6] != MRC_NH_IPV6)
 		return XDP_PASS; /* not tunnelled: not MRC on the fabric */
 	__u8 *inner = outer + MRC_IP6_HLEN;
@@ -64,6 +75,21 @@ int host_ingress(struct xdp_md *ctx)
 		return drop(port, MRC_DROP_TRUNCATED, len);
 	if (mrc_ip6_version(inner) != 6)
 		return drop(port, MRC_DROP_BAD_IP, len);
+	if (mrc_ip6_is_ext(inner[6])) {
+		/* likewise inside the tunnel: UDP 4791 behind extension headers would reach the socket
+		 * unchecked; anything else (an ICMPv6 probe with options) passes */
+		__u8 *p = inner + MRC_IP6_HLEN;
+		int last = mrc_ip6_skip_ext(&p, inner[6], end);
+		if (last == -2)
+			return drop(port, MRC_DROP_BAD_IP, len);
+		if (last == MRC_NH_UDP) {
+			if (p + MRC_UDP_HLEN > end)
+				return drop(port, MRC_DROP_TRUNCATED, len);
+			if (mrc_be16(p + 2) == MRC_UDP_PORT)
+				return drop(port, MRC_DROP_BAD_IP, len);
+		}
+		return XDP_PASS;
+	}
 	if (inner[6] != MRC_NH_UDP)
 		return XDP_PASS; /* e.g. an ICMPv6 probe along a path */
 	__u8 *udp = inner + MRC_IP6_HLEN;

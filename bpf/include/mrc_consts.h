@@ -12,6 +12,12 @@
 #define MRC_ETH_P_IPV6 0x86DD
 #define MRC_NH_UDP 17
 #define MRC_NH_IPV6 41
+/* IPv6 extension headers (RFC 8200 §4) a parser steps over, and how many at most */
+#define MRC_NH_HOPOPTS 0
+#define MRC_NH_ROUTING 43
+#define MRC_NH_FRAGMENT 44
+#define MRC_NH_DSTOPTS 60
+#define MRC_IP6_EXT_MAX 4
 
 /* Offsets from the start of the frame for IPv6-in-IPv6 (no SRH: one micro-SID container). */
 #define MRC_OFF_OUTER MRC_ETH_HLEN

@@ -43,6 +43,36 @@ static __always_inline __u32 mrc_be32(const __u8 *p)
 }
 
 /* The IPv6 version/traffic class/flow label word, split. */
+static __always_inline int mrc_ip6_is_ext(__u8 nh)
+{
+	return nh == MRC_NH_HOPOPTS || nh == MRC_NH_ROUTING || nh == MRC_NH_FRAGMENT || nh == MRC_NH_DSTOPTS;
+}
+
+/* Step over the IPv6 extension headers at *p (the first one's type `nh`): the upper-layer next header,
+ * *p moved past them; -1 when one is cut by the end of the linear data, -2 after MRC_IP6_EXT_MAX of
+ * them (a chain longer than anything legitimate, which must not hide what follows it). */
+static __always_inline int mrc_ip6_skip_ext(__u8 **p, __u8 nh, const __u8 *end)
+{
+	__u8 *q = *p;
+#pragma unroll
+	for (int i = 0; i < MRC_IP6_EXT_MAX; i++) {
+		if (!mrc_ip6_is_ext(nh)) {
+			*p = q;
+			return nh;
+		}
+		if (q + 8 > end)
+			return -1;
+		__u8 next = q[0];
+		__u32 hl = nh == MRC_NH_FRAGMENT ? 8 : ((__u32)q[1] + 1) * 8;
+		q += hl;
+		nh = next;
+	}
+	if (mrc_ip6_is_ext(nh))
+		return -2;
+	*p = q;
+	return nh;
+}
+
 static __always_inline __u8 mrc_ip6_version(const __u8 *ip6)
 {
 	return ip6[0] >> 4;

@@ -183,6 +183,54 @@ def test_ingress_decap_and_qp_filter(ingress: Program) -> None:
         m.set(key, orig)
 
 
+def _with_ext(frame: bytes, at: int, nh_off: int, ext: int) -> bytes:
+    """`frame` with an 8-byte IPv6 extension header of type `ext` (six Pad1 options, or a fragment
+    header) inserted at byte `at`, right after the IPv6 header whose next-header byte is at `nh_off`;
+    the payload lengths of the IPv6 headers before it grow by 8."""
+    b = bytearray(frame)
+    nxt = b[nh_off]
+    b[nh_off] = ext
+    for o in (OUTER, INNER):
+        if o < at:
+            struct.pack_into("!H", b, o + 4, struct.unpack_from("!H", b, o + 4)[0] + 8)
+    return bytes(b[:at]) + bytes([nxt, 0]) + bytes(6) + bytes(b[at:])
+
+
+def test_ingress_drops_tunnels_behind_extension_headers(ingress: Program) -> None:
+    """A hop-by-hop, routing, fragment or destination-options header between the outer and the inner
+    IPv6 header (or before the inner UDP 4791) used to make the program pass the frame unchecked, QP
+    filter included, while End.DT6 would still decapsulate it into the MRC socket. MRC's fabric sends
+    no extension headers: such a tunnel is dropped as bad_ip. Non-tunnel traffic with one (MLD's
+    hop-by-hop before ICMPv6) still passes."""
+    m = ingress.maps["mrc_in_ports"]
+    key = abi.mac_key(PORT_MAC)
+    orig = m.get(key)
+    try:
+        v = m.get(key)
+        v.flags = int(abi.PortFlag.QP_FILTER)
+        m.set(key, v)
+        foreign = fabric_frame(mrc_write(dqpn=77))
+        assert bpfsys.test_run(ingress.prog_fd, foreign)[0] == XDP_DROP
+        for ext in (0, 43, 44, 60):
+            for at, nh_off in ((INNER, OUTER + 6), (UDP, INNER + 6)):
+                before = drops(ingress)["bad_ip"]
+                rc, _o, _ = bpfsys.test_run(ingress.prog_fd, _with_ext(foreign, at, nh_off, ext))
+                assert rc == XDP_DROP, (ext, at)
+                assert drops(ingress)["bad_ip"] == before + 1, (ext, at)
+        # six headers in a row (more than a parser steps over) hide nothing either
+        deep = foreign
+        for _ in range(6):
+            deep = _with_ext(deep, INNER, OUTER + 6, 60)
+        assert bpfsys.test_run(ingress.prog_fd, deep)[0] == XDP_DROP
+        mld = ip.ether(PORT_MAC, PEER_MAC, ip.pack_ipv6(SRC.packed, DST.packed, 8 + 8, 0)
+                       + bytes([58, 0]) + bytes(6) + bytes(8))
+        before_all = drops(ingress)
+        rc, out, _ = bpfsys.test_run(ingress.prog_fd, mld)
+        assert rc == XDP_PASS and out == mld and drops(ingress) == before_all
+    finally:
+        m.set(key, orig)
+
+
 # -------------------------------------------------------------------------------------------- egress
 
 
@@ -224,6 +272,10 @@ def test_egress_pushes_outer_header_and_redirects(programs: dict[str, Program]) 
                          ip.ipv6_udp(SRC.packed, DST.packed, 40000, mrc_write(ev=10)))
         assert bpfsys.test_run(prog.prog_fd, other)[0] == TC_ACT_SHOT
         assert d.total(row).packets == n0 + 1
+        # an EV index wider than 14 bits has no path (it used to alias EV 9's and go out on it)
+        wide = patch(plain, 14 + 40 + 8 + 12 + 16 + 2, "!H", 0x4000 | 9)
+        assert bpfsys.test_run(prog.prog_fd, wide)[0] == TC_ACT_SHOT
+        assert d.total(row).packets == n0 + 2
         # not MRC: untouched
         dns = ip.ether("00:00:00:00:00:00", "00:00:00:00:00:00",
                        ip.ipv6_udp(SRC.packed, DST.packed, 40000, b"x" * 20, dport=53))
