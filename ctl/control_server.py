@@ -161,6 +161,11 @@ class ControlServer:
             conn, _ = self.sock.accept()
         except (BlockingIOError, InterruptedError):
             return
+        except OSError:
+            # EMFILE / ENFILE / ENOBUFS: the connection waits in the backlog; mrcd's loop goes on (it
+            # used to end here), counted, and is retried at the next turn
+            self.rejected[RejectReason.ACCEPT_FAILED] = self.rejected.get(RejectReason.ACCEPT_FAILED, 0) + 1
+            return
         cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize(SO_PEERCRED_FMT))
         _pid, uid, _gid = struct.unpack(SO_PEERCRED_FMT, cred)
         if uid != 0:

@@ -621,11 +621,20 @@ class Controller:
                 out.append(ModifyPort(plane, True, now))
                 self.act(Action(now, "port_up", link_name(lk), 0, f"plane {plane}"))
 
+    def fabric_links(self) -> set[Link]:
+        """Every link a path of this host's toward any peer crosses, on any plane."""
+        return {frozenset(ab) for peer in self.fabric.peer_names() for plane in range(self.planes)
+                for p in self.fabric.plane_paths(peer, plane) for ab in p.links}
+
     def on_link_status(self, lk: Link, state: str, reporter: str, now: int) -> tuple[str, list[Effect]]:
         """A peer's mrcd localised a failed fabric link (or saw it return): our control packets toward
         it (SACKs, probe replies) must avoid it too. Returns the result mrcd answers with and the
         effects."""
         out: list[Effect] = []
+        if len(lk) != 2 or lk not in self.fabric_links():
+            # not a link any of our paths crosses (two equal ends, a name from another fabric, a
+            # forged report): nothing to avoid, and nothing kept (the denied set stays the fabric's)
+            return "not_on_our_paths", out
         if state == "down":
             if lk in self.denied:
                 if lk in self.remote:

@@ -64,6 +64,7 @@ class RejectReason(StrEnum):
     INVALID = "invalid"  # a valid request mrcd declines (unknown QPN, a state that does not allow it)
     INTERNAL = "internal"  # a bug in mrcd's handler
     TOO_MANY_FDS = "too_many_fds"  # descriptors beyond a request's limit, closed unused
+    ACCEPT_FAILED = "accept_failed"  # a connection mrcd could not accept (out of descriptors)
 
 
 class ProtocolError(MrcError):
@@ -266,7 +267,9 @@ def check_response(op: str, value: Any) -> None:
 def parse_version(v: str) -> tuple[int, int]:
     """``"MAJOR.MINOR"`` -> (major, minor), or ProtocolError (bad_request)."""
     major, sep, minor = v.partition(".")
-    if not (sep and major.isdigit() and minor.isdigit()):
+    # ASCII digits only ("²".isdigit() is true and int() refuses it), and short enough for int()
+    if not (sep and 0 < len(major) <= 9 and 0 < len(minor) <= 9 and major.isascii() and minor.isascii()
+            and major.isdigit() and minor.isdigit()):
         raise _bad(RejectReason.BAD_FIELD,
                    f"bad request: hello: protocol must be MAJOR.MINOR, got {_short(v)}")
     return int(major), int(minor)

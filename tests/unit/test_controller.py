@@ -215,6 +215,22 @@ def test_peer_report_denies_and_restores() -> None:
     assert not h.ctl.denied
 
 
+def test_a_report_of_a_link_none_of_our_paths_crosses_changes_nothing() -> None:
+    """link_status from a peer (or anyone on the control socket) naming a link with two equal ends, or
+    nodes this host's paths never cross, used to be stored as denied: a one-name link then broke every
+    later deny (Path.crosses needs two ends: an internal error per genuine report, and Controller.tick
+    raising) and any number of made-up links grew the denied set. Now such a report is answered
+    not_on_our_paths and kept nowhere; a genuine one still denies."""
+    h = Host()
+    h.qp("h2")
+    for lk in (frozenset(("x",)), frozenset(("x", "y")), frozenset(("p2l1", "nowhere"))):
+        assert h.report(lk, "down", "h2", 1000) == "not_on_our_paths"
+        assert h.report(lk, "up", "h2", 1100) == "not_on_our_paths"
+    assert not h.ctl.denied and not h.ctl.remote
+    lk = frozenset(("p2l1", "p2s1"))
+    assert h.report(lk, "down", "h2", 2000) == "denied" and lk in h.ctl.denied
+
+
 @pytest.mark.parametrize("state", ["GOOD", "ASSUMED_BAD"])
 def test_events_of_restricted_qps_are_ignored(state: str) -> None:
     h = Host()

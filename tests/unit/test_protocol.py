@@ -256,11 +256,46 @@ def test_mrcd_refuses_a_client_of_another_major_version(served: tuple[Path, Cont
         with pytest.raises(ProtocolError, match="protocol version mismatch: " + want) as e:
             c.call("hello", protocol="2.0")
         assert e.value.kind is ErrorKind.REFUSED
-        with pytest.raises(ProtocolError, match=r"MAJOR\.MINOR") as e:
-            c.call("hello", protocol="two")
-        assert e.value.kind is ErrorKind.BAD_REQUEST
+        for bad in ("two", "1.\u00b2", "1." + "9" * 5000):  # superscript 2 is isdigit(); int() refuses it
+            with pytest.raises(ProtocolError, match=r"MAJOR\.MINOR") as e:
+                c.call("hello", protocol=bad)
+            assert e.value.kind is ErrorKind.BAD_REQUEST
         assert c.call("qp_show") == []
-    assert server.rejected == {"version": 1, "bad_field": 1}
+    assert server.rejected == {"version": 1, "bad_field": 3}
+
+
+def test_an_accept_that_fails_for_lack_of_descriptors_is_counted_and_the_loop_goes_on(
+    mrcd_ops: Operations, tmp_path: Path
+) -> None:
+    """accept() failing with EMFILE (mrcd out of descriptors) used to raise out of mrcd's loop and end
+    the daemon; the connection now waits in the backlog, counted accept_failed, and is served once
+    descriptors are free again."""
+    import errno
+
+    server = ControlServer(selectors.DefaultSelector(), mrcd_ops)
+    path = tmp_path / "m.sock"
+    server.listen(path)
+    real = server.sock
+    assert real is not None
+
+    class _Full:
+        def accept(self) -> Any:
+            raise OSError(errno.EMFILE, "Too many open files")
+
+    try:
+        peer = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        peer.connect(str(path))
+        server.sock = _Full()  # type: ignore[assignment]
+        server.accept()
+        server.accept()
+        assert server.rejected == {"accept_failed": 2} and not server.clients
+        server.sock = real
+        server.accept()
+        assert len(server.clients) == 1
+        peer.close()
+    finally:
+        server.sock = real
+        server.close()
 
 
 def test_the_client_refuses_an_mrcd_of_another_major_version(tmp_path: Path) -> None:
