@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO, Any, Final, Protocol
 
 from mrc.dataplane.client import check_socket_path
-from mrc.dataplane.protocol import ErrorKind, ProtocolError, RejectReason, validate_request
+from mrc.dataplane.protocol import OPS, ErrorKind, ProtocolError, RejectReason, validate_request
 from mrc.errors import MrcError
 from mrc.transport import MemoryRegion
 
@@ -307,6 +307,12 @@ class ControlServer:
         try:
             validate_request(req)
         except ProtocolError as e:
+            spec = OPS.get(op) if isinstance(op, str) else None
+            if spec is not None and spec.fds and c.fds:
+                # the descriptor sent with this refused request goes with it: left pending, the
+                # client's next reg_mr would register this one instead of its own
+                with contextlib.suppress(OSError):
+                    os.close(c.fds.popleft())
             self.reject(c, rid, e)
             return
         fn = self.handler.operation(op)

@@ -401,3 +401,23 @@ def test_qp_show_counts_the_window_cuts_and_mrcctl_shows_them(client_qp: tuple[M
     assert "CUTS ECN/QA" in shown.splitlines()[0] and " 0/0 " in shown
     old = [{k: v for k, v in r.items() if k != "cc_cuts"} for r in rows]  # an mrcd from before
     assert "CUTS ECN/QA" in _render({"qps": old})
+
+
+def test_the_descriptor_of_a_refused_reg_mr_goes_with_it(mrcd_ops: Operations) -> None:
+    """Descriptors wait per client; a reg_mr the schema refused (a misspelt field) used to leave its
+    memfd pending, so the client's next reg_mr registered that one instead of its own. The refused
+    request's descriptor is closed with it."""
+    server = ControlServer(selectors.DefaultSelector(), mrcd_ops)
+    a, b = socket.socketpair()
+    try:
+        c = Client(a, 0)
+        fd = os.memfd_create("refused")
+        c.fds.append(fd)
+        server.request(c, b'{"id": 1, "op": "reg_mr", "length": 4096, "lenght": 1}')
+        assert "unknown field 'lenght'" in bytes(c.wbuf).decode()
+        assert not c.fds and server.rejected == {"unknown_field": 1}
+        with pytest.raises(OSError):
+            os.fstat(fd)  # closed
+    finally:
+        a.close()
+        b.close()
