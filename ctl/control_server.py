@@ -18,6 +18,7 @@ import selectors
 import socket
 import struct
 import sys
+import time
 import traceback
 from collections import deque
 from collections.abc import Callable
@@ -28,7 +29,7 @@ from typing import IO, Any, Final, Protocol
 from mrc.dataplane.client import check_socket_path
 from mrc.dataplane.protocol import OPS, ErrorKind, ProtocolError, RejectReason, validate_request
 from mrc.errors import MrcError
-from mrc.transport import MemoryRegion
+from mrc.transport import MemoryRegion, QueueFull
 
 SO_PEERCRED_FMT: Final = "3i"
 #: The longest control-socket request line; a longer one is answered with an error and skipped.
@@ -42,8 +43,20 @@ MAX_PENDING_FDS: Final = 16
 #: or reads slowly, cannot make mrcd hold its answers without bound (qp_show alone can answer KiBs to a
 #: 30-byte request). Reading resumes below a quarter of it.
 MAX_QUEUED_REPLY_BYTES: Final = 4 << 20
-#: How long a dropped client's unsent replies may take to go out before its socket is closed.
-DROP_FLUSH_S: Final = 1.0
+#: How long a dropped client's unsent replies may take to go out (in the background: the loop does not
+#: wait for them) before its socket is closed.
+LINGER_S: Final = 1.0
+#: Connections served at once, lingering ones included: each holds a descriptor and up to
+#: MAX_QUEUED_REPLY_BYTES + 1 MiB of buffers, so a connection flood is refused (too_many_clients)
+#: rather than running mrcd out of descriptors or memory.
+MAX_CLIENTS: Final = 256
+#: Request lines answered per loop turn, all clients together: a client that pipelines thousands of
+#: requests is served over several turns, between which the engine runs (its datagrams, timers), instead
+#: of holding the loop for seconds. Clients left with complete lines are served first next turn.
+MAX_LINES_PER_TURN: Final = 256
+#: After accept() fails for want of descriptors the listening socket rests this long (it stays readable
+#: while the connection waits in the backlog: retrying at once would spin the loop).
+ACCEPT_RETRY_S: Final = 0.05
 
 
 class RequestRejected(ProtocolError):
@@ -89,6 +102,8 @@ class Client:
     wbuf: bytearray = field(default_factory=bytearray)
     skipping: bool = False  # discarding the rest of an over-long line
     paused: bool = False  # not read until it takes its replies (MAX_QUEUED_REPLY_BYTES)
+    closing_at: float = 0.0  # dropped: its last replies go out until this monotonic time (LINGER_S)
+    wr_bound: int = 0  # an upper bound of its outstanding work requests (Operations' budget)
 
 
 Operation = Callable[[Client, dict[str, Any]], Any]
@@ -123,6 +138,13 @@ class ControlServer:
         self.clients: dict[int, Client] = {}
         self.rejected: dict[str, int] = {}  # requests refused, by reason (mrc_control_rejected_total)
         self.paused_total = 0  # times a client's reading stopped because its replies piled up
+        self.budget = MAX_LINES_PER_TURN  # request lines this turn may still answer
+        self.backlog: dict[int, Client] = {}  # clients with complete lines left by the budget, in order
+        self.lingering: dict[int, Client] = {}  # dropped clients whose last replies are going out
+        self.accept_rest_until = 0.0  # > 0: the listening socket rests after a failed accept
+
+    def _count(self, reason: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
 
     def listen(self, path: Path) -> None:
         """Bind `path` (mode 0600 from the start: root only) and listen without blocking; a path too long
@@ -146,9 +168,12 @@ class ControlServer:
     def close(self) -> None:
         for c in list(self.clients.values()):
             self.drop(c)
-        if self.sock is not None:
+        for c in list(self.lingering.values()):
+            self._close(c)
+        if self.sock is not None and not self.accept_rest_until:
             with contextlib.suppress(KeyError, ValueError):
                 self.sel.unregister(self.sock)
+        if self.sock is not None:
             self.sock.close()
             self.sock = None
             if self.path is not None:
@@ -163,19 +188,47 @@ class ControlServer:
             return
         except OSError:
             # EMFILE / ENFILE / ENOBUFS: the connection waits in the backlog; mrcd's loop goes on (it
-            # used to end here), counted, and is retried at the next turn
-            self.rejected[RejectReason.ACCEPT_FAILED] = self.rejected.get(RejectReason.ACCEPT_FAILED, 0) + 1
+            # used to end here), counted; the socket rests ACCEPT_RETRY_S (`begin_turn` takes it back)
+            self._count(RejectReason.ACCEPT_FAILED)
+            if self.accept_rest_until == 0.0:
+                with contextlib.suppress(KeyError, ValueError):
+                    self.sel.unregister(self.sock)
+            self.accept_rest_until = time.monotonic() + ACCEPT_RETRY_S
             return
         cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize(SO_PEERCRED_FMT))
         _pid, uid, _gid = struct.unpack(SO_PEERCRED_FMT, cred)
+        refusal = None
         if uid != 0:
+            refusal = f"permission denied: the MRC control socket is root-only (uid {uid})"
+        elif len(self.clients) + len(self.lingering) >= MAX_CLIENTS:
+            self._count(RejectReason.TOO_MANY_CLIENTS)
+            refusal = (f"mrcd serves {MAX_CLIENTS} control connections, the most it takes: close some (each "
+                       f"client needs one connection)")
+        if refusal is not None:
+            conn.setblocking(False)
             with contextlib.suppress(OSError):
-                conn.sendall((json.dumps({"id": 0, "error": f"permission denied: the MRC control socket is "
-                                          f"root-only (uid {uid})"}) + "\n").encode())
+                conn.send((json.dumps({"id": 0, "error": refusal}) + "\n").encode())
             conn.close()
             return
         conn.setblocking(False)
         self.attach(conn, uid)
+
+    def begin_turn(self) -> None:
+        """A new loop turn: a fresh line budget, spent first on the clients the last turn left waiting;
+        the listening socket back after its rest."""
+        self.budget = MAX_LINES_PER_TURN
+        if self.accept_rest_until and time.monotonic() >= self.accept_rest_until and self.sock is not None:
+            self.accept_rest_until = 0.0
+            self.sel.register(self.sock, selectors.EVENT_READ, self)
+        for c in list(self.backlog.values()):
+            if self.budget <= 0:
+                break
+            self._answer_lines(c)
+
+    @property
+    def busy(self) -> bool:
+        """Complete request lines are waiting for the next turn's budget: the loop should not sleep."""
+        return bool(self.backlog)
 
     def attach(self, conn: socket.socket, uid: int) -> Client:
         """Serve an accepted, non-blocking connection: greet it and watch it."""
@@ -190,13 +243,18 @@ class ControlServer:
             self._flush_client(c)
             return
         if mask & selectors.EVENT_READ:
+            if c.sock.fileno() in self.backlog:
+                return  # its complete lines first (bounds rbuf); the budget serves it next turn
             try:
-                data, anc, _f, _a = c.sock.recvmsg(1 << 20, socket.CMSG_SPACE(16 * 4))
+                data, anc, flags, _a = c.sock.recvmsg(1 << 20, socket.CMSG_SPACE(MAX_PENDING_FDS * 4))
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
                 data = b""
                 anc = []
+                flags = 0
+            if flags & socket.MSG_CTRUNC:  # more descriptors than the buffer holds: the kernel closed them
+                self._count(RejectReason.TOO_MANY_FDS)
             for level, kind, value in anc:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                     a = array.array("i")
@@ -207,8 +265,7 @@ class ControlServer:
                             continue
                         with contextlib.suppress(OSError):
                             os.close(fd)
-                        fds = RejectReason.TOO_MANY_FDS
-                        self.rejected[fds] = self.rejected.get(fds, 0) + 1
+                        self._count(RejectReason.TOO_MANY_FDS)
             if not data:
                 self.drop(c)
                 return
@@ -221,8 +278,10 @@ class ControlServer:
         self._answer_lines(c)
 
     def _answer_lines(self, c: Client) -> None:
-        """Answer the complete lines in `c.rbuf`, in order, until none is left or the client's queued
-        replies pass MAX_QUEUED_REPLY_BYTES (then the rest wait, unread, until it catches up)."""
+        """Answer the complete lines in `c.rbuf`, in order, until none is left, the client's queued
+        replies pass MAX_QUEUED_REPLY_BYTES (then the rest wait, unread, until it catches up) or the
+        turn's budget is spent (then it waits in `backlog` for the next turn)."""
+        key = c.sock.fileno()
         while True:
             if len(c.wbuf) > MAX_QUEUED_REPLY_BYTES:
                 if not c.paused:
@@ -231,7 +290,11 @@ class ControlServer:
                     self.sel.modify(c.sock, selectors.EVENT_WRITE, c)
                 return
             i = c.rbuf.find(b"\n")
+            if i >= 0 and self.budget <= 0:
+                self.backlog[key] = c
+                return
             if i < 0:
+                self.backlog.pop(key, None)
                 if len(c.rbuf) > MAX_REQUEST_BYTES and not c.skipping:
                     self.reject(c, None, RequestRejected(
                         RejectReason.TOO_LONG, f"bad request: longer than {MAX_REQUEST_BYTES} bytes"))
@@ -244,15 +307,23 @@ class ControlServer:
             if c.skipping:  # the tail of a line already refused
                 c.skipping = False
                 continue
+            self.budget -= 1
             self.request(c, line)
             if c.sock.fileno() < 0:
+                self.backlog.pop(key, None)
                 return
 
     def flush(self) -> None:
-        """Send what every client has queued, as far as its socket takes it now."""
+        """Send what every client has queued, as far as its socket takes it now; close the lingering
+        clients whose replies are out or whose time is up."""
         for c in list(self.clients.values()):
             if c.wbuf:
                 self._flush_client(c)
+        if self.lingering:
+            now = time.monotonic()
+            for c in list(self.lingering.values()):
+                if not c.wbuf or now >= c.closing_at:
+                    self._close(c)
 
     def _flush_client(self, c: Client) -> None:
         try:
@@ -264,26 +335,42 @@ class ControlServer:
             # the peer stopped reading (e.g. a one-line link_status sender): what it sent is still read
             # and handled; the read side sees its EOF and drops it
             c.wbuf.clear()
+        if c.closing_at:
+            if not c.wbuf:
+                self._close(c)
+            return
         if c.paused and len(c.wbuf) <= MAX_QUEUED_REPLY_BYTES // 4 and c.sock.fileno() >= 0:
             c.paused = False
             self.sel.modify(c.sock, selectors.EVENT_READ, c)
             self._answer_lines(c)  # the lines read before the pause first
 
     def drop(self, c: Client) -> None:
-        if c.sock.fileno() >= 0:
-            with contextlib.suppress(Exception):
-                self.sel.unregister(c.sock)
-            self.clients.pop(c.sock.fileno(), None)
-            with contextlib.suppress(OSError):
-                c.sock.setblocking(True)
-                c.sock.settimeout(DROP_FLUSH_S)
-                if c.wbuf:
-                    c.sock.sendall(c.wbuf)
-            c.sock.close()
+        """The client is gone (EOF, error, mrcd stopping): what it owned is released now; replies still
+        queued go out in the background for up to LINGER_S (a client that half-closes after its last
+        request still reads its answers), and the loop never waits for them."""
+        key = c.sock.fileno()
+        if key >= 0 and not c.closing_at:
+            self.clients.pop(key, None)
+            self.backlog.pop(key, None)
+            c.rbuf.clear()
+            c.closing_at = time.monotonic() + LINGER_S
+            self.lingering[key] = c
+            self._flush_client(c)  # closes it once everything went out: most replies fit at once
+            if c.sock.fileno() >= 0:
+                self.sel.modify(c.sock, selectors.EVENT_WRITE, c)
         self.handler.client_gone(c)
         while c.fds:
             with contextlib.suppress(OSError):
                 os.close(c.fds.popleft())
+
+    def _close(self, c: Client) -> None:
+        key = c.sock.fileno()
+        if key >= 0:
+            self.lingering.pop(key, None)
+            with contextlib.suppress(KeyError, ValueError):
+                self.sel.unregister(c.sock)
+            c.sock.close()
+        c.wbuf.clear()
 
     def reject(self, c: Client, rid: Any, e: ProtocolError) -> None:
         self.rejected[e.reason] = self.rejected.get(e.reason, 0) + 1
@@ -320,6 +407,8 @@ class ControlServer:
             res = fn(c, req)
         except ProtocolError as e:  # a handler's own protocol check (hello's version)
             self.reject(c, rid, e)
+        except QueueFull as e:  # ENOMEM of a post: refused, and worth retrying once completions come
+            self.reject(c, rid, ProtocolError(ErrorKind.REFUSED, RejectReason.QUEUE_FULL, str(e)))
         except (MrcError, ValueError) as e:  # a valid request the operation declines
             self.reject(c, rid, ProtocolError(ErrorKind.REFUSED, RejectReason.INVALID, str(e)))
         except Exception as e:  # a handler bug: one error reply, logged, the loop goes on

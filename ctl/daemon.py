@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import dataclasses
 import os
+import resource
 import selectors
 import signal
 import socket
@@ -51,11 +52,11 @@ from mrc.errors import MrcError
 from mrc.hostconfig import HostConfigError
 from mrc.transport import QpAttr
 
-from .control_server import Client, ControlServer
+from .control_server import MAX_CLIENTS, Client, ControlServer
 from .controller import Link
 from .host_engine import DEFAULT_EVS, HostEngine
 from .metrics import MetricsServer, StatsBoard, snapshot
-from .operations import Operations
+from .operations import MAX_MRS, Operations
 from .peer_notes import PeerNote, PeerNotifier, link_status_line
 from .site import ConfigSite, Site, TestbedSite
 
@@ -242,8 +243,11 @@ class Daemon:
                 to = IDLE_TURN_S
             if drv.want_write:
                 to = min(to, 0.0005)
+            if server.busy:  # requests left by the last turn's budget
+                to = 0.0
             events = wait(to, self.sel.select)
             began = time.monotonic_ns()
+            server.begin_turn()
             notes_io: list[PeerNote] = []
             udp = False
             for key, mask in events:  # type: ignore[attr-defined]
@@ -332,6 +336,26 @@ def _log(msg: str) -> None:
     print(f"mrcd: {msg}", file=sys.stderr, flush=True)
 
 
+#: Descriptors mrcd may need: one per memory region (Python's mmap keeps a duplicate of the memfd for
+#: as long as the mapping lives), one per control connection, plus its sockets, maps and peer notes.
+NOFILE_WANTED: Final = MAX_MRS + MAX_CLIENTS + 1024
+
+
+def _raise_nofile() -> None:
+    """Raise the soft descriptor limit toward NOFILE_WANTED (a soft limit of 1024, the usual default,
+    would stop reg_mr near its 1000th region with EMFILE); where the hard limit is lower, say what that
+    allows and how to raise it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = NOFILE_WANTED if hard == resource.RLIM_INFINITY else min(NOFILE_WANTED, hard)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+    if soft != resource.RLIM_INFINITY and soft < NOFILE_WANTED:
+        _log(f"the descriptor limit is {soft} (hard limit {hard}): about {max(0, soft - 1024)} memory "
+             f"regions can be registered; raise it (systemd: LimitNOFILE={NOFILE_WANTED}) for {MAX_MRS}")
+
+
 def _check_config(path: str) -> int:
     """`mrcd --check-config FILE`: validate and print what would be installed; changes nothing, needs no
     root."""
@@ -378,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("mrcd: error: needs root (CAP_NET_ADMIN, CAP_BPF)", file=sys.stderr)
         return 1
+    _raise_nofile()
     d: Daemon | None = None
     site: Site | None = None
     stopping = False

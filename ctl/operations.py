@@ -19,7 +19,7 @@ from mrc import __version__ as mrc_version
 from mrc.dataplane import shm
 from mrc.dataplane.protocol import PROTOCOL_VERSION, check_version
 from mrc.errors import MrcError
-from mrc.transport import EvState, MemoryRegion, QueuePair, WorkCompletion
+from mrc.transport import EvState, MemoryRegion, QueueFull, QueuePair, WorkCompletion
 
 from .control_server import Client, Operation, push
 from .controller import Action, link_name
@@ -31,6 +31,10 @@ from .host_engine import HostEngine
 #: running mrcd out of memory or mappings for every other client.
 MAX_QPS: Final = 16384
 MAX_MRS: Final = 16384
+#: Work requests one client may hold in mrcd over all its QPs (sends posted and not completed, receives
+#: posted and not consumed): each QP bounds its own queues (max_send_wr / max_recv_wr), this bounds what
+#: a client with many QPs makes mrcd hold. One more post is refused queue_full, like a full queue.
+MAX_CLIENT_WRS: Final = 1 << 16
 
 
 def _no_io_stats() -> dict[str, Any]:
@@ -142,8 +146,21 @@ class Operations:
         self.e.destroy_qp(qpn)
         self.qp_owner.pop(qpn, None)
 
+    def _take_wr(self, c: Client) -> None:
+        """Count one post against the client's budget (MAX_CLIENT_WRS) or refuse it. `c.wr_bound` only
+        grows with posts, so it bounds what is outstanding; it is recounted exactly (over the client's
+        QPs) only when it reaches the limit."""
+        if c.wr_bound >= MAX_CLIENT_WRS:
+            qps = self.e.ctx.qps
+            c.wr_bound = sum(len(q.wrs_out) + len(q.recv_q) for n in c.qps if (q := qps.get(n)) is not None)
+            if c.wr_bound >= MAX_CLIENT_WRS:
+                raise QueueFull(f"this client holds {MAX_CLIENT_WRS} work requests in mrcd, the most it "
+                                f"takes: poll completions before posting more")
+        c.wr_bound += 1
+
     def op_post_send(self, c: Client, req: dict[str, Any]) -> None:
         qp = self._qp(c, req)
+        self._take_wr(c)
         h = int(req["mr"])
         if h not in c.mrs:
             raise MrcError(f"no memory region {h} of this client")
@@ -152,7 +169,9 @@ class Operations:
                      int(req["remote_addr"]), int(req["rkey"]), imm=None if imm is None else int(imm))
 
     def op_post_recv(self, c: Client, req: dict[str, Any]) -> None:
-        self._qp(c, req).post_recv(int(req["wr_id"]))
+        qp = self._qp(c, req)
+        self._take_wr(c)
+        qp.post_recv(int(req["wr_id"]))
 
     # -- operations: operator
     def op_qp_stats(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:

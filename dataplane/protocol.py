@@ -65,6 +65,8 @@ class RejectReason(StrEnum):
     INTERNAL = "internal"  # a bug in mrcd's handler
     TOO_MANY_FDS = "too_many_fds"  # descriptors beyond a request's limit, closed unused
     ACCEPT_FAILED = "accept_failed"  # a connection mrcd could not accept (out of descriptors)
+    TOO_MANY_CLIENTS = "too_many_clients"  # a connection beyond mrcd's limit, refused at once
+    QUEUE_FULL = "queue_full"  # a post beyond the QP's queue or the client's work-request budget
 
 
 class ProtocolError(MrcError):

@@ -56,7 +56,11 @@ API_LAST_SUPPORTED_VERSION: Final = api_ver(0, 0, 0)
 VENDOR_API_CURRENT_VERSION: Final = api_ver(1, 0, 0)
 VENDOR_API_LAST_SUPPORTED_VERSION: Final = api_ver(0, 0, 0)
 #: this engine's limits (what query_device reports and create_* enforce)
-MAX_QPN: Final = 0xFFFFFF  # 24-bit QPNs; numbering starts at 0x100 and is never reused
+MAX_QPN: Final = 0xFFFFFF  # 24-bit QPNs
+#: The first QPN handed out (0-0xFF left to well-known QPs, as InfiniBand's QP0/QP1). Numbers go up to
+#: MAX_QPN and then wrap to here, skipping those in use: a destroyed QP's number comes back only after
+#: every other one was handed out, so a late packet for it does not reach a new QP of the same number.
+FIRST_QPN: Final = 0x100
 MAX_CQE: Final = 1 << 22
 MAX_QP_HINTS: Final = 1 << 16
 
@@ -121,7 +125,7 @@ class Context:
         self._icrc: dict[tuple[bytes, bytes], IcrcContext] = {}
         self._out: list[Datagram] = []
         self._async: list[AsyncEvent] = []
-        self._next_qpn = 0x100
+        self._next_qpn = FIRST_QPN
         self._port_epoch = 0
         self._active: list[QueuePair] = []
         self.ev_cqs: list[EvEventCq] = []  # EV event CQs: every QP's EV events go to each of them
@@ -268,10 +272,13 @@ class Context:
         if hint is not None and self.qp_hints.get(hint.hint_id) is not hint:
             raise ValueError(f"QP hint {hint.hint_id} is not a hint of this context")
         cc = self.cc_profiles[cc_profile] if cc_profile is not None else None
-        if self._next_qpn > MAX_QPN:
-            raise ValueError("QP numbers exhausted (24-bit QPNs are never reused)")
+        qps = self.qps
+        if len(qps) > MAX_QPN - FIRST_QPN:
+            raise ValueError(f"every QP number is in use ({len(qps)} QPs)")
         qpn = self._next_qpn
-        self._next_qpn += 1
+        while qpn > MAX_QPN or qpn in qps:
+            qpn = FIRST_QPN if qpn >= MAX_QPN else qpn + 1
+        self._next_qpn = qpn + 1
         qp = QueuePair(self, qpn, send_cq, recv_cq or send_cq, ev_profile, cc, attr or QpAttr(), hint)
         self.qps[qpn] = qp
         self._active.append(qp)
@@ -286,13 +293,15 @@ class Context:
 
     def destroy_qp(self, qp: QueuePair) -> None:
         """`mrc_destroy_qp`: the QP leaves the engine at once (no completions for what it still held,
-        as ibv_destroy_qp); its QPN is not reused; packets for it are then dropped as unknown_qpn."""
+        as ibv_destroy_qp); packets for it are then dropped as unknown_qpn, and its QPN comes back only after
+        the other 16.7 million (FIRST_QPN)."""
         if self.qps.get(qp.qpn) is not qp:
             raise ValueError(f"QP {qp.qpn:#x} is not a QP of this context")
         if self._async_got.get(qp.qpn):
             # ibv_destroy_qp waits until its async events are acknowledged; this engine cannot wait
             raise ValueError(f"QP {qp.qpn:#x} has async events not acknowledged (ack_async_event)")
         del self.qps[qp.qpn]
+        self._async_got.pop(qp.qpn, None)  # acknowledged (checked above): nothing left of it
         if qp in self._active:
             self._active.remove(qp)
         qp.paths.detach()

@@ -23,7 +23,17 @@ from .paths import EvProfile
 from .qpcore import _FREE, _LOST, _PROBE_SIZE, _RTS, NEVER, Datagram
 from .requester import Requester
 from .responder import Responder
-from .verbs import MemoryRegion, QpAttr, QpHint, QpState, SendWr, WcOpcode, WcStatus, WorkCompletion
+from .verbs import (
+    MemoryRegion,
+    QpAttr,
+    QpHint,
+    QpState,
+    QueueFull,
+    SendWr,
+    WcOpcode,
+    WcStatus,
+    WorkCompletion,
+)
 
 _SVC_MAX: Final = 0xFFFFFFFF  # the SACK's 32-bit service time field
 
@@ -167,6 +177,9 @@ class QueuePair(Requester, Responder):
             raise ValueError("local range outside the memory region")
         if length >= 1 << 32:
             raise ValueError("message length must be < 2^32")
+        if len(self.wrs_out) >= self.attr.max_send_wr:
+            raise QueueFull(f"QP {self.qpn:#x}: send queue full ({self.attr.max_send_wr} WRs posted and not "
+                            f"completed, max_send_wr)")
         wr = SendWr(wr_id, self.msn & 0xFFFFFFFF, mr, offset, length, remote_addr, rkey, imm)
         self.parked = False
         self.msn += 1
@@ -179,6 +192,9 @@ class QueuePair(Requester, Responder):
             wc = WorkCompletion(wr_id, WcStatus.WR_FLUSH_ERR, WcOpcode.RECV_RDMA_WITH_IMM, self.qpn)
             self._complete(self.recv_cq, wc, 0)
             return
+        if len(self.recv_q) >= self.attr.max_recv_wr:
+            raise QueueFull(f"QP {self.qpn:#x}: receive queue full ({self.attr.max_recv_wr} receives posted "
+                            f"and not consumed, max_recv_wr)")
         self.recv_q.append(wr_id)
 
     @property

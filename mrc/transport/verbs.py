@@ -22,6 +22,13 @@ ACK_TIMEOUT_UNIT_NS: Final = 1024
 EXP_CNT_INFINITE: Final = 25
 #: The RNR wait doubles per retry of the same packet up to this many times its first value.
 RNR_BACKOFF_MAX: Final = 32
+#: The largest max_send_wr / max_recv_wr a QP takes (a ConnectX-class NIC's max_qp_wr is 32768).
+MAX_QUEUE_WR: Final = 1 << 16
+
+
+class QueueFull(ValueError):
+    """A post beyond the QP's max_send_wr / max_recv_wr: ibv_post_send / ibv_post_recv's ENOMEM. Nothing
+    was queued; post again once completions have been polled (sends) or messages consumed receives."""
 
 
 class Access(IntFlag):
@@ -206,6 +213,9 @@ class QpAttr:
     max_rx_msgs / rx_msg_timeout_ns: the responder tracks at most this many incomplete messages
     (0 = the MPR window, which bounds what a genuine requester can have open) and forgets one that
     placed no byte for a whole rx_msg_timeout_ns, releasing its receive reservation.
+    max_send_wr / max_recv_wr: `ibv_qp_cap`'s, which mrc_qp_init_attr carries: the send WRs posted and
+    not yet completed, and the receives posted and not yet consumed, that the QP holds; one more is
+    refused (`SendQueueFull`, ibv_post_send's ENOMEM) instead of growing the queue without bound.
     """
 
     timeout: int = 8
@@ -256,6 +266,8 @@ class QpAttr:
     mpr_dest: int = 0
     max_wimm_dest: int = 0xFFFF
     svc_time: bool = True
+    max_send_wr: int = 16384
+    max_recv_wr: int = 16384
 
     def check(self) -> None:
         if not isinstance(self.same_port_rack, bool):
@@ -298,6 +310,9 @@ class QpAttr:
             raise ValueError("ack_req_floor must be -1 (ack_coalesce x mtu) .. 1 GiB")
         if not -1 <= self.steer_delay_ns <= 1_000_000_000:
             raise ValueError("steer_delay_ns must be -1 (off) .. 1 s")
+        for name in ("max_send_wr", "max_recv_wr"):
+            if not 1 <= getattr(self, name) <= MAX_QUEUE_WR:
+                raise ValueError(f"{name} must be 1..{MAX_QUEUE_WR}")
 
     @property
     def ack_timeout_ns(self) -> int:

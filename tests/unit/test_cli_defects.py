@@ -53,6 +53,18 @@ def test_without_pyroute2_mrcctl_says_what_to_install(obj: str) -> None:
     assert (r.returncode, r.stderr) == (1, "") and json.loads(r.stdout) == {"error": HINT}
 
 
+def test_without_pyroute2_mrcd_says_what_to_install() -> None:
+    """The `mrcd` command (pyproject's script, `mrcd_entry.main`) was an import traceback: the daemon's
+    data-plane modules import pyroute2 when loaded."""
+    code = ("import sys\nsys.modules['pyroute2'] = None\nfrom mrc.ctl.mrcd_entry import main\n"
+            "sys.exit(main(['--help']))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", f"mrcd: error: {HINT}\n")
+    ok = subprocess.run([sys.executable, "-c", code.replace("sys.modules['pyroute2'] = None\n", "")],
+                        capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert ok.returncode == 0 and "--config" in ok.stdout
+
+
 def test_other_missing_modules_are_not_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
     """Only a dependency the hint names is turned into a line; any other missing module is a bug."""
     from mrc.ctl import cli

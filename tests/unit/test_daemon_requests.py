@@ -228,6 +228,7 @@ def test_a_client_that_never_reads_its_replies_stops_being_read_not_buffered_wit
     assert c.rbuf.count(b"\n") > 0  # read before the pause, answered after it
     got = b""
     for _ in range(500):  # the client reads; mrcd answers the rest in order as the replies drain
+        srv.begin_turn()  # each of mrcd's loop turns answers at most MAX_LINES_PER_TURN lines
         srv.on_io(c, selectors.EVENT_WRITE if c.paused else selectors.EVENT_READ)
         srv.flush()
         with contextlib.suppress(BlockingIOError):

@@ -18,9 +18,11 @@ from mrc.transport import (
     NsccConfig,
     QpAttr,
     QpState,
+    QueueFull,
     QueuePair,
     WcStatus,
 )
+from mrc.transport.engine import FIRST_QPN, MAX_QPN
 
 GA = bytes.fromhex("fd000000000000000000000000000001")
 GB = bytes.fromhex("fd000000000000000000000000000002")
@@ -232,3 +234,53 @@ def test_connect_takes_the_smaller_path_mtu_of_the_two_ends() -> None:
     doc = run_transfer(run)
     assert doc["completed"] and doc["bit_exact"]
     assert doc["data_packets"] == (1 << 20) // 2048
+
+
+def test_the_queues_are_bounded_by_max_send_wr_and_max_recv_wr() -> None:
+    """ibv_qp_cap's limits: a post beyond them is refused (ENOMEM), nothing is queued, and the QP takes
+    posts again once completions free the queue."""
+    a, b = Context(GA, ports=2, seed=1), Context(GB, ports=2, seed=2)
+    qs = []
+    for ctx in (a, b):
+        prof = ctx.create_ev_profile(count=8)
+        qs.append(ctx.create_qp(ctx.create_cq(), ev_profile=prof, attr=QpAttr(max_send_wr=2, max_recv_wr=1)))
+    qa, qb = qs
+    qa.connect(GB, qb.qpn)
+    qb.connect(GA, qa.qpn)
+    src, dst = np.arange(3 * 4096, dtype=np.uint32).view(np.uint8)[: 3 * 4096], np.zeros(3 * 4096, np.uint8)
+    smr, dmr = a.reg_mr(src), b.reg_mr(dst)
+    qb.post_recv(1)
+    with pytest.raises(QueueFull, match="receive queue full"):
+        qb.post_recv(2)
+    qa.post_send(1, smr, 0, 4096, dmr.addr, dmr.rkey)
+    qa.post_send(2, smr, 4096, 4096, dmr.addr + 4096, dmr.rkey)
+    with pytest.raises(QueueFull, match=r"send queue full .*max_send_wr"):
+        qa.post_send(3, smr, 8192, 4096, dmr.addr + 8192, dmr.rkey)
+    assert [w.wr_id for w in qa.wrs_out] == [1, 2]
+    _exchange(a, b, 0)
+    assert [w.wr_id for w in qa.send_cq.poll()] == [1, 2]
+    qa.post_send(3, smr, 8192, 4096, dmr.addr + 8192, dmr.rkey)  # room again
+    _exchange(a, b, 10_000_000)
+    assert [w.status for w in qa.send_cq.poll()] == [WcStatus.SUCCESS] and bytes(dst) == bytes(src)
+    for bad in (0, (1 << 16) + 1):
+        with pytest.raises(ValueError, match=r"max_send_wr must be 1\.\.65536"):
+            QpAttr(max_send_wr=bad).check()
+        with pytest.raises(ValueError, match=r"max_recv_wr must be 1\.\.65536"):
+            QpAttr(max_recv_wr=bad).check()
+
+
+def test_qp_numbers_wrap_around_and_skip_those_in_use() -> None:
+    """24-bit QPNs used to run out for good after 16.7 million create/destroy pairs (a client's loop
+    could end mrcd's ability to make QPs); they wrap to the first number, skipping live QPs."""
+    ctx, first = _ctx()
+    assert first.qpn == FIRST_QPN
+    prof = first.paths.profile
+    cq = first.send_cq
+    ctx._next_qpn = MAX_QPN
+    last = ctx.create_qp(cq, ev_profile=prof)
+    assert last.qpn == MAX_QPN
+    wrapped = ctx.create_qp(cq, ev_profile=prof)
+    assert wrapped.qpn == FIRST_QPN + 1  # FIRST_QPN is still in use
+    ctx.destroy_qp(first)
+    ctx._next_qpn = MAX_QPN
+    assert ctx.create_qp(cq, ev_profile=prof).qpn == FIRST_QPN  # MAX_QPN in use: wraps, takes the free one
