@@ -54,6 +54,9 @@ MAX_CLIENTS: Final = 256
 #: requests is served over several turns, between which the engine runs (its datagrams, timers), instead
 #: of holding the loop for seconds. Clients left with complete lines are served first next turn.
 MAX_LINES_PER_TURN: Final = 256
+#: ... and at most this many of them for one client, so that one pipelining client cannot take a whole
+#: turn's budget from the others (a client that sends one request gets its answer within the turn).
+MAX_LINES_PER_CLIENT: Final = 32
 #: After accept() fails for want of descriptors the listening socket rests this long (it stays readable
 #: while the connection waits in the backlog: retrying at once would spin the loop).
 ACCEPT_RETRY_S: Final = 0.05
@@ -220,10 +223,12 @@ class ControlServer:
         if self.accept_rest_until and time.monotonic() >= self.accept_rest_until and self.sock is not None:
             self.accept_rest_until = 0.0
             self.sel.register(self.sock, selectors.EVENT_READ, self)
-        for c in list(self.backlog.values()):
+        for key, c in list(self.backlog.items()):
             if self.budget <= 0:
                 break
             self._answer_lines(c)
+            if self.backlog.pop(key, None) is not None:  # lines left: to the back of the line
+                self.backlog[key] = c
 
     @property
     def busy(self) -> bool:
@@ -280,8 +285,9 @@ class ControlServer:
     def _answer_lines(self, c: Client) -> None:
         """Answer the complete lines in `c.rbuf`, in order, until none is left, the client's queued
         replies pass MAX_QUEUED_REPLY_BYTES (then the rest wait, unread, until it catches up) or the
-        turn's budget is spent (then it waits in `backlog` for the next turn)."""
+        turn's budget or the client's share of it is spent (then it waits in `backlog`)."""
         key = c.sock.fileno()
+        quota = MAX_LINES_PER_CLIENT
         while True:
             if len(c.wbuf) > MAX_QUEUED_REPLY_BYTES:
                 if not c.paused:
@@ -290,7 +296,7 @@ class ControlServer:
                     self.sel.modify(c.sock, selectors.EVENT_WRITE, c)
                 return
             i = c.rbuf.find(b"\n")
-            if i >= 0 and self.budget <= 0:
+            if i >= 0 and (self.budget <= 0 or quota <= 0):
                 self.backlog[key] = c
                 return
             if i < 0:
@@ -308,6 +314,7 @@ class ControlServer:
                 c.skipping = False
                 continue
             self.budget -= 1
+            quota -= 1
             self.request(c, line)
             if c.sock.fileno() < 0:
                 self.backlog.pop(key, None)

@@ -221,7 +221,11 @@ def test_a_client_that_never_reads_its_replies_stops_being_read_not_buffered_wit
     sk.setblocking(False)
     lines = b"".join(b'{"id":%d,"op":"qp_show"}\n' % i for i in range(2000))
     sent = sk.send(lines)
-    srv.on_io(c, selectors.EVENT_READ)  # no flush: this client has not read a byte
+    for _ in range(200):  # loop turns without a flush: this client has not read a byte
+        srv.begin_turn()
+        srv.on_io(c, selectors.EVENT_READ)
+        if c.paused:
+            break
     assert c.paused and srv.paused_total == 1
     assert 4096 < len(c.wbuf) < 4096 + 64  # stopped at the first reply past the bound
     assert srv.sel.get_key(c.sock).events == selectors.EVENT_WRITE  # its requests are left unread
