@@ -7,6 +7,8 @@
  * plane port, MACs, outer source and micro-SID container. The program pushes the outer IPv6 header
  * (flow label = EV index, ECN = ECT(0)), writes UDP source port 0xC000 | EV, rewrites the MACs and
  * redirects the packet to the plane port. Unknown (destination, EV): counted drop, never sent plain.
+ * A datagram shorter than its headers say (or whose IPv6/UDP length says more than the packet holds):
+ * counted drop (truncated), never sent onto the fabric.
  * Anything that is not UDP 4791 passes (and ends in the dummy device).
  */
 #include <uapi/linux/bpf.h>
@@ -54,6 +56,12 @@ int host_egress(struct __sk_buff *skb)
 		return TC_ACT_OK; /* not MRC: untouched */
 
 	__u64 cookie = bpf_get_netns_cookie(skb);
+	/* The headers below are read from the packet; the datagram's own lengths must hold them too. Neither
+	 * length may say more than the packet holds (len >= 62 here: the linear part holds the UDP header). */
+	__u32 ip_plen = mrc_be16(ip6 + 4);
+	__u32 udp_len = mrc_be16(udp + 4);
+	if (ip_plen > len - MRC_ETH_HLEN - MRC_IP6_HLEN || udp_len > ip_plen)
+		return drop(cookie, MRC_DROP_TRUNCATED, len);
 	__u8 *bth = udp + MRC_UDP_HLEN;
 	if (bth + MRC_BTH_LEN > end)
 		return drop(cookie, MRC_DROP_TRUNCATED, len);
@@ -65,6 +73,14 @@ int host_egress(struct __sk_buff *skb)
 		return drop(cookie, MRC_DROP_TRUNCATED, len);
 	if (mxh[0] != MRC_MXH_VERSION)
 		return drop(cookie, MRC_DROP_BAD_VERSION, len);
+	/* A datagram shorter than what its headers announce (MRC headers, a data packet's payload of RETH's
+	 * DMA length and its pad, the ICRC) was encapsulated and sent, routed on an EV index that could lie
+	 * past its end, for the receiver to drop: it never leaves the host. */
+	__u64 need = MRC_UDP_HLEN + off + MRC_MXH_LEN + MRC_ICRC_LEN;
+	if (mrc_is_data(bth[0]))
+		need += (__u64)mrc_be32(bth + MRC_BTH_LEN + 12) + ((bth[1] >> 4) & 3);
+	if ((__u64)udp_len < need)
+		return drop(cookie, MRC_DROP_TRUNCATED, len);
 	__u32 ev = mrc_be16(mxh + MRC_MXH_OFF_EV_INDEX);
 	if (ev >> MRC_EV_INDEX_BITS) /* no EV has an index that wide: no path (it used to alias a lower one) */
 		return drop(cookie, MRC_DROP_NO_PATH, len);

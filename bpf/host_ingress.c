@@ -2,11 +2,12 @@
 /*
  * host_ingress - XDP on each plane port of a host (docs/design.md §5, docs/dataplane.md).
  *
- * For IPv6-in-IPv6 / UDP 4791 (MRC on the fabric): checks every header and length against the frame,
- * the BTH TVer and MXH version, the opcode, and (when the port says so) that DestQP is in the allowed-QP
- * map; drops what fails, counted per (port, reason). Counts packets, bytes, ECN-CE and trimmed per
- * (port, EV bucket); copies an outer CE into an ECT inner header (RFC 6040); then either passes the
- * packet to the kernel (End.DT6 decapsulates) or strips the outer header here (MRC_PORT_F_XDP_DECAP).
+ * For IPv6-in-IPv6 / UDP 4791 (MRC on the fabric): checks that it is addressed to a known port's MAC,
+ * every header and length against the frame, the BTH TVer and MXH version, the opcode, and (when the
+ * port says so) that DestQP is in the allowed-QP map; drops what fails, counted per (port, reason).
+ * Counts packets, bytes, ECN-CE and trimmed per (port, EV bucket); copies an outer CE into an ECT inner
+ * header (RFC 6040); then either passes the packet to the kernel (End.DT6 decapsulates) or strips the
+ * outer header here (MRC_PORT_F_XDP_DECAP).
  * Everything else (ICMPv6 probes, kernel traffic) passes untouched.
  *
  * Loaded with BPF_F_XDP_HAS_FRAGS (veth refuses plain XDP at MTU 9000): headers are read from the
@@ -98,7 +99,13 @@ int host_ingress(struct xdp_md *ctx)
 	if (mrc_be16(udp + 2) != MRC_UDP_PORT)
 		return XDP_PASS;
 
-	/* MRC from here on: every length must agree with the frame */
+	/* MRC from here on. Its fabric sends it to a port's own MAC; to any other (broadcast, multicast, a
+	 * stale or foreign unicast) no port can be named, so no port's QP filter or decapsulation would apply,
+	 * while the stack takes a group-addressed frame and End.DT6 delivers it to the MRC socket: dropped,
+	 * under port id 0 ("unknown"; counters.unknown_port_rx_drops reads it). */
+	if (!pi)
+		return drop(0, MRC_DROP_BAD_IP, len);
+	/* every length must agree with the frame */
 	__u32 avail = len - MRC_ETH_HLEN - MRC_IP6_HLEN; /* len >= 102 here */
 	__u32 outer_plen = mrc_be16(outer + 4);
 	if (outer_plen > avail)

@@ -7,10 +7,11 @@
  * namespace cookie is no key here: a forwarded skb may still carry the sending host's socket):
  *   - faults: blackhole, or drop with a probability; optionally only packets of one EV (outer flow label);
  *   - a virtual queue: a token bucket drained at the port's rate. Above ecn_k queued bytes an ECN-capable
- *     packet is marked CE; above trim_t an MRC data packet is cut to the end of MXH (TRIMMED and PRIO set,
- *     outer and inner IPv6 payload lengths and UDP length fixed, UDP checksum 0, high skb priority);
- *     a packet (trimmed or not) that does not fit in buffer is dropped. Order of load: marks, then trims,
- *     then drops (trimmed headers overflow the buffer only far beyond the trimming threshold).
+ *     packet is marked CE; above trim_t an MRC data packet (of MRC's versions: see trimmable()) is cut to
+ *     the end of MXH (TRIMMED and PRIO set, outer and inner IPv6 payload lengths and UDP length fixed,
+ *     UDP checksum 0, high skb priority); a packet (trimmed or not) that does not fit in buffer is
+ *     dropped. Order of load: marks, then trims, then drops (trimmed headers overflow the buffer only far
+ *     beyond the trimming threshold).
  * One action per packet, counted per (port, action). Ports without configuration pass everything.
  */
 #include <uapi/linux/bpf.h>
@@ -39,7 +40,11 @@ static __always_inline int act(__u32 port, __u32 action, __u32 len)
 	return action >= MRC_SW_DROP_BUFFER ? TC_ACT_SHOT : TC_ACT_OK;
 }
 
-/* Header length (BTH to end of MXH) if this is an untrimmed MRC data packet in IPv6-in-IPv6, else 0. */
+/* Header length (BTH to end of MXH) if this is an untrimmed MRC data packet in IPv6-in-IPv6, else 0.
+ * MRC's, by every version field (IPv6 6 outside and inside, BTH TVer 0, MXH version 1): where a trim
+ * cuts and which flag bits it sets are version 1's layout, so a packet of another version (or not IPv6)
+ * is never cut; it is forwarded like any other traffic and the receiver's host_ingress drops it by
+ * reason (bad_version, bad_ip). */
 static __always_inline __u32 trimmable(struct __sk_buff *skb)
 {
 	__u8 *data = (void *)(long)skb->data;
@@ -50,9 +55,11 @@ static __always_inline __u32 trimmable(struct __sk_buff *skb)
 	__u8 *bth = udp + MRC_UDP_HLEN;
 	if (bth + MRC_BTH_LEN > end)
 		return 0;
+	if (mrc_ip6_version(outer) != 6 || mrc_ip6_version(inner) != 6)
+		return 0;
 	if (outer[6] != MRC_NH_IPV6 || inner[6] != MRC_NH_UDP || mrc_be16(udp + 2) != MRC_UDP_PORT)
 		return 0;
-	if (!mrc_is_data(bth[0]))
+	if (!mrc_is_data(bth[0]) || (bth[1] & 0x0F)) /* BTH TVer */
 		return 0;
 	int off = mrc_mxh_off(bth[0]);
 	if (off < 0)
@@ -60,7 +67,7 @@ static __always_inline __u32 trimmable(struct __sk_buff *skb)
 	__u8 *mxh = bth + off;
 	if (mxh + MRC_MXH_LEN > end)
 		return 0;
-	if (mxh[MRC_MXH_OFF_FLAGS] & MRC_MXH_F_TRIMMED)
+	if (mxh[0] != MRC_MXH_VERSION || (mxh[MRC_MXH_OFF_FLAGS] & MRC_MXH_F_TRIMMED))
 		return 0;
 	return off + MRC_MXH_LEN;
 }

@@ -273,6 +273,13 @@ def _dataplane(h: str, hs: dict[str, Any]) -> Iterator[Metric]:
         got = row.get("rx_drops", {})
         for r in INGRESS_DROP_REASONS:
             idrops.add_metric([h, str(plane), r.label], got.get(r.label, 0))
+    if "rx_drops_unknown_port" in hs:
+        # frames host_ingress could name no port for (a MAC that is no port's: broadcast, multicast, a
+        # stale or foreign unicast; frames too short for Ethernet): plane "unknown". Only where the
+        # program is this mrcd's own (a host configuration); a testbed's serves every host
+        got = hs["rx_drops_unknown_port"]
+        for r in INGRESS_DROP_REASONS:
+            idrops.add_metric([h, "unknown", r.label], got.get(r.label, 0))
     yield from fams.values()
     yield idrops
     # host_egress counts per host: it drops before it has a path (no_path, malformed) or without telling

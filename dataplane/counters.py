@@ -66,3 +66,17 @@ def tx_drops(egress: Program, host_id: int | None) -> dict[str, int]:
             if d.packets:
                 drops[r.label] = d.packets
     return drops
+
+
+def unknown_port_rx_drops(ingress: Program | None) -> dict[str, int]:
+    """host_ingress's drops it could name no port for (port id 0), by reason (only the reasons that
+    happened): frames too short for an Ethernet header (`truncated`) and MRC frames sent to a MAC that
+    is no port's (`bad_ip`: broadcast, multicast, a stale or foreign unicast). One program serves one
+    mrcd, so there they are the host's; a testbed's program serves all of its hosts."""
+    drops: dict[str, int] = {}
+    if ingress is not None:
+        for r in abi.DropReason:
+            d = ingress.maps["mrc_ingress_drops"].total(_u32(r))
+            if d.packets:
+                drops[r.label] = d.packets
+    return drops

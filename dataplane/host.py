@@ -373,6 +373,8 @@ class HostDataplane:
         out: dict[str, Any] = {"planes": planes}
         if self.egress is not None:
             out["tx_drops"] = counters.tx_drops(self.egress, self._find_host(self.egress))
+        if self.ingress is not None:  # this mrcd's own program: what it could name no port for is ours
+            out["rx_drops_unknown_port"] = counters.unknown_port_rx_drops(self.ingress)
         return out
 
     def _find_host(self, prog: Program) -> int | None:

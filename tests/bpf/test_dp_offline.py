@@ -8,12 +8,12 @@ from __future__ import annotations
 import ctypes as ct
 import ipaddress
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from mrc import wire
-from mrc.dataplane import abi, bpfsys
+from mrc.dataplane import abi, bpfsys, counters
 from mrc.dataplane.bpf import Program, netns_cookie
 from mrc.wire import ip
 
@@ -231,6 +231,40 @@ def test_ingress_drops_tunnels_behind_extension_headers(ingress: Program) -> Non
         m.set(key, orig)
 
 
+def test_ingress_drops_mrc_for_a_mac_no_port_has(ingress: Program) -> None:
+    """The port is found by the frame's destination MAC. MRC to a MAC no port has (broadcast, multicast,
+    a stale or foreign unicast) used to be checked as port id 0 with no flags and passed: past the
+    port's QP filter (the stack takes a group-addressed frame, End.DT6 delivers it to the socket), its
+    drops in a row nothing read. It is dropped as bad_ip under port id 0, which
+    `counters.unknown_port_rx_drops` reads; the port's own row does not move. Other traffic to such a
+    MAC (neighbour discovery) still passes."""
+    m = ingress.maps["mrc_in_ports"]
+    key = abi.mac_key(PORT_MAC)
+    orig = m.get(key)
+    try:
+        v = m.get(key)
+        v.flags = int(abi.PortFlag.QP_FILTER)
+        m.set(key, v)
+        foreign = fabric_frame(mrc_write(dqpn=77))
+        assert bpfsys.test_run(ingress.prog_fd, foreign)[0] == XDP_DROP  # the port's filter works
+        for mac in ("ff:ff:ff:ff:ff:ff", "33:33:00:00:00:01", "02:aa:00:00:00:99"):
+            for frame in (foreign, GOOD, patch(GOOD, _reth_mxh(GOOD), "!B", 2)):
+                to_mac = ip.mac6(mac) + frame[6:]
+                before, before0 = drops(ingress), counters.unknown_port_rx_drops(ingress)
+                rc, _o, _ = bpfsys.test_run(ingress.prog_fd, to_mac)
+                assert rc == XDP_DROP, mac
+                assert drops(ingress) == before, mac
+                after0 = counters.unknown_port_rx_drops(ingress)
+                assert {k: after0[k] - before0.get(k, 0) for k in after0
+                        if after0[k] != before0.get(k, 0)} == {"bad_ip": 1}, mac
+        nd = ip.ether("33:33:ff:00:00:01", PEER_MAC, ip.pack_ipv6(SRC.packed, DST.packed, 8, 58) + bytes(8))
+        before0 = counters.unknown_port_rx_drops(ingress)
+        rc, out, _ = bpfsys.test_run(ingress.prog_fd, nd)
+        assert rc == XDP_PASS and out == nd and counters.unknown_port_rx_drops(ingress) == before0
+    finally:
+        m.set(key, orig)
+
+
 # -------------------------------------------------------------------------------------------- egress
 
 
@@ -286,6 +320,110 @@ def test_egress_pushes_outer_header_and_redirects(programs: dict[str, Program]) 
         prog.maps["mrc_hosts"].delete(ct.c_uint64(cookie))
 
 
+def _plain(mrc: bytes) -> bytes:
+    """An MRC datagram as the engine's socket hands it to mrc0 (lengths from `mrc`)."""
+    return ip.ether("00:00:00:00:00:00", "00:00:00:00:00:00", ip.ipv6_udp(SRC.packed, DST.packed, 40000, mrc))
+
+
+def _sack(ev: int) -> bytes:
+    buf = bytearray(256)
+    n = wire.build_sack(buf, CTX, dqpn=5, psn=1, ev_index=ev, cum_psn=1, bitmap=1, echo_ev_index=2,
+                        echo_timestamp_ns=7)
+    return bytes(buf[:n])
+
+
+PLAIN_UDP = 14 + 40
+EV_SHORT = 12
+
+
+def _write_plain() -> bytes:
+    return _plain(mrc_write(ev=EV_SHORT))
+
+
+def _lengths(frame: bytes, ip_plen: int, udp_len: int) -> bytes:
+    """`frame` with its IPv6 payload length and UDP length replaced."""
+    return patch(patch(frame, 14 + 4, "!H", ip_plen), PLAIN_UDP + 4, "!H", udp_len)
+
+
+GOOD_PLAIN: dict[str, Callable[[], bytes]] = {
+    "write": _write_plain,
+    "write_imm": lambda: _plain(mrc_write(ev=EV_SHORT, imm=0x77, payload=b"q" * 33)),
+    "empty write": lambda: _plain(mrc_write(ev=EV_SHORT, payload=b"")),
+    "sack": lambda: _plain(_sack(EV_SHORT)),
+}
+SHORT_PLAIN: dict[str, Callable[[], bytes]] = {
+    # lengths that agree with the packet, but a datagram shorter than what its headers announce
+    "write cut after MXH": lambda: _plain(mrc_write(ev=EV_SHORT)[:12 + 16 + 24]),
+    "write_imm cut after MXH": lambda: _plain(mrc_write(ev=EV_SHORT, imm=1)[:12 + 20 + 24]),
+    "write payload shorter than its DMA length": lambda: _plain(mrc_write(ev=EV_SHORT)[:-4 - 50]),
+    "write without its ICRC": lambda: _plain(mrc_write(ev=EV_SHORT)[:-4]),
+    "control cut after MXH": lambda: _plain(_sack(EV_SHORT)[:12 + 24]),
+    "control MXH and 3 bytes": lambda: _plain(_sack(EV_SHORT)[:12 + 24 + 3]),
+    # length fields that say more than the packet holds
+    "IPv6 payload length beyond the packet": lambda: _write_plain()[:-10],
+    "UDP length beyond the IPv6 payload": lambda: patch(_write_plain(), PLAIN_UDP + 4, "!H",
+                                                        len(_write_plain()) - PLAIN_UDP + 8),
+    # length fields that end the datagram before the headers the program routes on
+    "datagram ends before MXH": lambda: _lengths(_write_plain(), 8 + 12, 8 + 12),
+    "empty UDP datagram, MRC bytes after it": lambda: _lengths(_write_plain(), 8, 8),
+}
+
+
+@pytest.fixture()
+def egress_path(programs: dict[str, Program]) -> Iterator[tuple[Program, int, int]]:
+    """host_egress with a host id for this namespace and a path for (DST, EV_SHORT): (program, host id,
+    port id)."""
+    prog = programs["host_egress"]
+    cookie = netns_cookie(None)
+    hid = prog.allocate_id("host", "offline/eg-short")
+    pid = prog.allocate_id("port", "offline/eg-short")
+    prog.maps["mrc_hosts"].set(ct.c_uint64(cookie), ct.c_uint32(hid))
+    key = abi.PathKey(netns_cookie=cookie, ev_index=EV_SHORT)
+    key.dst[:] = list(DST.packed)
+    e = abi.PathEntry(ifindex=1, port_id=pid, plane=1)
+    e.src[:] = list(OUTER_SRC.packed)
+    e.container[:] = list(CONTAINER.packed)
+    prog.maps["mrc_paths"].set(key, e)
+    try:
+        yield prog, hid, pid
+    finally:
+        prog.maps["mrc_paths"].delete(key)
+        prog.maps["mrc_hosts"].delete(ct.c_uint64(cookie))
+
+
+def _egress_drops(prog: Program, hid: int) -> dict[str, int]:
+    return {r.label: prog.maps["mrc_egress_drops"].total(ct.c_uint32(hid * abi.DROP_MAX + r)).packets
+            for r in abi.DropReason}
+
+
+@pytest.mark.parametrize("case", list(GOOD_PLAIN))
+def test_egress_sends_whole_packets(egress_path: tuple[Program, int, int], case: str) -> None:
+    prog, hid, pid = egress_path
+    before = _egress_drops(prog, hid)
+    tx0 = prog.maps["mrc_egress_tx"].total(ct.c_uint32(pid)).packets
+    assert bpfsys.test_run(prog.prog_fd, GOOD_PLAIN[case]())[0] == TC_ACT_REDIRECT
+    assert _egress_drops(prog, hid) == before
+    assert prog.maps["mrc_egress_tx"].total(ct.c_uint32(pid)).packets == tx0 + 1
+
+
+@pytest.mark.parametrize("case", list(SHORT_PLAIN))
+def test_egress_drops_short_packets_as_truncated(egress_path: tuple[Program, int, int], case: str) -> None:
+    """host_egress checked the headers it reads against the linear data only, never against the
+    datagram's own lengths: a datagram shorter than its MRC headers, its payload (RETH's DMA length)
+    and ICRC, or whose IPv6/UDP length says more than the packet holds, was encapsulated and sent onto
+    the fabric (routed on an EV index that could lie past the datagram's end) for every receiver to
+    drop. It is now dropped before it leaves, counted `truncated`."""
+    prog, hid, pid = egress_path
+    frame = SHORT_PLAIN[case]()
+    before = _egress_drops(prog, hid)
+    tx0 = prog.maps["mrc_egress_tx"].total(ct.c_uint32(pid)).packets
+    rc, _out, _ = bpfsys.test_run(prog.prog_fd, frame)
+    after = _egress_drops(prog, hid)
+    assert rc == TC_ACT_SHOT, case
+    assert {k: after[k] - before[k] for k in after if after[k] != before[k]} == {"truncated": 1}
+    assert prog.maps["mrc_egress_tx"].total(ct.c_uint32(pid)).packets == tx0
+
+
 # -------------------------------------------------------------------------------------------- switch
 
 
@@ -322,5 +460,57 @@ def test_switch_trims_to_mxh_and_fixes_lengths(programs: dict[str, Program]) -> 
                 for a in abi.SwitchAction}
         assert acts == {"forward": 0, "ecn_mark": 1, "trim": 2, "drop_buffer": 1, "drop_fault": 0,
                         "drop_blackhole": 0}
+    finally:
+        prog.maps["mrc_sw_ports"].delete(key)
+
+
+def _mxh(frame: bytes) -> int:
+    """Where MXH starts in a fabric frame (after RETH, or RETH and ImmDt)."""
+    return BTH + wire.header_len(frame[BTH]) - 24
+
+
+VERSIONS: dict[str, Callable[[bytes], bytes]] = {
+    "MXH version 2": lambda f: patch(f, _mxh(f), "!B", 2),
+    "MXH version 0": lambda f: patch(f, _mxh(f), "!B", 0),
+    "BTH TVer 1": lambda f: patch(f, BTH + 1, "!B", f[BTH + 1] | 0x01),
+    "inner IP version 4": lambda f: patch(f, INNER, "!B", 0x40 | (f[INNER] & 0x0F)),
+    "outer IP version 5": lambda f: patch(f, OUTER, "!B", 0x50 | (f[OUTER] & 0x0F)),
+}
+
+
+@pytest.mark.parametrize("case", list(VERSIONS))
+def test_switch_never_trims_another_version(programs: dict[str, Program], case: str) -> None:
+    """switch_port cut any WRITE to the end of a version-1 MXH and set version 1's TRIMMED and PRIO
+    bits, whatever its BTH TVer, MXH version or IP versions: a header of another version was cut and
+    rewritten as if it were MRC's (and counted a trim the receiver never saw). Such a packet is not
+    trimmed: it is forwarded untouched like any other traffic (the receiver's host_ingress drops it as
+    bad_version / bad_ip, counted); a switch counts actions, not drop reasons."""
+    prog = programs["switch_port"]
+    pid = prog.allocate_id("port", "offline/sw-ver")
+    key = abi.mac_key(PEER_MAC)
+    prog.maps["mrc_sw_ports"].set(key, abi.SwPort(port_id=pid, rate_bps=8, ecn_k=1000, trim_t=10000,
+                                                  buffer=10**6))
+    try:
+        def acts() -> dict[str, int]:
+            return {a.label: prog.maps["mrc_sw_actions"].total(ct.c_uint32(pid * abi.SW_ACT_MAX + a)).packets
+                    for a in abi.SwitchAction}
+
+        for imm in (None, 0x55):
+            good = fabric_frame(mrc_write(imm=imm, payload=b"z" * 3000), ecn=ip.ECN_NOT_ECT)
+            # above T: the version-1 packet is trimmed ...
+            prog.maps["mrc_sw_vq"].set(ct.c_uint32(pid), abi.Vq(last_ns=2**63, backlog=20000))
+            before = acts()
+            rc, out, _ = bpfsys.test_run(prog.prog_fd, good)
+            assert rc == TC_ACT_OK and len(out) < len(good)
+            assert acts()["trim"] == before["trim"] + 1
+            # ... the same packet of another version, at the same backlog, leaves as it came
+            frame = VERSIONS[case](good)
+            prog.maps["mrc_sw_vq"].set(ct.c_uint32(pid), abi.Vq(last_ns=2**63, backlog=20000))
+            before = acts()
+            rc, out, _ = bpfsys.test_run(prog.prog_fd, frame)
+            after = acts()
+            assert rc == TC_ACT_OK, (case, imm)
+            assert out == frame, (case, imm)
+            assert {k: after[k] - before[k] for k in after if after[k] != before[k]} == {"forward": 1}
     finally:
         prog.maps["mrc_sw_ports"].delete(key)

@@ -60,6 +60,7 @@ class FakeFabric:
                            "rx_bytes": 500, "rx_ce": 1, "rx_trimmed": 2, "rx_drops": {"foreign_qpn": 4 + p}}
                        for p in range(planes)}
         self.tx_drops = {"no_path": 7}
+        self.unknown_port: dict[str, int] | None = None  # a testbed's shared program: not the host's
         self.egress = SimpleNamespace(record_path=tmp / "host_egress.json", maps={})
         self.ingress = SimpleNamespace(record_path=tmp / "host_ingress.json", maps={})
         for prog in (self.egress, self.ingress):
@@ -94,7 +95,10 @@ class Source:
                                         ((1_000_000, 10_000_000), (5, 2, 1), 40_000_000), (2, 5)))
 
     def host_stats(self) -> dict[str, Any]:
-        return {"planes": self.fd.planes, "tx_drops": self.fd.tx_drops}
+        out = {"planes": self.fd.planes, "tx_drops": self.fd.tx_drops}
+        if self.fd.unknown_port is not None:
+            out["rx_drops_unknown_port"] = self.fd.unknown_port
+        return out
 
     def attached(self) -> dict[str, bool]:
         return dataplane_attached(self.fd.egress, self.fd.ingress, "tb", self.host)
@@ -191,6 +195,22 @@ def test_drops_carry_their_plane_or_none_and_every_reason_starts_at_zero(tmp_pat
     d.engine.ctx.receive(b"\x00" * 4, 0)
     fams, _ = _scrape(d)
     assert _value(fams, "mrc_engine_drops", "mrc_engine_drops_total", reason="truncated") == 1
+
+
+def test_drops_of_frames_for_no_port_are_exported_under_plane_unknown(tmp_path: Path) -> None:
+    """host_ingress drops an MRC frame sent to a MAC that is no port's (it used to pass it, past the
+    port's QP filter) in row 0, which no port's row reads: a host's mrcd exports them as plane
+    "unknown", every reason from zero; a testbed's mrcd, whose program serves every host, does not."""
+    d = _daemon(tmp_path)
+    fams, _ = _scrape(d)
+    ing = [s for s in fams["mrc_ingress_drops"].samples if s.name.endswith("_total")]
+    assert "unknown" not in {s.labels["plane"] for s in ing}
+    d.fd.unknown_port = {"bad_ip": 3}
+    fams, _ = _scrape(d)
+    ing = [s for s in fams["mrc_ingress_drops"].samples if s.name.endswith("_total")]
+    assert {s.labels["reason"] for s in ing if s.labels["plane"] == "unknown"} == {
+        r.label for r in INGRESS_DROP_REASONS}
+    assert _value(fams, "mrc_ingress_drops", "mrc_ingress_drops_total", plane="unknown", reason="bad_ip") == 3
 
 
 def _actions(fams: dict[str, Any]) -> dict[str, float]:
