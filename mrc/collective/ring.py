@@ -60,6 +60,13 @@ COMPRESSIONS = ("none", *SCHEMES)
 PARTIAL_SUMS = ("naive", "aware", "measured")
 ALGORITHMS = ("ring", "oneshot")
 
+#: What a codec hop sends instead of frames when the segment it would encode holds a NaN or an infinity
+#: (which the codec refuses): every later hop forwards it, and every rank's result for that segment is NaN.
+#: A non-finite gradient so reaches every rank, as an uncompressed ring's sum carries it -- torch's
+#: GradScaler looks for exactly that to skip the step -- instead of one rank raising while the others wait
+#: for it. Never a valid message: frame.join's first word would claim a frame of ~760 MB in 16 bytes.
+NONFINITE: bytes = b"MRC-NONFINITE\x00\x00\x00"
+
 _TAG_RS = 1 << 20
 _TAG_AG = 2 << 20
 _TAG_ONESHOT = 3 << 20
@@ -179,11 +186,11 @@ def allreduce(t: Transport, x: npt.ArrayLike, cfg: Config, step: int = 0, residu
     elif cfg.scheme == "none":
         res = _ring(t, a, cfg, step, _RawChunks(), residual, out)
     elif cfg.partial_sums == "naive":
-        res = _ring(t, a, cfg, step, _CodecChunks(cfg, step), residual, out)
+        res = _ring(t, a, cfg, step, _FiniteGuard(_CodecChunks(cfg, step)), residual, out)
     elif cfg.partial_sums == "aware":
-        res = _ring(t, a, cfg, step, _ScheduledChunks(cfg, step, n), residual, out)
+        res = _ring(t, a, cfg, step, _FiniteGuard(_ScheduledChunks(cfg, step, n)), residual, out)
     else:
-        res = _ring(t, a, cfg, step, _MeasuredChunks(cfg, step, n), residual, out)
+        res = _ring(t, a, cfg, step, _FiniteGuard(_MeasuredChunks(cfg, step, n)), residual, out)
     if cfg.average:
         res.out /= np.float32(n)
     return res
@@ -425,6 +432,54 @@ class _MeasuredChunks(_CodecChunks):
         return tuple(float(np.mean(self.used[k])) if k in self.used else 0.0 for k in range(1, n + 1))
 
 
+def _is_nonfinite(msg: Message) -> bool:
+    return len(msg) == len(NONFINITE) and bytes(msg) == NONFINITE
+
+
+def _finite(a: F32) -> bool:
+    return bool(np.isfinite(a).all())
+
+
+class _FiniteGuard(_Chunks):
+    """A codec strategy with non-finite segments carried as NONFINITE (module constant's doc) rather than
+    refused: a hop whose incoming message is NONFINITE or whose own segment is not finite sends NONFINITE;
+    NONFINITE decodes to NaN. Finite segments go through the wrapped strategy unchanged (same bytes)."""
+
+    def __init__(self, inner: _Chunks) -> None:
+        self.inner = inner
+
+    @property  # type: ignore[override]
+    def sizes(self) -> dict[int, list[int]]:
+        return self.inner.sizes
+
+    @sizes.setter
+    def sizes(self, value: dict[int, list[int]]) -> None:
+        self.inner.sizes = value
+
+    def pack(self, c: int, i: int, seg: F32, k: int) -> Message:
+        return self.inner.pack(c, i, seg, k) if _finite(seg) else NONFINITE
+
+    def unpack(self, c: int, i: int, msg: Message, k: int) -> F32:
+        if _is_nonfinite(msg):
+            return np.full(self.inner.sizes[c][i], np.nan, np.float32)
+        return self.inner.unpack(c, i, msg, k)
+
+    def unpack_into(self, c: int, i: int, msg: Message, k: int, into: F32) -> F32:
+        if _is_nonfinite(msg):
+            into[...] = np.nan
+            return into
+        return self.inner.unpack_into(c, i, msg, k, into)
+
+    def advance(self, c: int, i: int, msg: bytes, own: F32, k: int,
+                want_sum: bool) -> tuple[Message, F32 | None]:
+        if _is_nonfinite(msg) or not _finite(own):
+            return NONFINITE, (np.full(own.size, np.nan, np.float32) if want_sum else None)
+        return self.inner.advance(c, i, msg, own, k, want_sum)
+
+    def bits(self, n: int) -> tuple[float, ...]:
+        return self.inner.bits(n)
+
+
 def send_window(t: Transport) -> int:
     """How many messages a rank may have posted to one peer, not yet consumed there, without `send`
     blocking (a transport's `send_window` attribute; 1 when it does not say: the safe assumption)."""
@@ -532,6 +587,8 @@ def _ring(t: Transport, a: F32, cfg: Config, step: int, rep: _Chunks, want_resid
     rvec = None
     if want_residual:
         rvec = np.concatenate([_join(resid[c], len(sizes[c])) for c in range(n)])
+        # a NONFINITE segment leaves nothing meaningful out: error feedback must not carry NaN onward
+        np.nan_to_num(rvec, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
     return Result(out.astype(np.float32, copy=False), io.bytes, io.messages, rep.bits(n), rvec)
 
 
@@ -562,6 +619,8 @@ def _oneshot(t: Transport, a: F32, cfg: Config, step: int, want_residual: bool) 
     def enc(rank: int) -> bytes:
         if cfg.scheme == "none":
             return a.tobytes()
+        if not _finite(a):
+            return NONFINITE
         return frame.join([encode(a[o : o + size], cfg.scheme, cfg.bits,
                                   seed=derive_seed(cfg.seed, step, 4, rank, i, *((j,) if j else ())))
                            for o, size, i, j in layout])
@@ -573,6 +632,8 @@ def _oneshot(t: Transport, a: F32, cfg: Config, step: int, want_residual: bool) 
                 raise UsageError(f"one-shot buffer of {raw.size} elements received where {a.size} were "
                                  f"expected")
             return raw.astype(np.float64)
+        if _is_nonfinite(msg):
+            return np.full(a.size, np.nan)
         out = np.empty(a.size, np.float64)
         for (o, size, i, j), f in zip(layout, frame.split(msg, len(layout)), strict=True):
             part = np.asarray(decode(f), np.float64).reshape(-1)
@@ -584,7 +645,10 @@ def _oneshot(t: Transport, a: F32, cfg: Config, step: int, want_residual: bool) 
 
     msg = enc(r)
     total = dec(msg)
-    rvec = (a - total).astype(np.float32) if want_residual else None
+    rvec = None
+    if want_residual:
+        rvec = (a - total).astype(np.float32)
+        np.nan_to_num(rvec, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
     for s in range(n - 1):
         io.send(right, _TAG_ONESHOT + s, msg)
         msg = t.recv(left, _TAG_ONESHOT + s)

@@ -1,8 +1,9 @@
 """One rank of the DDP-hook training test (tests/unit/test_ddp_hook.py): trains the same small model
 three times, with DDP's own all-reduce, with mrc_hook, and with mrc_hook and error feedback, and writes
-the loss curves as JSON.
+the loss curves as JSON. With BITS `amp`: fp16 autocast and a GradScaler that starts far too high, with
+DDP's all-reduce, with mrc_hook and with error feedback; writes the scale after every step.
 
-    python _ddp_worker.py RANK WORLD PORT OUT.json BITS
+    python _ddp_worker.py RANK WORLD PORT OUT.json BITS|amp
 """
 
 from __future__ import annotations
@@ -53,12 +54,50 @@ def train(rank: int, hook: MrcHookState | None) -> list[float]:
     return losses
 
 
+def train_amp(rank: int, hook: MrcHookState | None, steps: int = 6) -> tuple[list[float], bool]:
+    """The GradScaler's scale after each step (it halves on every step whose gradients hold an inf or a
+    NaN, skipping it) and whether the parameters stayed finite."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 1))
+    ddp = DDP(model)
+    if hook is not None:
+        ddp.register_comm_hook(hook, mrc_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**24)
+    g = torch.Generator().manual_seed(rank)
+    scales = []
+    for _ in range(steps):
+        xb, yb = torch.randn(32, 16, generator=g) * 100, torch.randn(32, 1, generator=g)
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = nn.functional.mse_loss(ddp(xb), yb)
+        cast(Any, scaler.scale(loss)).backward()
+        scaler.step(opt)
+        scaler.update()
+        scales.append(float(scaler.get_scale()))
+    return scales, all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+def main_amp(rank: int, out: str) -> None:
+    doc: dict[str, Any] = {"base": train_amp(rank, None)}
+    doc["hook"] = train_amp(rank, MrcHookState(bits=4, scheme="eden-unbiased", seed=3, start_iter=0))
+    ef = MrcHookState(bits=4, scheme="eden-unbiased", seed=4, start_iter=0, error_feedback=True)
+    doc["ef"] = train_amp(rank, ef)
+    doc["ef_residuals_finite"] = all(bool((r == r).all()) for r in ef.residuals.values())
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(doc, f)
+
+
 def main() -> None:
     rank, world, port, out, bits = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
+        if bits == "amp":
+            main_amp(rank, out)
+            return
         base = train(rank, None)
         state = MrcHookState(bits=float(bits), scheme="eden-unbiased", seed=7, start_iter=2)
         hooked = train(rank, state)

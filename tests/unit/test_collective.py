@@ -311,3 +311,31 @@ def test_messages_fit_max_message_bytes(monkeypatch: pytest.MonkeyPatch, algorit
         seg = np.ones(frame.MAX_SEGMENT, np.float32)
         for bits in (1, 8):
             assert len(frame.join([encode(seg, "turboquant-prod", bits, seed=2)])) <= bound
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "oneshot"])
+@pytest.mark.parametrize("partial", ["naive", "aware", "measured"])
+def test_a_non_finite_value_on_one_rank_reaches_every_rank_as_nan(partial: str, algorithm: str) -> None:
+    """The codec refuses NaN and inf; the rank that had one used to raise while the others waited for
+    its message until their timeout. The segment now travels as NONFINITE: every rank gets the same
+    result, NaN exactly where a rank's contribution was not finite (the segments holding it), the
+    right values elsewhere, and a residual without NaN (error feedback must not carry it on)."""
+    from mrc.collective import ring
+
+    n, size = 4, 3 * (1 << 16) + 5
+    xs = [np.full(size, 1.0 + r, np.float32) for r in range(n)]
+    xs[1][7] = np.inf
+    xs[3][size - 2] = np.nan
+    cfg = Config("eden-unbiased", 4.0, partial, algorithm)
+    res = run_inproc(n, lambda t: allreduce(t, xs[t.rank], cfg, step=3, residual=True))
+    outs = [r.out for r in res]
+    for o in outs[1:]:
+        assert np.array_equal(o, outs[0], equal_nan=True)
+    bad = np.isnan(outs[0])
+    assert bad[7] and bad[size - 2]
+    assert bool(bad.all()) == (algorithm == "oneshot")  # one-shot: one frame per rank, all of it NaN
+    if algorithm == "ring":  # only the segments holding a bad value
+        assert 0 < bad.sum() < size and np.isfinite(outs[0][~bad]).all()
+        assert vnmse(outs[0][~bad], np.full((~bad).sum(), 2.5)) < 0.05
+    assert all(np.isfinite(r.residual).all() for r in res if r.residual is not None)
+    assert ring._is_nonfinite(ring.NONFINITE) and not ring._is_nonfinite(frame.join([b"x" * 12]))

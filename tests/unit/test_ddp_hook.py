@@ -31,13 +31,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_loss_with_4bit_eden_hook_tracks_uncompressed(tmp_path: Path) -> None:
-    out = tmp_path / "losses.json"
+def _run_workers(out: Path, bits: str) -> None:
     port = str(_free_port())
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     procs = [
         subprocess.Popen(
-            [sys.executable, str(WORKER), str(rank), "2", port, str(out), "4"],
+            [sys.executable, str(WORKER), str(rank), "2", port, str(out), bits],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         for rank in range(2)
@@ -53,6 +52,11 @@ def test_loss_with_4bit_eden_hook_tracks_uncompressed(tmp_path: Path) -> None:
                 p.kill()
                 p.wait()
     assert all(p.returncode == 0 for p in procs), "\n".join(logs)[-4000:]
+
+
+def test_loss_with_4bit_eden_hook_tracks_uncompressed(tmp_path: Path) -> None:
+    out = tmp_path / "losses.json"
+    _run_workers(out, "4")
     doc = json.loads(out.read_text())
     base, hook = doc["base"], doc["hook"]
     assert len(base) == len(hook) == 60
@@ -68,3 +72,20 @@ def test_loss_with_4bit_eden_hook_tracks_uncompressed(tmp_path: Path) -> None:
     assert doc["ef_residuals"] >= 1
     assert max(abs(h - b) / b for b, h in zip(base, ef, strict=True)) < 0.05
     assert abs(sum(ef[-20:]) / sum(base[-20:]) - 1) < 0.02
+
+
+def test_a_grad_scaler_skips_overflowing_steps_through_the_hook_as_through_ddp(tmp_path: Path) -> None:
+    """fp16 training with a GradScaler produces inf gradients on purpose until its scale fits: the codec
+    cannot encode them, and the hook raised on the rank that had them while the other waited out the
+    group's timeout. A non-finite segment now travels as such (ring.NONFINITE) and reaches every rank as
+    NaN, so the scaler skips those steps exactly as with DDP's own all-reduce, and error feedback keeps
+    no NaN."""
+    out = tmp_path / "amp.json"
+    _run_workers(out, "amp")
+    doc = json.loads(out.read_text())
+    base_scales, base_finite = doc["base"]
+    assert base_scales[0] < 2.0**24 and base_finite  # the scenario overflows, and DDP copes
+    for arm in ("hook", "ef"):
+        scales, finite = doc[arm]
+        assert scales == base_scales and finite, (arm, scales, base_scales)
+    assert doc["ef_residuals_finite"]
