@@ -448,7 +448,7 @@ class _FiniteGuard(_Chunks):
     def __init__(self, inner: _Chunks) -> None:
         self.inner = inner
 
-    @property  # type: ignore[override]
+    @property
     def sizes(self) -> dict[int, list[int]]:
         return self.inner.sizes
 

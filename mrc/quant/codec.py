@@ -511,6 +511,8 @@ def parse(buf: bytes | bytearray | memoryview) -> Header:
     off += 8 * ndim
     if math.prod(shape) != d:
         raise CodecError(f"shape {shape} does not hold {d} elements")
+    if any(dim > MAX_PADDED for dim in shape):  # (0, 2^63) holds 0 elements, but numpy cannot build it
+        raise CodecError(f"shape {shape} has a dimension above {MAX_PADDED}")
     scales = struct.unpack_from(f"<{nscales}d", mv, off)
     off += 8 * nscales
     if not all(math.isfinite(s) for s in scales):
@@ -586,7 +588,7 @@ def _check_payload_bounds(h: Header) -> None:
 
 def decode(
     buf: bytes | bytearray | memoryview, *, backend: str | None = None, dtype: npt.DTypeLike | None = None,
-    out: npt.NDArray[np.floating] | None = None,
+    out: npt.NDArray[np.floating] | None = None, max_elements: int | None = None,
 ) -> npt.NDArray[np.floating]:
     """Reconstruct the array (original shape and dtype) from `encode`'s output. `backend`: as for
     `encode`; a buffer decodes on either path, whichever encoded it. `dtype` (float16/32/64): return that
@@ -606,10 +608,16 @@ def decode(
     the result (and is returned, in the frame's shape). Where the reconstruction is computed in that dtype
     with no padding (a float32 frame of a power-of-two length, the ring's pieces), the inverse rotation
     writes into it directly: no array of its own and no copy. Its contents are unspecified if decode
-    raises."""
+    raises.
+
+    `max_elements`: a frame claiming more elements is refused before anything is decoded. A sub-1-bit
+    frame legitimately holds ~500 coordinates per payload byte, so a receiver that knows the size to
+    expect (the ring checks every frame's count) should say so rather than decode what a peer claims."""
     kern = check_backend(backend)
     out_dtype = _output_dtype(dtype)
     h = parse(buf)
+    if max_elements is not None and h.d > max_elements:
+        raise CodecError(f"frame holds {h.d} elements, more than the {max_elements} expected")
     if out is not None:
         _check_out(out, h.dtype if out_dtype is None else out_dtype, h.d)
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below, not warned about

@@ -65,13 +65,22 @@ def split(bits: float) -> Split:
     return Split(lo, lo + 1, frac)
 
 
+#: Raw words drawn at once for a mask: the stream is the same drawn in pieces, and a mask costs one byte
+#: per coordinate instead of the eight of one D-sized uint64 draw (4 GiB at D = 2^29).
+MASK_CHUNK = 1 << 20
+
+
 def coordinate_mask(seed: int, n: int, p: float) -> BoolArray:
     """Bernoulli(p) mask of n coordinates from PCG64 raw words (version-stable): u < p with u the top
     53 bits of each word."""
     bg = np.random.PCG64(np.random.SeedSequence((int(seed), STREAM_MASK, 0)))
-    raw = bg.random_raw(n)
-    raw >>= np.uint64(11)
-    return raw < np.uint64(round(p * 2.0**53))
+    thr = np.uint64(round(p * 2.0**53))
+    out = np.empty(n, np.bool_)
+    for lo in range(0, n, MASK_CHUNK):
+        raw = bg.random_raw(min(MASK_CHUNK, n - lo))
+        raw >>= np.uint64(11)
+        np.less(raw, thr, out=out[lo : lo + raw.size])
+    return out
 
 
 def parts(sp: Split, seed: int, n: int) -> Iterator[tuple[int, IndexArray | None]]:

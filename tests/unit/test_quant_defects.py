@@ -310,3 +310,51 @@ def test_an_unknown_backend_is_a_codec_error_naming_the_available_ones(backend: 
 def test_a_backend_of_the_wrong_type_is_a_codec_type_error() -> None:
     with pytest.raises(codec.CodecTypeError, match="backend must be one of numba, numpy or None, got int 1"):
         codec.encode(np.ones(8, np.float32), "eden-unbiased", 2, seed=1, backend=1)  # type: ignore[arg-type]
+
+
+def _forged_sub_bit_frame(d: int, short: int) -> bytes:
+    """A CRC-valid eden-unbiased frame of d float32 elements at 1/64 bit whose payload is `short` bytes
+    less than its mask needs: within the payload bound's slack, so only the mask can refuse it."""
+    bits = 1 / 64
+    plen = int(d * bits) // 8 - short
+    body = (struct.pack("<4sBBBBBBHdQQQ", b"MRCQ", 1, 1, 2, 1, 0, 1, 1, bits, 1, d, d)
+            + struct.pack("<QdQ", d, 1.0, plen) + bytes(plen))
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+def test_a_forged_sub_bit_frame_is_refused_with_the_mask_at_one_byte_per_coordinate() -> None:
+    """Such a frame can only be refused once its coordinate mask is drawn; the mask was drawn as one
+    D-sized uint64 array (8 bytes per coordinate: 4 GiB for a 1 MiB frame claiming 2^29 elements, a
+    MemoryError rather than a codec.CodecError under a memory limit). It is now drawn in pieces (the same
+    stream), and a caller that knows the size refuses the frame before decoding (max_elements)."""
+    import tracemalloc
+
+    from mrc.quant import eden
+
+    d = 1 << 24
+    frame = _forged_sub_bit_frame(d, 40)
+    tracemalloc.start()
+    try:
+        with pytest.raises(codec.CodecError, match="the header implies"):
+            codec.decode(frame)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # one byte per coordinate, the members' indices and a few pieces' raw words; was more than 8 d
+    assert peak < d + 32 * eden.MASK_CHUNK, peak
+    with pytest.raises(codec.CodecError, match=f"holds {d} elements, more than the 4096 expected"):
+        codec.decode(frame, max_elements=4096)
+    # the pieces draw the very stream one draw did (masks are part of the wire format)
+    n = 3 * eden.MASK_CHUNK + 5
+    bg = np.random.PCG64(np.random.SeedSequence((9, eden.STREAM_MASK, 0)))
+    one = (bg.random_raw(n) >> np.uint64(11)) < np.uint64(round(0.3 * 2.0**53))
+    assert np.array_equal(eden.coordinate_mask(9, n, 0.3), one)
+
+
+def test_a_shape_numpy_cannot_build_is_a_codec_error() -> None:
+    good = codec.encode(np.zeros((0, 1), np.float32), "eden-unbiased", 2, seed=1)
+    body = bytearray(good[:-4])
+    struct.pack_into("<Q", body, 52, 2**63)  # shape (0, 2^63): 0 elements, but no array has that shape
+    bad = bytes(body) + struct.pack("<I", zlib.crc32(bytes(body)))
+    with pytest.raises(codec.CodecError, match="dimension above"):
+        codec.decode(bad)
