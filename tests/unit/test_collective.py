@@ -339,3 +339,26 @@ def test_a_non_finite_value_on_one_rank_reaches_every_rank_as_nan(partial: str, 
         assert vnmse(outs[0][~bad], np.full((~bad).sum(), 2.5)) < 0.05
     assert all(np.isfinite(r.residual).all() for r in res if r.residual is not None)
     assert ring._is_nonfinite(ring.NONFINITE) and not ring._is_nonfinite(frame.join([b"x" * 12]))
+
+
+def test_measured_on_segments_too_small_for_its_prefix_uses_awares_schedule() -> None:
+    """4 ranks x 64 elements at 2 bits: measured's 16-byte prefixes took most of each hop's budget (a
+    quarter bit per coordinate left), for a vNMSE of ~80 and more bytes than aware. Below
+    MEASURED_MAX_PREFIX of the budget it now runs aware's schedule: aware's bytes and result; a buffer
+    large enough keeps measured's own (data-driven) bits."""
+    from mrc.collective import ring
+
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal(64).astype(np.float32) for _ in range(4)]
+    got = {ps: run_inproc(4, lambda t, ps=ps: allreduce(t, xs[t.rank], Config("eden-unbiased", 2, ps)))[0]
+           for ps in ("aware", "measured")}
+    assert ring.measured_prefix_bits(64, 4) > ring.MEASURED_MAX_PREFIX * 2
+    assert got["measured"].wire_bytes == got["aware"].wire_bytes
+    assert np.array_equal(got["measured"].out, got["aware"].out)
+    assert vnmse(got["measured"].out, np.mean(xs, axis=0)) < 1.0
+    big = 4 * 8192
+    assert ring.measured_prefix_bits(big, 4) < ring.MEASURED_MAX_PREFIX * 2
+    ys = [rng.standard_normal(big).astype(np.float32) for _ in range(4)]
+    res = run_inproc(4, lambda t: allreduce(t, ys[t.rank], Config("eden-unbiased", 2, "measured")))[0]
+    aware = run_inproc(4, lambda t: allreduce(t, ys[t.rank], Config("eden-unbiased", 2, "aware")))[0]
+    assert res.bits_per_hop != aware.bits_per_hop  # measured's own allocation
