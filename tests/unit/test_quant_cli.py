@@ -97,3 +97,23 @@ def test_show_is_the_default_verb(capsys: pytest.CaptureFixture[str]) -> None:
     doc = json.loads(capsys.readouterr().out)
     drive = next(r for r in doc["schemes"] if r["scheme"] == "drive")
     assert drive["theory_b1"] == pytest.approx(0.5707963) and drive["theory_b2"] is None
+
+
+def test_bench_mean_estimation_holds_one_client_at_a_time() -> None:
+    """`--clients N` kept every client's vector (plus a float64 stack of them): clients x dim x 12
+    bytes, a MemoryError traceback at the option's limits. Now one vector and two float64 sums; the
+    mean estimate still matches the theory (unbiased: the per-client vNMSE / N)."""
+    import tracemalloc
+
+    from mrc.quant import bench as qbench
+
+    dim, clients = 4096, 400
+    qbench.run(["eden-unbiased"], [2.0], dim, 1, clients=2)  # warm-up: caches, numba
+    tracemalloc.start()
+    try:
+        (row,) = qbench.run(["eden-unbiased"], [2.0], dim, 1, clients=clients, seed=5)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * dim * 8, peak  # was > clients x dim x 12 = 19.7 MB
+    assert 0.5 < row["mean_nmse"] / row["mean_theory"] < 1.5
