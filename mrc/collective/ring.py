@@ -92,6 +92,18 @@ class Config:
     group: int = 0  # coordinates per codec scale (a power of two >= 256); 0: one scale per segment
 
     def __post_init__(self) -> None:
+        for name in ("seed", "group"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
+                raise UsageError(f"{name} must be an integer, got {type(v).__name__} {v!r}")
+        if not 0 <= int(self.seed) < 1 << 64:
+            raise UsageError(f"seed must be in [0, 2^64), got {self.seed}")
+        for name in ("bits", "correlation"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float, np.integer, np.floating)) or isinstance(v, bool):
+                raise UsageError(f"{name} must be a number, got {type(v).__name__} {v!r}")
+        if not isinstance(self.average, (bool, np.bool_)):
+            raise UsageError(f"average must be True or False, got {self.average!r}")
         if self.scheme not in COMPRESSIONS:
             raise UsageError(f"unknown scheme {self.scheme!r} (known: {', '.join(COMPRESSIONS)})")
         if self.partial_sums not in PARTIAL_SUMS:
@@ -171,11 +183,16 @@ class _Counter:
 def allreduce(t: Transport, x: npt.ArrayLike, cfg: Config, step: int = 0, residual: bool = False,
               out: F32 | None = None) -> Result:
     """Sum (or average, cfg.average) of every rank's 1-D float32 buffer. `step` must be the same on every
-    rank (it seeds the rotations); `residual` also returns this rank's quantization residual. `out`: a
+    rank (it seeds the rotations); `residual` also returns this rank's quantization residual. Real
+    numbers only: complex, bool, object and string buffers, and float64 values beyond float32's range,
+    are refused (UsageError) rather than cast (the imaginary part dropped, None to NaN, 1e300 to inf).
+    `out`: a
     contiguous float32 buffer of the input's length, not overlapping it, that the ring writes its
     result into (Result.out is then `out`): a caller that all-reduces buffers of one size again and
     again keeps one, instead of the fresh pages of a new result each time."""
-    a = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    if not isinstance(step, (int, np.integer)) or isinstance(step, bool):
+        raise UsageError(f"step must be an integer, got {type(step).__name__} {step!r}")
+    a = _as_float32(x)
     if out is not None:
         _check_out(out, a)
     n = t.world_size
@@ -204,6 +221,23 @@ def allreduce(t: Transport, x: npt.ArrayLike, cfg: Config, step: int = 0, residu
     if cfg.average:
         res.out /= np.float32(n)
     return res
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def _as_float32(x: npt.ArrayLike) -> F32:
+    """The buffer as contiguous 1-D float32 (a float32 input is not copied); UsageError for what float32
+    cannot hold without changing it silently."""
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "fiu":
+        raise UsageError(f"all-reduce takes real numbers (float or integer arrays), got dtype {arr.dtype}")
+    if arr.dtype.kind == "f" and arr.dtype.itemsize > 4 and arr.size:
+        big = np.abs(arr[np.isfinite(arr)])
+        if big.size and float(big.max()) > _F32_MAX:
+            raise UsageError(f"a {arr.dtype} value of {float(big.max()):g} is beyond float32's range "
+                             f"({_F32_MAX:.4g}), which the all-reduce computes in")
+    return np.ascontiguousarray(arr, dtype=np.float32).reshape(-1)
 
 
 def measured_prefix_bits(length: int, n: int) -> float:

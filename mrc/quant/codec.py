@@ -136,10 +136,12 @@ def _is_int(v: object) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
 
 
-def check_seed(seed: object) -> int:
-    """The seed as an int; CodecTypeError / CodecValueError for anything but an integer in [0, 2^64)."""
+def check_seed(seed: object, none_ok: bool = True) -> int:
+    """The seed as an int; CodecTypeError / CodecValueError for anything but an integer in [0, 2^64)
+    (`none_ok`: the message says whether None, encode's "draw one", was an option for the caller)."""
     if not _is_int(seed):
-        raise CodecTypeError(f"seed must be an integer in [0, 2^64) or None, got {type(seed).__name__} "
+        alt = " or None" if none_ok else " (this call needs an explicit seed)"
+        raise CodecTypeError(f"seed must be an integer in [0, 2^64){alt}, got {type(seed).__name__} "
                              f"{seed!r}")
     value = int(cast(numbers.Integral, seed))
     if not 0 <= value < 1 << 64:

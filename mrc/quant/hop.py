@@ -69,7 +69,7 @@ def hop(frame_in: Buffer, own: npt.ArrayLike, scheme: str, bits: float, seed: in
     fused sweep's lookup uses one scale and its output is the one-scale frame."""
     # the outgoing frame's seed is the ring's to give: both paths refuse None (encode would draw one at
     # random, and the two paths, or two ranks, would then differ)
-    seed = codec.check_seed(seed)
+    seed = codec.check_seed(seed, none_ok=False)
     own32 = np.ascontiguousarray(own, dtype=np.float32).reshape(-1)
     which = default_path() if path is None else path
     if which not in PATHS:

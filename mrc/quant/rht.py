@@ -16,6 +16,7 @@ by SeedSequence((seed, stream, index)): the same header decodes identically anyw
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 import numpy as np
@@ -199,7 +200,9 @@ def participation(x: FloatArray) -> float:
     peak = float(np.max(np.abs(v))) if v.size else 0.0
     if peak == 0.0 or not np.isfinite(peak):
         return 0.0
-    s2 = v * v.dtype.type(1.0 / peak)  # scale-free: no overflow of x^4
+    # scale-free: no overflow of x^4; by a power of two, so that a subnormal peak (whose inverse is
+    # beyond the dtype's range: a cast overflow warning, inf, a NaN rho) scales as exactly as any other
+    s2 = np.ldexp(v, -math.frexp(peak)[1])
     np.square(s2, out=s2)
     total = float(s2.sum(dtype=np.float64))
     return sumsq64(s2) / (total * total)

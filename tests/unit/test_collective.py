@@ -350,8 +350,10 @@ def test_measured_on_segments_too_small_for_its_prefix_uses_awares_schedule() ->
 
     rng = np.random.default_rng(1)
     xs = [rng.standard_normal(64).astype(np.float32) for _ in range(4)]
-    got = {ps: run_inproc(4, lambda t, ps=ps: allreduce(t, xs[t.rank], Config("eden-unbiased", 2, ps)))[0]
-           for ps in ("aware", "measured")}
+    def run(ps: str) -> Result:
+        return run_inproc(4, lambda t: allreduce(t, xs[t.rank], Config("eden-unbiased", 2, ps)))[0]
+
+    got = {ps: run(ps) for ps in ("aware", "measured")}
     assert ring.measured_prefix_bits(64, 4) > ring.MEASURED_MAX_PREFIX * 2
     assert got["measured"].wire_bytes == got["aware"].wire_bytes
     assert np.array_equal(got["measured"].out, got["aware"].out)
@@ -362,3 +364,24 @@ def test_measured_on_segments_too_small_for_its_prefix_uses_awares_schedule() ->
     res = run_inproc(4, lambda t: allreduce(t, ys[t.rank], Config("eden-unbiased", 2, "measured")))[0]
     aware = run_inproc(4, lambda t: allreduce(t, ys[t.rank], Config("eden-unbiased", 2, "aware")))[0]
     assert res.bits_per_hop != aware.bits_per_hop  # measured's own allocation
+
+
+@pytest.mark.parametrize(("buf", "words"), [
+    (np.full(4, 1 + 5j, np.complex64), "got dtype complex64"),
+    (np.array([1.0, None]), "got dtype object"),
+    (np.ones(4, bool), "got dtype bool"),
+    (np.full(4, 1e300), "beyond float32's range"),
+])
+def test_allreduce_refuses_what_float32_cannot_hold_instead_of_casting(buf: Any, words: str) -> None:
+    """Cast silently before: complex lost its imaginary part, None became NaN, 1e300 became inf."""
+    with pytest.raises(UsageError, match=words):
+        run_inproc(1, lambda t: allreduce(t, buf, Config()))
+
+
+@pytest.mark.parametrize("kw", [{"seed": 1.5}, {"correlation": "0.5"}, {"group": 2.0}, {"average": "no"}])
+def test_config_refuses_arguments_of_the_wrong_type_naming_them(kw: dict[str, Any]) -> None:
+    """seed=1.5 was accepted and failed at the first all-reduce deep in the seeding (TypeError)."""
+    with pytest.raises(UsageError, match=next(iter(kw))):
+        Config("eden-unbiased", 2, **kw)
+    with pytest.raises(UsageError, match="step must be an integer"):
+        run_inproc(1, lambda t: allreduce(t, np.ones(4, np.float32), Config(), step=1.5))  # type: ignore[arg-type]

@@ -329,7 +329,7 @@ def test_a_forged_sub_bit_frame_is_refused_with_the_mask_at_one_byte_per_coordin
     stream), and a caller that knows the size refuses the frame before decoding (max_elements)."""
     import tracemalloc
 
-    from mrc.quant import eden
+    from mrc.quant import eden, rht
 
     d = 1 << 24
     frame = _forged_sub_bit_frame(d, 40)
@@ -346,7 +346,7 @@ def test_a_forged_sub_bit_frame_is_refused_with_the_mask_at_one_byte_per_coordin
         codec.decode(frame, max_elements=4096)
     # the pieces draw the very stream one draw did (masks are part of the wire format)
     n = 3 * eden.MASK_CHUNK + 5
-    bg = np.random.PCG64(np.random.SeedSequence((9, eden.STREAM_MASK, 0)))
+    bg = np.random.PCG64(np.random.SeedSequence((9, rht.STREAM_MASK, 0)))
     one = (bg.random_raw(n) >> np.uint64(11)) < np.uint64(round(0.3 * 2.0**53))
     assert np.array_equal(eden.coordinate_mask(9, n, 0.3), one)
 
@@ -358,3 +358,11 @@ def test_a_shape_numpy_cannot_build_is_a_codec_error() -> None:
     bad = bytes(body) + struct.pack("<I", zlib.crc32(bytes(body)))
     with pytest.raises(codec.CodecError, match="dimension above"):
         codec.decode(bad)
+
+
+def test_the_hop_says_it_needs_an_explicit_seed() -> None:
+    """It refused None while its message said None was allowed."""
+    f = codec.encode(np.ones(8, np.float32), "eden-unbiased", 2, seed=1)
+    with pytest.raises(codec.CodecTypeError, match=r"needs an explicit seed") as e:
+        hop.hop(f, np.ones(8, np.float32), "eden-unbiased", 2, None)  # type: ignore[arg-type]
+    assert "or None" not in str(e.value)
