@@ -13,7 +13,10 @@ Model (docs/sim.md has the details and the reasons):
 * **Forwarding** is static: a switch holds one route per neighbour's micro-SID, and on arrival it shifts
   the container left by 16 bits (``End`` with NEXT-C-SID) and sends the packet to the port of the new
   active micro-SID; the destination host decapsulates (``End.DT6``). A host maps (destination, EV index)
-  to (plane port, container) from the path table the controller would install.
+  to (plane port, container) from the path table the controller would install. (The fast event loop,
+  the default, does each container's lookups once, when a host first sends it over a port, and the
+  packet carries the resulting route chain: the same ports, hop by hop; ``MRC_SIM_FAST=0`` runs the
+  reference loop, which looks up at every hop. Both give the same events in the same order.)
 * **Failures**: a link goes down (both directions) and up on a schedule. Every packet queued on or
   travelling over the link when it fails is lost (a per-link epoch stamped on each packet), and packets
   that reach a down link later are dropped (the kernel removed the static route; nothing falls back).
@@ -30,6 +33,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import operator
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -65,6 +69,19 @@ def _neg_time(ev: tuple[Any, ...]) -> int:
 # event kinds (second field of an event tuple; >= 0 is "arrival over egress port k")
 _EV_TIMER: Final = -1
 _EV_CALL: Final = -2
+
+#: The event loop's fast path (`Fabric._run_fast`), on unless ``MRC_SIM_FAST=0`` was set when this module
+#: was imported; each `Fabric` takes the value when it is constructed (tests flip `FAST` to build both
+#: kinds in one process). Both loops give the same results event for event: the reference loop
+#: (`Fabric._run_ref`) forwards by the container at every switch, the fast loop by a route chain computed
+#: from it once per (port, container) (`Fabric._chain`), and handles the common hop (link up, the
+#: fabric's rate and delay, a backlog below every threshold) without the marking, trimming and drop tests.
+FAST_ENV: Final = "MRC_SIM_FAST"
+FAST: bool = os.environ.get(FAST_ENV, "1").strip() != "0"
+#: the route chain's end at a switch with no route for the packet's next micro-SID (unpacking it fails)
+_NO_ROUTE: Final[tuple[()]] = ()
+#: the most switches a route chain may cross (a valid container names at most 6)
+_MAX_CHAIN: Final = 64
 
 
 class Endpoint(Protocol):
@@ -110,8 +127,11 @@ class Fabric:
     datagram to the same pair), then `run`. A datagram is (payload, port, EV index, destination); the
     payload's len() is its UDP payload size."""
 
-    def __init__(self, topo: Topology, params: FabricParams | None = None) -> None:
+    def __init__(self, topo: Topology, params: FabricParams | None = None, fast: bool | None = None) -> None:
         self.topo = topo
+        #: which event loop `run` uses (`FAST`, MRC_SIM_FAST); fixed before the first packet is sent, as
+        #: the two loops' packet events differ (a container or a route chain)
+        self.fast = FAST if fast is None else fast
         self.p = p = params or FabricParams()
         self.rate_Bpns = p.rate_bps / 8e9
         self.ovh = p.wire_overhead
@@ -149,6 +169,17 @@ class Fabric:
         #: per port (slowdown, extra delay ns) where the link's rate or delay differs from the fabric's
         #: (topology `[[link_override]]`, `set_link_rate`), else None: one list index per hop
         self.port_mods: list[tuple[float, int] | None] = []
+        # ---- the fast loop's tables (`_run_fast`)
+        #: per port: container -> route chain from the node the port leads to (`_chain`)
+        self._chains: list[dict[int, Any]] = []
+        #: per port: backlog (bytes, as a float) below which a hop needs no ECN, trim or drop test; 0.0
+        #: where the port's link is down or has its own rate or delay (those hops take the general code)
+        self._safe: list[float] = []
+        #: port_max_backlog + 1 as floats, made by each `_run_fast`
+        self._mb1: list[float] = []
+        #: a link changed state once: packet events may carry an old epoch (until then every epoch is 0
+        #: and the fast loop skips the comparison)
+        self._epochs_moved = False
         for lk in topo.links():
             a, b = self.node_index[lk.a], self.node_index[lk.b]
             li = len(self.link_names)
@@ -176,9 +207,11 @@ class Fabric:
         self.routers: list[Router | None] = [None] * self.nhosts
         self.tables: list[PathTable | None] = [None] * self.nhosts
         self.timer_at = [NEVER] * self.nhosts
+        self._refresh_safe()
         # ---- event loop
-        # the event queue: (time, kind, a, container, data, size, ecn) tuples; events at the same time run in
-        # push order (each bucket is kept in it: see run)
+        # the event queue: (time, kind, a, container, data, size, ecn) tuples (the fast loop carries the
+        # route chain where the reference loop carries the container); events at the same time run in
+        # push order (each bucket is kept in it: see _run_ref)
         self.cb = -1  # current bucket
         self.cur: list[tuple[Any, ...]] = []  # the current bucket's events, sorted latest first
         self.future: dict[int, list[tuple[Any, ...]]] = {}  # bucket -> events in push order (unsorted)
@@ -215,7 +248,23 @@ class Fabric:
         self.port_up.append(True)
         self.port_epoch.append(0)
         self.port_mods.append(None)
+        self._chains.append({})
+        self._safe.append(0.0)
         return k
+
+    def _refresh_safe(self, ports: Any = None) -> None:
+        """Recompute `_safe` (of `ports`, default all): the backlog x below which a hop of the port passes
+        every test of the general code, that is x < ECN threshold + 1, x < trim threshold + 1 and
+        x < buffer - wire size + 1 for any wire size below _SER_LIST (the fast hop checks that bound)."""
+        p = self.p
+        ecn_1 = p.ecn_bytes + 1
+        trim_1 = NEVER + 1 if p.trim_bytes is None else p.trim_bytes + 1
+        for k in range(len(self.port_node)) if ports is None else ports:
+            if not self.port_up[k] or self.port_mods[k] is not None:
+                self._safe[k] = 0.0
+            else:
+                lim = min(ecn_1, trim_1, self.port_buffer[k] - _SER_LIST + 2, 1 << 52)  # exact as a float
+                self._safe[k] = float(lim) if lim > 0 else 0.0
 
     def ser(self, wire_bytes: int) -> int:
         s = self._ser.get(wire_bytes)
@@ -288,11 +337,13 @@ class Fabric:
             return
         self.link_up[li] = up
         self.link_epoch[li] += 1
+        self._epochs_moved = True
         for k in self.link_ports[li]:
             self.port_up[k] = up
             self.port_epoch[k] = self.link_epoch[li]
             if not up:
                 self.busy[k] = now  # the queue is gone with the link
+        self._refresh_safe(self.link_ports[li])
 
     def set_link_rate(self, li: int, rate_bps: int | None = None, delay_ns: int | None = None) -> None:
         """A degraded (or restored) link: both directions serialize at `rate_bps` (None: the fabric's
@@ -306,6 +357,7 @@ class Fabric:
         mods = self.port_mods
         for k in self.link_ports[li]:
             mods[k] = None if slow == 1.0 and extra == 0 else (slow, extra)
+        self._refresh_safe(self.link_ports[li])
 
     def fail_link(self, a: str, b: str, start_ns: int, end_ns: int = NEVER) -> None:
         li = self.link(a, b)
@@ -331,6 +383,13 @@ class Fabric:
 
     def send_from_host(self, h: int, out: list[Any], t: int) -> None:
         """Put a host's datagrams on its NIC ports (FIFO at the port rate) toward the first leaf."""
+        if self.fast:
+            self._send_fast(h, out, t)
+        else:
+            self._send_ref(h, out, t)
+
+    def _send_ref(self, h: int, out: list[Any], t: int) -> None:
+        """`send_from_host` of the reference loop: packet events carry the container."""
         table = self.tables[h]
         route = self.routers[h]
         busy = self.busy
@@ -400,6 +459,19 @@ class Fabric:
     ) -> int:
         """Process events until none is left, `until_ns` passes or `stop()` is true (checked every
         `check_every` events). `progress(self)` is called about every `progress_every_s` wall seconds."""
+        loop = self._run_fast if self.fast else self._run_ref
+        return loop(until_ns, stop, check_every, progress, progress_every_s)
+
+    def _run_ref(
+        self,
+        until_ns: int,
+        stop: Callable[[], bool] | None,
+        check_every: int,
+        progress: Callable[[Fabric], None] | None,
+        progress_every_s: float,
+    ) -> int:
+        """The reference event loop (MRC_SIM_FAST=0): every switch hop shifts the container and looks up
+        the route, and tests the backlog against every threshold."""
         pop = heapq.heappop
         push = heapq.heappush
         sched = self._sched
@@ -433,7 +505,7 @@ class Fabric:
         ser_l = self._ser_l
         serf = self.ser
         mods = self.port_mods
-        send_from_host = self.send_from_host
+        send_from_host = self._send_ref
         on_deliver = self.on_deliver
         events = 0
         hops = 0
@@ -593,6 +665,419 @@ class Fabric:
                         progress(self)
         self.events += events
         self.hops += hops
+        self.wall_s += time.perf_counter() - t0
+        self.cpu_s += time.process_time() - c0
+        return events
+
+    # ------------------------------------------------------------------ the fast loop (MRC_SIM_FAST)
+
+    def _chain(self, port: int, cont: int) -> Any:
+        """The route chain of a packet sent over `port` with container `cont`, kept per (port, container):
+        at each switch it reaches, the pair (egress port, the chain from the next node); None at a host;
+        `_NO_ROUTE` at a switch without a route for the next micro-SID. It is the reference loop's hop by
+        hop lookup (shift the container, look up the new active micro-SID) done once: the routes never
+        change (a down link drops at its port, as in the reference loop)."""
+        steps: list[int] = []
+        node = self.port_node[port]
+        c = cont
+        end: Any = None
+        while node >= self.nhosts:
+            if len(steps) >= _MAX_CHAIN:  # a routing loop (impossible with unique micro-SIDs): a packet
+                end = _NO_ROUTE           # that would circle until the run ends is dropped as unroutable
+                break
+            c = (c << 16) & _M96
+            nxt = self.fib[node].get(c >> 80)
+            if nxt is None:
+                end = _NO_ROUTE
+                break
+            steps.append(nxt)
+            node = self.port_node[nxt]
+        ch = end
+        for k in reversed(steps):
+            ch = (k, ch)
+        self._chains[port][cont] = ch
+        return ch
+
+    def _send_fast(self, h: int, out: list[Any], t: int) -> None:
+        """`send_from_host` of the fast loop: packet events carry the route chain (the loop inlines this
+        for deliveries; timers and `kick` call it)."""
+        table = self.tables[h]
+        route = self.routers[h]
+        busy = self.busy
+        ser_l = self._ser_l
+        ovh = self.ovh
+        delay = self.p.delay_ns
+        port_epoch = self.port_epoch
+        safe = self._safe
+        chains = self._chains
+        tx = self.port_tx_bytes
+        future = self.future
+        cb = self.cb
+        last_dst: Any = None
+        row: Any = None
+        for dg in out:
+            data = dg[0]
+            if table is not None:
+                dst = dg[3]
+                if dst is not last_dst:  # an engine emits runs of datagrams to one peer
+                    row = table[dst]
+                    last_dst = dst
+                port, cont = row[dg[2]]
+            else:
+                assert route is not None
+                port, cont = route(dg)
+            try:
+                ch = chains[port][cont]
+            except KeyError:
+                ch = self._chain(port, cont)
+            n = len(data)
+            if not safe[port]:
+                self._send_slow(port, ch, data, n, t)
+                continue
+            w = n + ovh
+            s = ser_l[w] if w < _SER_LIST else self.ser(w)
+            b = busy[port]
+            if b < t:
+                b = t
+            if n <= PRIO_BYTES:
+                busy[port] = b + s
+                end = t + s + delay
+            else:
+                b += s
+                busy[port] = b
+                end = b + delay
+            tx[port] += w
+            ev = (end, port, port_epoch[port], ch, data, n, False)
+            bk = end >> _SHIFT
+            if bk <= cb:
+                self._sched(ev)
+            else:
+                lst = future.get(bk)
+                if lst is None:
+                    future[bk] = [ev]
+                    heapq.heappush(self.bidx, bk)
+                else:
+                    lst.append(ev)
+
+    def _send_slow(self, port: int, ch: Any, data: Any, n: int, t: int) -> None:
+        """One datagram onto a NIC port that is down or has its own rate or delay (`_send_ref`'s code)."""
+        if not self.port_up[port]:
+            self._down_drop(self.port_link[port], data, t)
+            return
+        w = n + self.ovh
+        s = self.ser(w)
+        m = self.port_mods[port]
+        if m is not None:
+            s = int(s * m[0])
+        busy = self.busy
+        b = busy[port]
+        if b < t:
+            b = t
+        if n <= PRIO_BYTES:
+            end = t + s
+            busy[port] = b + s
+        else:
+            end = b + s
+            busy[port] = end
+        self.port_tx_bytes[port] += w
+        end += self.p.delay_ns if m is None else self.p.delay_ns + m[1]
+        self._sched((end, port, self.port_epoch[port], ch, data, n, False))
+
+    def _hop_slow(self, port: int, ch: Any, data: Any, n: int, ecn: bool, t: int) -> bool:
+        """A switch hop onto `port` that the fast loop does not take inline (the link is down or has its
+        own rate or delay, the backlog reaches a threshold, a huge packet): the reference loop's code.
+        True when a data packet was forwarded (the loop then runs its stop/progress check, as the
+        reference loop does after exactly those hops)."""
+        if not self.port_up[port]:
+            self._down_drop(self.port_link[port], data, t)
+            return False
+        p = self.p
+        rate = self.rate_Bpns
+        busy = self.busy
+        max_backlog = self.port_max_backlog
+        m = self.port_mods[port]
+        b = busy[port]
+        if b > t:
+            x = (b - t) * rate if m is None else (b - t) * rate / m[0]
+            if x >= max_backlog[port] + 1:
+                max_backlog[port] = q = int(x)
+                self._mb1[port] = q + 1.0
+        else:
+            x = 0.0
+            b = t
+        if x >= p.ecn_bytes + 1:
+            ecn = True
+            self.ecn_marks += 1
+        w = n + self.ovh
+        trim = (p.trim_bytes is not None and x >= p.trim_bytes + 1 and type(data) is bytearray
+                and data[0] < 0x10)
+        delay = p.delay_ns if m is None else p.delay_ns + m[1]
+        if trim or n <= PRIO_BYTES:
+            if trim:
+                n = trim_in_place(data, n)
+                del data[n:]
+                w = n + self.ovh
+                self.trims += 1
+            s = self.ser(w)
+            if m is not None:
+                s = int(s * m[0])
+            busy[port] = b + s
+            self.port_tx_bytes[port] += w
+            self._sched((t + s + delay, port, self.port_epoch[port], ch, data, n, ecn))
+            return False
+        if x >= self.port_buffer[port] - w + 1:
+            self._drop("buffer" if p.trim_bytes is not None else "buffer_no_trim")
+            return False
+        s = self.ser(w)
+        if m is not None:
+            s = int(s * m[0])
+        b += s
+        busy[port] = b
+        self.port_tx_bytes[port] += w
+        self._sched((b + delay, port, self.port_epoch[port], ch, data, n, ecn))
+        return True
+
+    def _run_fast(
+        self,
+        until_ns: int,
+        stop: Callable[[], bool] | None,
+        check_every: int,
+        progress: Callable[[Fabric], None] | None,
+        progress_every_s: float,
+    ) -> int:
+        """The fast event loop (the default; MRC_SIM_FAST=0 runs `_run_ref`): the same events in the same
+        order with the same effects. A packet event carries its route chain instead of its container (the
+        switch takes the next port from it: no shift, no route lookup); a hop onto a port whose link is
+        up at the fabric's rate and delay, with a backlog below `_safe` (no ECN mark, trim or drop
+        possible), is forwarded inline, every other hop by `_hop_slow`; the datagrams a delivery makes
+        are put on the NIC ports inline."""
+        self._refresh_safe()  # (the thresholds, buffers or links may have been changed since)
+        pop = heapq.heappop
+        push = heapq.heappush
+        sched = self._sched
+        future = self.future
+        bidx = self.bidx
+        cur = self.cur
+        cur_pop = cur.pop
+        cb = self.cb
+        endpoints = self.endpoints
+        tables = self.tables
+        routers = self.routers
+        timer_at = self.timer_at
+        port_node = self.port_node
+        port_plane = self.port_plane
+        port_epoch = self.port_epoch
+        max_backlog = self.port_max_backlog
+        mb1 = [q + 1.0 for q in max_backlog]  # max_backlog + 1 as floats (exact: small integers)
+        self._mb1 = mb1
+        tx = self.port_tx_bytes
+        busy = self.busy
+        safe = self._safe
+        chains = self._chains
+        chain = self._chain
+        rate = self.rate_Bpns
+        ovh = self.ovh
+        delay = self.p.delay_ns
+        ser_l = self._ser_l
+        serf = self.ser
+        hop_slow = self._hop_slow
+        send_slow = self._send_slow
+        send_fast = self._send_fast
+        on_deliver = self.on_deliver
+        # whether to compare epochs: read again after anything that may run code of others (endpoints,
+        # routers, calls, hooks), which may take a link down
+        moved = self._epochs_moved
+        events = 0
+        other = 0  # events that are not packet hops: timers and calls
+        t0 = time.perf_counter()
+        c0 = time.process_time()
+        next_progress = t0 + progress_every_s
+        while True:
+            if not cur:
+                if not bidx:
+                    if until_ns < NEVER:
+                        self.now = max(self.now, until_ns)
+                    break
+                cb = pop(bidx)
+                self.cb = cb
+                cur = future.pop(cb)
+                cur.sort(key=_time)  # (see _run_ref)
+                cur.reverse()
+                cur_pop = cur.pop
+                self.cur = cur
+            ev = cur_pop()
+            t, kind, a, ch, data, n, ecn = ev
+            if t > until_ns:
+                cur.append(ev)
+                self.now = until_ns
+                break
+            events += 1
+            if kind >= 0:
+                if moved and a != port_epoch[kind]:  # the link failed while the packet was queued or on it
+                    self.lost_on_link[self.port_link[kind]] += 1
+                    self._drop("link_failed")
+                    continue
+                if ch is None:  # the end of the chain: a host
+                    node = port_node[kind]
+                    eng = endpoints[node]
+                    if eng is None:
+                        self._drop("no_endpoint")
+                        continue
+                    self.now = t
+                    if on_deliver is not None:
+                        on_deliver(node, port_plane[kind], data, t)
+                    eng.receive(data, t, ecn, port_plane[kind])
+                    out = eng.datagrams_to_send(t)
+                    if out:
+                        # _send_fast, inline
+                        table = tables[node]
+                        last_dst: Any = None
+                        row: Any = None
+                        for dg in out:
+                            data = dg[0]
+                            if table is not None:
+                                dst = dg[3]
+                                if dst is not last_dst:
+                                    row = table[dst]
+                                    last_dst = dst
+                                port, cont = row[dg[2]]
+                            else:
+                                route = routers[node]
+                                assert route is not None
+                                port, cont = route(dg)
+                            try:
+                                ch = chains[port][cont]
+                            except KeyError:
+                                ch = chain(port, cont)
+                            n = len(data)
+                            if not safe[port]:
+                                send_slow(port, ch, data, n, t)
+                                continue
+                            w = n + ovh
+                            s = ser_l[w] if w < _SER_LIST else serf(w)
+                            b = busy[port]
+                            if b < t:
+                                b = t
+                            if n <= PRIO_BYTES:
+                                busy[port] = b + s
+                                ta = t + s + delay
+                            else:
+                                b += s
+                                busy[port] = b
+                                ta = b + delay
+                            tx[port] += w
+                            ev = (ta, port, port_epoch[port], ch, data, n, False)
+                            bk = ta >> _SHIFT
+                            if bk <= cb:
+                                sched(ev)
+                            else:
+                                lst = future.get(bk)
+                                if lst is None:
+                                    future[bk] = [ev]
+                                    push(bidx, bk)
+                                else:
+                                    lst.append(ev)
+                    dl = eng.next_deadline()
+                    if dl is not None and dl < timer_at[node]:
+                        timer_at[node] = dl
+                        sched((dl if dl > t else t, _EV_TIMER, node, 0, None, 0, False))
+                    moved = self._epochs_moved
+                    continue
+                # a switch: the next port of the chain (End with NEXT-C-SID and the static route, done once)
+                try:
+                    port, ch = ch
+                except ValueError:  # _NO_ROUTE
+                    self._drop("no_route")
+                    continue
+                sx = safe[port]
+                if not sx:  # the link is down or has its own rate or delay
+                    if not hop_slow(port, ch, data, n, ecn, t):
+                        continue
+                else:
+                    b = busy[port]
+                    if b > t:
+                        x = (b - t) * rate
+                        if x >= mb1[port]:  # x >= max_backlog + 1 (floats: the fast compare)
+                            max_backlog[port] = q = int(x)
+                            mb1[port] = q + 1.0
+                    else:
+                        x = 0.0
+                        b = t
+                    w = n + ovh
+                    if x >= sx or w >= _SER_LIST:  # a threshold may be reached: every test
+                        if not hop_slow(port, ch, data, n, ecn, t):
+                            continue
+                    elif n <= PRIO_BYTES:  # control packets: the priority queue
+                        s = ser_l[w]
+                        busy[port] = b + s
+                        tx[port] += w
+                        ta = t + s + delay
+                        ev = (ta, port, port_epoch[port], ch, data, n, ecn)
+                        bk = ta >> _SHIFT
+                        if bk <= cb:
+                            sched(ev)
+                        else:
+                            lst = future.get(bk)
+                            if lst is None:
+                                future[bk] = [ev]
+                                push(bidx, bk)
+                            else:
+                                lst.append(ev)
+                        continue
+                    else:
+                        b += ser_l[w]
+                        busy[port] = b
+                        tx[port] += w
+                        ta = b + delay
+                        ev = (ta, port, port_epoch[port], ch, data, n, ecn)
+                        bk = ta >> _SHIFT
+                        if bk <= cb:
+                            sched(ev)
+                        else:
+                            lst = future.get(bk)
+                            if lst is None:
+                                future[bk] = [ev]
+                                push(bidx, bk)
+                            else:
+                                lst.append(ev)
+            elif kind == _EV_TIMER:
+                other += 1
+                if timer_at[a] != t:
+                    continue
+                timer_at[a] = NEVER
+                eng = endpoints[a]
+                assert eng is not None
+                self.now = t
+                eng.handle_timer(t)
+                out = eng.datagrams_to_send(t)
+                if out:
+                    send_fast(a, out, t)
+                dl = eng.next_deadline()
+                if dl is not None and dl < timer_at[a]:
+                    timer_at[a] = dl
+                    sched((dl if dl > t else t, _EV_TIMER, a, 0, None, 0, False))
+                moved = self._epochs_moved
+            else:
+                other += 1
+                self.now = t
+                a(t)
+                moved = self._epochs_moved
+            if not events & 1023:
+                if stop is not None and not events % check_every and stop():
+                    break
+                if progress is not None:
+                    now_w = time.perf_counter()
+                    if now_w >= next_progress:
+                        self.events += events
+                        self.hops += events - other
+                        self.wall_s += now_w - t0
+                        events = other = 0
+                        t0 = now_w
+                        next_progress = now_w + progress_every_s
+                        progress(self)
+                moved = self._epochs_moved
+        self.events += events
+        self.hops += events - other
         self.wall_s += time.perf_counter() - t0
         self.cpu_s += time.process_time() - c0
         return events

@@ -320,14 +320,14 @@ class EcmpRouting:
 
     def router(self, h: int) -> Any:
         fab = self.fabric
-        cache: dict[tuple[int, int, int], tuple[int, int]] = {}
+        cache: dict[tuple[Any, ...], tuple[int, int]] = {}
         spine = self.spine
 
         def route(dg: Any) -> tuple[int, int]:
-            _, plane, sport, dst = dg
-            k = (dst, sport, plane)
+            k = dg[1:]  # (plane, sport, dst)
             pc = cache.get(k)
             if pc is None:
+                _, plane, sport, dst = dg
                 pc = cache[k] = fab.path_container(h, dst, plane, spine(h, dst, sport, plane))
             return pc
 

@@ -121,7 +121,8 @@ class RoceConn:
         self.acked_bytes += nbytes
         self.una = cum
         self.retries = 0
-        self.nxt = max(self.nxt, cum)
+        if cum > self.nxt:
+            self.nxt = cum
         self.win_acked += newly
         if ecn:
             self.win_marked += newly
@@ -139,7 +140,8 @@ class RoceConn:
             if self.done_at < 0:
                 self.done_at = now
         else:
-            self.rto_at = now + self.rto()
+            # rto() with retries = 0: the base timeout (unless linear_cnt < 0)
+            self.rto_at = now + (self.rto_base if self.linear_cnt >= 0 else self.rto())
 
     def rewind(self, psn: int) -> None:
         if psn < self.nxt:
@@ -165,8 +167,11 @@ class RoceHost:
         # changes (an ACK/NAK, a timeout's rewind, `active`). The others would be skipped anyway.
         self._woken: list[RoceConn] = []
         self._index: dict[RoceConn, int] = {}
-        self._deadline: int | None = None
-        self._deadline_ok = False  # no rto_at changed since next_deadline computed _deadline
+        # The earliest rto_at of the connections (NEVER: none armed), valid while _deadline_ok: an ACK
+        # that moves a connection's timer keeps it up to date where it can (`receive`), so that
+        # next_deadline rescans the connections only when the earliest timer moved later.
+        self._dmin = NEVER
+        self._deadline_ok = False
 
     def connect(self, cid: int, dst: int, plane: int, sport: int, total: int | None) -> RoceConn:
         c = RoceConn(cid, dst, plane, sport, total, self.p)
@@ -188,34 +193,45 @@ class RoceHost:
     def receive(self, pkt: Any, now: int, ecn: bool = False, port: int = 0, src: bytes | None = None) -> None:
         k = pkt.kind
         if k == DATA:
-            r = self.rx.get(pkt.cid)
+            cid = pkt.cid
+            r = self.rx.get(cid)
             if r is None:
                 return
-            if pkt.psn == r[0]:
-                r[0] += 1
+            psn = pkt.psn
+            exp = r[0]
+            if psn == exp:
+                r[0] = exp = exp + 1
                 r[1] = False
                 r[2] += pkt.size - DATA_HDR
-                self._ctl(ACK, pkt.cid, r[0], ecn, r)
-            elif pkt.psn > r[0]:
+                # control packets go back on the same plane with the connection's 5-tuple (reversed)
+                self._out.append((RocePacket(ACK, cid, exp, CTRL_SIZE, ecn), r[4], r[5], r[3]))
+            elif psn > exp:
                 if not r[1]:
                     r[1] = True
-                    self._ctl(NAK, pkt.cid, r[0], ecn, r)
+                    self._out.append((RocePacket(NAK, cid, exp, CTRL_SIZE, ecn), r[4], r[5], r[3]))
             else:
-                self._ctl(ACK, pkt.cid, r[0], ecn, r)
+                self._out.append((RocePacket(ACK, cid, exp, CTRL_SIZE, ecn), r[4], r[5], r[3]))
             return
         c = self.by_cid.get(pkt.cid)
         if c is None:
             return
         self._woken.append(c)
-        self._deadline_ok = False
+        old = c.rto_at
         c.on_ack(pkt.psn, pkt.ecn, now)
         if k == NAK:
             c.naks += 1
             c.rewind(pkt.psn)
-
-    def _ctl(self, kind: int, cid: int, psn: int, ecn: bool, r: list[Any]) -> None:
-        # control packets go back on the same plane with the connection's 5-tuple (reversed)
-        self._out.append((RocePacket(kind, cid, psn, CTRL_SIZE, ecn), r[4], r[5], r[3]))
+        if self._deadline_ok:
+            new = c.rto_at
+            if new != old:
+                d = self._dmin
+                if old > d:  # another connection's timer is the earliest: it stays, unless new is earlier
+                    if new < d:
+                        self._dmin = new
+                elif new < old:  # c's was the earliest and moved earlier: still the earliest
+                    self._dmin = new
+                else:  # the earliest moved later: rescan
+                    self._deadline_ok = False
 
     def handle_timer(self, now: int) -> None:
         for c in self.conns:
@@ -234,19 +250,26 @@ class RoceHost:
             self._out = []
             return out
         # in connection order, each once: what a scan of every connection would send
-        todo = sorted(set(woken), key=self._index.__getitem__) if len(woken) > 1 else [woken[0]]
+        todo = sorted(set(woken), key=self._index.__getitem__) if len(woken) > 1 else (woken[0],)
         woken.clear()
+        append = out.append
         for c in todo:
             nxt = c.nxt
-            if nxt >= c.npkts or not c._active:
+            npkts = c.npkts
+            if nxt >= npkts or not c._active:
                 continue
-            limit = c.una + max(1, int(c.cwnd // c.mtu))
+            mtu = c.mtu
+            limit = c.una + max(1, int(c.cwnd // mtu))
             if nxt >= limit:
                 continue
-            end = min(limit, c.npkts)
+            end = min(limit, npkts)
+            cid, plane, sport, dst = c.cid, c.plane, c.sport, c.dst
+            full = mtu + DATA_HDR
+            # (`pkt_size`, inline: every packet but a finite connection's last is a full MTU)
+            last = npkts - 1 if c.total is not None else NEVER
             for psn in range(nxt, end):
-                size = c.pkt_size(psn) + DATA_HDR
-                out.append((RocePacket(DATA, c.cid, psn, size), c.plane, c.sport, c.dst))
+                size = full if psn < last else c.pkt_size(psn) + DATA_HDR
+                append((RocePacket(DATA, cid, psn, size), plane, sport, dst))
             c.tx_packets += end - nxt
             if nxt < c.high:
                 c.retx_packets += min(end, c.high) - nxt
@@ -254,18 +277,19 @@ class RoceHost:
             if end > c.high:
                 c.high = end
             if c.rto_at == NEVER:
-                c.rto_at = now + c.rto()
-                self._deadline_ok = False
+                c.rto_at = t = now + c.rto()
+                if t < self._dmin:  # (harmless while _deadline_ok is False: next_deadline rescans)
+                    self._dmin = t
         self._out = []
         return out
 
     def next_deadline(self) -> int | None:
-        if self._deadline_ok:
-            return self._deadline
-        d = NEVER
-        for c in self.conns:
-            if c.rto_at < d:
-                d = c.rto_at
-        self._deadline = None if d >= NEVER else d
-        self._deadline_ok = True
-        return self._deadline
+        if not self._deadline_ok:
+            d = NEVER
+            for c in self.conns:
+                if c.rto_at < d:
+                    d = c.rto_at
+            self._dmin = d
+            self._deadline_ok = True
+        d = self._dmin
+        return None if d >= NEVER else d

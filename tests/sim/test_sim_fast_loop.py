@@ -1,0 +1,159 @@
+"""The fabric's fast event loop (`Fabric._run_fast`, the default) against its reference loop
+(MRC_SIM_FAST=0, `Fabric._run_ref`): the same experiment gives the same document, every figure but the
+wall-clock ones, on runs that take every branch of the loop (ECN marks, trims, buffer drops, a failed and
+a degraded link, no route); and the ECMP baseline's figures of a fixed seed are pinned (they depend on
+nothing but the simulator: no engine runs there). No timing is asserted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from mrc import topology
+from mrc.sim import fabric as fabric_mod
+from mrc.sim.experiments import FabricSpec, RunSpec, degraded, failover, incast, permutation
+from mrc.sim.fabric import WIRE_OVERHEAD, Fabric, FabricParams
+
+#: figures that measure the machine, not the simulation
+_WALL = frozenset({"wall_s", "hops_per_s", "hops_per_cpu_s", "sim_wall_s", "loop_wall_s", "sim_cpu_s",
+                   "events_per_s", "hops_per_loop_s"})
+
+
+def _strip(doc: Any) -> Any:
+    if isinstance(doc, dict):
+        return {k: _strip(v) for k, v in doc.items() if k not in _WALL}
+    if isinstance(doc, list):
+        return [_strip(v) for v in doc]
+    return doc
+
+
+def _both(monkeypatch: pytest.MonkeyPatch, run: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """run() with the reference loop, then with the fast loop."""
+    docs = []
+    for fast in (False, True):
+        monkeypatch.setattr(fabric_mod, "FAST", fast)
+        docs.append(run())
+    return docs[0], docs[1]
+
+
+def _congested() -> FabricSpec:
+    # 4 hosts per leaf over 2 spines (2:1 oversubscribed) and small buffers: marks, trims and drops
+    return FabricSpec(planes=2, leaves=4, spines=2, hosts_per_leaf=4, buffer_bytes=48 * 1024,
+                      ecn_bytes=12 * 1024, trim_bytes=24 * 1024)
+
+
+def _small() -> FabricSpec:
+    return FabricSpec(planes=2, leaves=2, spines=2, hosts_per_leaf=2)
+
+
+def test_permutation_is_the_same_on_both_loops(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = RunSpec(fabric=_congested(), variants=("ecmp", "mrc", "mrc-notrim"), seed=3)
+    ref, fast = _both(monkeypatch, lambda: permutation(spec, duration_ns=60_000, warmup_ns=20_000))
+    assert _strip(ref) == _strip(fast)
+    res = fast["results"]
+    # the run reached the general code of the fast loop: every threshold of a switch port
+    assert res["mrc"]["trims"] > 0 and res["mrc"]["ecn_marks"] > 0
+    assert res["ecmp"]["ecn_marks"] > 0 and sum(res["ecmp"]["drops"].values()) > 0
+    assert sum(res["mrc-notrim"]["drops"].values()) > 0
+
+
+def test_failover_with_flaps_is_the_same_on_both_loops(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = RunSpec(fabric=_small(), variants=("ecmp", "mrc"), reconverge_ns=50_000)
+    ref, fast = _both(monkeypatch, lambda: failover(spec, duration_ns=400_000, fail_ns=100_000,
+                                                    heal_ns=300_000, flap_ns=60_000, bin_ns=50_000))
+    assert _strip(ref) == _strip(fast)
+    lost = [r["lost_on_failed_link"] + r["dropped_at_failed_link"] for r in fast["results"].values()]
+    assert all(x > 0 for x in lost)  # packets lost on the link (epochs) and dropped at its down port
+
+
+def test_degraded_link_is_the_same_on_both_loops(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = RunSpec(fabric=_small(), variants=("ecmp", "mrc"))
+    ref, fast = _both(monkeypatch, lambda: degraded(spec, factor=0.2, duration_ns=60_000, warmup_ns=20_000))
+    assert _strip(ref) == _strip(fast)
+
+
+def test_incast_is_the_same_on_both_loops(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = RunSpec(fabric=_congested(), variants=("ecmp", "mrc"))
+    ref, fast = _both(monkeypatch, lambda: incast(spec, senders=8, size=64 * 1024, time_limit_ns=2_000_000))
+    assert _strip(ref) == _strip(fast)
+
+
+class _Sender:
+    """Sends `count` data packets to `dst` at t = 0 over EVs 0, 1, 2 in turn (`size` UDP bytes, 17,000 on
+    EV 2); records what it receives."""
+
+    def __init__(self, count: int = 0, size: int = 0, dst: int = 0) -> None:
+        self.todo, self.size, self.dst = count, size, dst
+        self.got: list[tuple[int, bool, int]] = []
+
+    def receive(
+        self, data: Any, now: int, ecn: bool = False, port: int = 0, src: bytes | None = None
+    ) -> None:
+        self.got.append((now, ecn, len(data)))
+
+    def handle_timer(self, now: int) -> None:
+        pass
+
+    def datagrams_to_send(self, now: int) -> list[Any]:
+        # EV k % 3; every third packet (EV 2) is larger than the fast hop's size table
+        out = [(bytearray([0x0A]) + bytearray((self.size if k % 3 < 2 else 17_000) - 1), 0, k % 3, self.dst)
+               for k in range(self.todo)]
+        self.todo = 0
+        return out
+
+    def next_deadline(self) -> int | None:
+        return None
+
+
+def _fabric_run(fast: bool) -> tuple[list[Any], dict[str, int], int, list[int]]:
+    topo = topology.generate(1, 2, 1, 2)  # 1 plane, 2 leaves, 1 spine, 2 hosts per leaf
+    fab = Fabric(topo, FabricParams(buffer_bytes=40_000, ecn_bytes=10_000, trim_bytes=20_000), fast=fast)
+    # EV 0 and EV 2: the real path to host 2 (its spine-leaf link slowed down: the general code of both
+    # loops); EV 1: a container whose next micro-SID no switch knows (no route)
+    good = fab.path_container(0, 2, 0, 0)
+    bad = (good[0], good[1] ^ (0x7777 << 64))
+    rows = {2: [good, bad, good]}
+    fab.set_link_rate(fab.link("p0s0", "p0l1"), 50_000_000_000)
+    a, b = _Sender(60, 4000 - WIRE_OVERHEAD, 2), _Sender()
+    fab.attach(0, a, rows)
+    fab.attach(2, b, {})
+    fab.kick(0, 0)
+    fab.run()
+    return b.got, dict(fab.drops), fab.hops, list(fab.port_max_backlog)
+
+
+def test_fabric_corner_cases_are_the_same_on_both_loops() -> None:
+    ref, fast = _fabric_run(False), _fabric_run(True)
+    assert ref == fast
+    got, drops, _, _ = fast
+    assert drops.get("no_route", 0) == 20 and got and any(ecn for _, ecn, _ in got)
+    assert any(n > 16_384 for _, _, n in got) and any(n < 4000 for _, _, n in got)  # huge ones; trims
+
+
+def test_ecmp_figures_of_a_fixed_seed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The baseline runs only simulator code: its figures for this seed (with buffer drops, NAKs and
+    timeouts) are pinned, on both loops: a change to the fabric, the baseline hosts or ECMP routing that
+    moves any of them fails here. (The values are those of the simulator before the fast loop.)"""
+    fs = FabricSpec(planes=2, leaves=4, spines=2, hosts_per_leaf=4, buffer_bytes=32 * 1024,
+                    ecn_bytes=12 * 1024, trim_bytes=24 * 1024)
+    spec = RunSpec(fabric=fs, variants=("ecmp",), seed=7)
+    for fast in (False, True):
+        monkeypatch.setattr(fabric_mod, "FAST", fast)
+        doc = permutation(spec, duration_ns=300_000, warmup_ns=20_000)
+        r = doc["results"]["ecmp"]
+        assert (doc["events"], doc["packet_hops"]) == (104_480, 104_441)
+        assert {k: r[k] for k in PINNED} == PINNED
+
+
+PINNED: dict[str, Any] = {
+    "capacity_fraction": 0.6123,
+    "flow_fractions": [0.0177, 0.2512, 0.2787, 0.2805, 0.3624, 0.437, 0.4431, 0.5335, 0.7126, 0.7615, 0.866,
+                       0.957, 0.9626, 0.9717, 0.9754, 0.9852],
+    "drops": {"buffer": 516},
+    "ecn_marks": 8321,
+    "retx_packets": 976,
+    "rto_count": 6,
+    "naks": 58,
+    "derived_this_draw": 0.6458,
+}
