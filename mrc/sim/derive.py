@@ -93,7 +93,10 @@ def ecmp_plane_share(
 
 
 def derangement(n: int, rng: random.Random) -> list[int]:
-    """A uniformly random permutation without fixed points (every host sends to another)."""
+    """A uniformly random permutation without fixed points (every host sends to another); ValueError
+    for fewer than 2 hosts, which have none (the rejection loop would never end)."""
+    if n < 2:
+        raise ValueError(f"a permutation without fixed points needs at least 2 hosts, got {n}")
     while True:
         p = list(range(n))
         rng.shuffle(p)

@@ -594,7 +594,13 @@ def mrc_rates(
 
 def derangement(n: int, rng: np.random.Generator) -> I64:
     """A random permutation without fixed points (vectorised: a random cyclic shift of a random order
-    would not be uniform, so draw and repair fixed points by swapping with a random other position)."""
+    would not be uniform, so draw and repair fixed points by swapping with a random other position).
+    Two hosts have one derangement, which the repair never reaches (it swaps both fixed points, then
+    swaps them back): it is returned as such; fewer have none (ValueError)."""
+    if n < 2:
+        raise ValueError(f"a permutation without fixed points needs at least 2 hosts, got {n}")
+    if n == 2:
+        return np.array([1, 0], np.int64)
     p = rng.permutation(n).astype(np.int64)
     while True:
         fixed = np.flatnonzero(p == np.arange(n))

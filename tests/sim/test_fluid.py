@@ -162,3 +162,23 @@ def test_cluster_file_errors_name_the_line_and_refuse_wrong_types(tmp_path: Path
     with pytest.raises(ValueError) as e:
         load_cluster(f)
     assert str(e.value).startswith(f"{f}{where}: ") and problem in str(e.value), str(e.value)
+
+
+def test_derangements_of_two_hosts_end_and_of_one_are_refused() -> None:
+    """Two hosts: the repair loop swapped both fixed points and back for ever (`sim fluid permutation`
+    on a two-host cluster hung). One host has no derangement: refused, in both models."""
+    import random
+
+    import numpy as np
+    import pytest
+
+    from mrc.sim import derive, fluid
+
+    assert fluid.derangement(2, np.random.default_rng(0)).tolist() == [1, 0]
+    for n in (0, 1):
+        with pytest.raises(ValueError, match="at least 2 hosts"):
+            fluid.derangement(n, np.random.default_rng(0))
+        with pytest.raises(ValueError, match="at least 2 hosts"):
+            derive.derangement(n, random.Random(0))
+    p = fluid.derangement(5, np.random.default_rng(3))
+    assert sorted(p.tolist()) == list(range(5)) and all(p[i] != i for i in range(5))
