@@ -303,7 +303,9 @@ class HostDataplane:
                 continue
             macs = _neighbours(ipr, port)
             for hop in sorted(port.unresolved):
-                mac = macs.get(str(ipaddress.IPv6Address(hop)))
+                # the kernel's entries carry no scope: a link-local gateway written fe80::1%eth1 (as
+                # docs/deploy.md allows) is found under fe80::1 (it never resolved before)
+                mac = macs.get(str(ipaddress.IPv6Address(hop.partition("%")[0])))
                 if mac is not None:
                     port.next_hop_mac[hop] = mac
                     port.unresolved.discard(hop)

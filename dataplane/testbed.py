@@ -147,12 +147,15 @@ class Testbed:
 
     @classmethod
     def load(cls, name: str) -> Testbed:
+        check_name(name)  # a name is a file name under the run directory: '../x' must not reach others
         p = cls.path_for(name)
         try:
             doc = json.loads(p.read_text())
         except FileNotFoundError:
             raise MrcError(f"no testbed named {name!r} (no {p}); "
                            "bring one up with 'mrcctl testbed up'") from None
+        except RecursionError:  # a damaged file nested deeper than the parser goes
+            raise MrcError(f"{p}: unreadable testbed state: nested too deeply") from None
         except (OSError, ValueError) as e:
             raise MrcError(f"{p}: unreadable testbed state: {e}") from None
         try:
