@@ -28,5 +28,5 @@ def test_a_testbed_name_is_not_a_path(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setenv("MRC_RUN_DIR", str(tmp_path / "run"))
     (tmp_path / "x.json").write_text("{}")
     for name in ("../../x", "../x", "X", "a/b", ""):
-        with pytest.raises(MrcError, match="testbed name"):
+        with pytest.raises(MrcError, match="use a lowercase letter"):
             tbmod.Testbed.load(name)
