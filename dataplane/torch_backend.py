@@ -414,6 +414,9 @@ class MrcProcessGroup(dist.ProcessGroup):
         if op.startswith("B") and (t.is_floating_point() or t.is_complex()):
             raise MrcBackendRefused(f"mrc backend: all_reduce {op} of {t.dtype}: integer or bool tensors "
                                     "only")
+        if op in ("MIN", "MAX") and t.is_complex():  # before any message: torch has no order on complex
+            raise MrcBackendRefused(f"mrc backend: all_reduce {op} of {t.dtype}: complex numbers have no "
+                                    "order")
         work, copied = _contig(t)
         if t.dtype == torch.float32 and op in ("SUM", "AVG"):
             a = work.reshape(-1).numpy()
@@ -536,6 +539,9 @@ class MrcProcessGroup(dist.ProcessGroup):
                 if len(ins) != self._n:
                     raise MrcBackendRefused(f"mrc backend: reduce_scatter: {len(ins)} inputs for "
                                             f"{self._n} ranks")
+                if ins[self._rank].numel() != out.numel():  # before any message (was after the ring)
+                    raise MrcBackendRefused(f"mrc backend: reduce_scatter: output of {out.numel()} "
+                                            f"elements for input {self._rank} of {ins[self._rank].numel()}")
                 sizes = [x.numel() for x in ins]
                 flat = torch.cat([x.detach().reshape(-1) for x in ins])
                 self._reduce_one(flat, op)

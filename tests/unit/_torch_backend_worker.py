@@ -169,6 +169,14 @@ def checks(rank: int, world: int, gloo: Any) -> dict[str, Any]:
         dist.all_reduce(torch.ones(3), op=dist.ReduceOp.BAND)
     except Exception as e:  # bitwise ops need integer tensors
         out["errors"]["band_float"] = str(e).splitlines()[0]
+    try:  # refused before any message (was torch's "not implemented" after the all-gather); through
+        # the process group, since dist.all_reduce itself refuses complex MAX before any backend
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MAX
+        pg = dist.distributed_c10d._get_default_group()
+        pg.allreduce([torch.ones(2, dtype=torch.complex64)], opts).wait()
+    except Exception as e:
+        out["errors"]["max_complex"] = str(e).splitlines()[0]
     # ops the backend does not do: each refused by name, the group still usable after them
     t = torch.ones(4)
     peer = (rank + 1) % world

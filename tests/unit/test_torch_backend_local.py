@@ -147,6 +147,7 @@ def test_three_ranks_on_one_host_match_gloo(mrcd: FakeMrcd, tmp_path: Path) -> N
         assert all(d["identical"].values()), {k: v for k, v in d["identical"].items() if not v}
         assert d["close"]["all_reduce_random"] < 1e-5
         assert "integer or bool tensors only" in d["errors"]["band_float"]
+        assert "MAX of torch.complex64: complex numbers have no order" in d["errors"]["max_complex"]
         for op, said in (("send", "send"), ("recv", "recv"), ("isend", "send"), ("scatter", "scatter"),
                          ("gather", "gather"), ("all_to_all", "all_to_all"),
                          ("all_to_all_single", "all_to_all_single")):
