@@ -171,7 +171,7 @@ def checks(rank: int, world: int, gloo: Any) -> dict[str, Any]:
         out["errors"]["band_float"] = str(e).splitlines()[0]
     try:  # refused before any message (was torch's "not implemented" after the all-gather); through
         # the process group, since dist.all_reduce itself refuses complex MAX before any backend
-        opts = dist.AllreduceOptions()
+        opts: Any = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.MAX
         pg = dist.distributed_c10d._get_default_group()
         pg.allreduce([torch.ones(2, dtype=torch.complex64)], opts).wait()
