@@ -22,15 +22,20 @@ shared between peers where the paths share switches (see `explicit_path`).
 from __future__ import annotations
 
 import difflib
+import errno
 import ipaddress
+import os
 import re
+import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path as FsPath
 from typing import Any, Final, Literal, cast
 
 from . import topology
 from .topology import (
+    MAX_HOSTS,
     MAX_PLANES,
     FileError,
     LinkParams,
@@ -62,6 +67,14 @@ MAX_US: Final = 10_000_000  # reorder / probe / base RTT: at most 10 s, as mrcd'
 MAX_WINDOW: Final = 1 << 30
 MIN_WINDOW: Final = 8192
 MAX_SOCKET_PATH: Final = 107  # sun_path holds 108 bytes with the NUL
+#: [[peer]] tables at most: as many peers as the largest topology gives a host (2,048 hosts)
+MAX_PEERS: Final = MAX_HOSTS - 1
+#: Paths toward all peers together, over all planes (a plane without paths counts one: its own), that one
+#: host's configuration may hold: what loading it builds, what `describe` lists and what the controller
+#: keeps as alternatives (docs/deploy.md, "Limits"). 2^18: 512 hosts on 64 leaves with 16 planes and 32
+#: spines (258,160 paths) load in 2.3 s; a topology at every limit at once (2,048 hosts, 16 planes, 256
+#: spines) would build 8.4 million paths (2 minutes, 4.3 GB) before mrcd could start.
+MAX_PATHS: Final = 1 << 18
 #: mrcd's delayed ACK on fast ports (QpAttr.ack_delay_ns; the engine's own default is 4 us; see
 #: `mrcd_ack_delay_ns` for where it applies). ``MRC_ACK_DELAY_NS`` (ctl.daemon.qp_attr_overrides) sets
 #: another value for side-by-side runs.
@@ -184,11 +197,16 @@ class HostConfig:
         `name`)."""
         return self.fabric.host or self.name
 
+    @cached_property
+    def _peer_index(self) -> dict[str, Peer]:
+        return {p.name: p for p in self.peers}
+
     def peer(self, name: str) -> Peer:
-        for p in self.peers:
-            if p.name == name:
-                return p
-        raise KeyError(f"no peer {name!r} (peers: {', '.join(p.name for p in self.peers)})")
+        try:
+            return self._peer_index[name]
+        except KeyError:
+            shown = ", ".join(p.name for p in self.peers[:8]) + (", ..." if len(self.peers) > 8 else "")
+            raise KeyError(f"no peer {name!r} (peers: {shown})") from None
 
     def peer_names(self) -> list[str]:
         return [p.name for p in self.peers]
@@ -408,11 +426,11 @@ def describe(cfg: HostConfig) -> list[str]:
                f"port 4791 -> the MRC table; {routes} dev mrc0 src {cfg.mrc_address} in the MRC table")
     planes = len(cfg.planes)
     for peer in cfg.peers:
-        table = ev_paths(cfg, peer.name)
-        out.append(f"peer {peer.name}: MRC address {peer.mrc_address}, {len(table)} EVs over {planes} planes")
+        out.append(f"peer {peer.name}: MRC address {peer.mrc_address}, {cfg.engine.evs} EVs over {planes} "
+                   "planes")
         for plane in range(planes):
             paths = plane_paths(cfg, peer.name, plane)
-            evs = sum(1 for t in table if t.plane == plane)
+            evs = len(range(plane, cfg.engine.evs, planes))  # EV i is on plane i mod planes (`ev_paths`)
             shown = ", ".join(f"{x.container} ({'-'.join(x.hops[1:-1])})" for x in paths)
             n = len(paths)
             on = "1 path" if n == 1 else f"{n} paths ({_spread(evs, n)})"
@@ -444,6 +462,12 @@ def describe(cfg: HostConfig) -> list[str]:
 def _show(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _show_path(path: FsPath) -> str:
+    """A path for a message: whole up to 200 characters, else its ends and its length."""
+    text = str(path)
+    return text if len(text) <= 200 else f"{text[:120]}...{text[-40:]} ({len(text.encode())} bytes)"
 
 
 class _Doc:
@@ -510,8 +534,8 @@ class _Doc:
             raise self.fail(key, f"{addr} is not a unicast address")
         if addr.is_link_local and not link_local:
             raise self.fail(key, f"{addr} is link-local: a routed (global or unique-local) address is needed")
-        if addr.scope_id is not None and not link_local:
-            raise self.fail(key, f"{text!r}: only a link-local next hop takes a %scope")
+        if addr.scope_id is not None and not (link_local and addr.is_link_local):
+            raise self.fail(key, f"{_show(text)}: only a link-local next hop takes a %scope")
         return addr
 
     def network(self, key: str, value: Any, example: str) -> ipaddress.IPv6Network:
@@ -548,25 +572,27 @@ def loads(text: str, source: str = "<string>", *, base: FsPath | None = None) ->
 
 def _build(d: _Doc, doc: Mapping[str, Any], base: FsPath) -> HostConfig:
     d.table("", doc, _TOP)
-    for key, what in (("host", "table: [host] with name and mrc_address"),
-                      ("plane", "one [[plane]] table per plane port")):
-        if key not in doc:
-            raise d.fail(key, f"missing {what}")
+    if "host" not in doc:
+        raise d.fail("host", "missing table: [host] with name and mrc_address")
+    # [host]'s own keys first: "plane = [...]" written under [host] is host.plane, not a missing plane
+    host_doc = d.table("host", doc["host"], _HOST)
+    if "plane" not in doc:
+        raise d.fail("plane", "missing one [[plane]] table per plane port")
     if "fabric" not in doc:
         raise d.fail("fabric", "missing table: [fabric] with topology and host, or shape and [[peer]] tables")
     fab_doc = d.table("fabric", doc["fabric"], _FABRIC)
     topo = _topology(d, fab_doc, base)
-    host_doc = d.table("host", doc["host"], _HOST)
     if "name" not in host_doc:
         raise d.fail("host.name", "missing field")
     name = d.name("host.name", host_doc["name"])
     fabric = _fabric(d, fab_doc, topo, base, name)
     mrc_address, mrc_prefix = _host_addresses(d, host_doc, fabric)
-    planes = _planes(d, doc["plane"], fabric)
+    planes, positions = _planes(d, doc["plane"], fabric)
     engine = _engine(d, doc.get("engine", {}), len(planes))
     if fabric.topology is not None:
         if "peer" in doc:
             raise d.fail("peer", "not with fabric.topology: the topology gives the peers")
+        _check_topology_paths(d, fabric)
         peers = _topology_peers(fabric)
     else:
         if "peer" not in doc:
@@ -574,17 +600,31 @@ def _build(d: _Doc, doc: Mapping[str, Any], base: FsPath) -> HostConfig:
         peers = _peers(d, doc["peer"], fabric, name, len(planes), engine.evs)
     cfg = HostConfig(d.source, name, mrc_address, mrc_prefix, planes, fabric, peers, engine,
                      _metrics(d, doc), _control(d, doc), d.lines)
-    _check_addresses(d, cfg)
+    _check_addresses(d, cfg, positions)
     return cfg
 
 
 def _topology(d: _Doc, fab: Mapping[str, Any], base: FsPath) -> Topology | None:
     if "topology" not in fab:
         return None
-    rel = FsPath(d.string("fabric.topology", fab["topology"], "topologies/default.toml"))
+    text = d.string("fabric.topology", fab["topology"], "topologies/default.toml")
+    if not text:
+        raise d.fail("fabric.topology", "empty path: name a topology file, e.g. 'topologies/default.toml'")
+    if "\0" in text:
+        raise d.fail("fabric.topology", f"{_show(text)}: a path has no NUL character")
+    rel = FsPath(text)
     path = rel if rel.is_absolute() else base / rel
-    if not path.is_file():
-        raise d.fail("fabric.topology", f"no such file: {path}")
+    shown = _show_path(path)
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            raise d.fail("fabric.topology", f"no such file: {shown}") from None
+        raise d.fail("fabric.topology", f"cannot read {shown}: {e.strerror or e}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise d.fail("fabric.topology", f"{shown} is a directory, not a topology file")
+    if not stat.S_ISREG(st.st_mode):
+        raise d.fail("fabric.topology", f"{shown} is not a regular file (a topology file is one)")
     try:
         return topology.load(path)
     except FileError as e:  # the topology's own FILE:LINE: key: problem
@@ -679,6 +719,9 @@ def _plane(d: _Doc, key: str, p: Mapping[str, Any], index: int, fabric: Fabric) 
         link = topo.link_between(fabric.host, topo.leaf_name(index, topo.host_leaf(fabric.host)))
     if "address" in p:
         text = d.string(f"{key}.address", p["address"], "fc00:0:1::1/64")
+        if "%" in text:  # IPv6Interface takes "addr%scope/len" and drops the scope without a word
+            raise d.fail(f"{key}.address", f"{_show(text)}: a port's address takes no %scope (the port is "
+                                           "its scope)")
         try:
             addr = ipaddress.IPv6Interface(text)
         except ValueError:
@@ -692,6 +735,12 @@ def _plane(d: _Doc, key: str, p: Mapping[str, Any], index: int, fabric: Fabric) 
     else:
         raise d.fail(f"{key}.address", "missing field: this port's IPv6 address, e.g. 'fc00:0:1::1/64'")
     gateway = d.address(f"{key}.gateway", p["gateway"], link_local=True) if "gateway" in p else None
+    if gateway is not None and gateway.scope_id is not None and gateway.scope_id != interface:
+        raise d.fail(f"{key}.gateway", (
+            f"{gateway}: the %scope must be this plane's interface ({interface})" if interface is not None
+            else f"{gateway}: a %scope must name this plane's interface, and this plane is selected by "
+                 f"{'pci' if pci is not None else 'mac'}: leave the scope out (a link-local gateway is on "
+                 "this plane's port)"))
     if gateway is not None and fabric.shape == "back-to-back":
         raise d.fail(f"{key}.gateway", "a back-to-back plane has no gateway: the next hop is the peer's port")
     if gateway is None and link is not None:
@@ -712,7 +761,8 @@ def _plane(d: _Doc, key: str, p: Mapping[str, Any], index: int, fabric: Fabric) 
     return Plane(index, addr, interface, pci, mac, gateway, xdp, rate)
 
 
-def _planes(d: _Doc, raw: Any, fabric: Fabric) -> tuple[Plane, ...]:
+def _planes(d: _Doc, raw: Any, fabric: Fabric) -> tuple[tuple[Plane, ...], dict[int, int]]:
+    """The planes in index order, and each index's table position (what keys and lines are named by)."""
     items = d.array("plane", raw)
     if not 1 <= len(items) <= MAX_PLANES:
         raise d.fail("plane", f"need 1..{MAX_PLANES} [[plane]] tables, got {len(items)}")
@@ -740,7 +790,7 @@ def _planes(d: _Doc, raw: Any, fabric: Fabric) -> tuple[Plane, ...]:
             if tag in seen:
                 raise d.fail(f"{key}.{what}", f"{value} is already {seen[tag]}")
             seen[tag] = f"{key}.{what}"
-    return tuple(planes)
+    return tuple(planes), indexes
 
 
 def _engine(d: _Doc, raw: Any, planes: int) -> Engine:
@@ -776,6 +826,27 @@ def _engine(d: _Doc, raw: Any, planes: int) -> Engine:
                   num("probe_timeout_us", 1, MAX_US, dflt.probe_timeout_us),
                   num("ack_timeout", 0, 24, dflt.ack_timeout),
                   num("base_rtt_us", 1, MAX_US, dflt.base_rtt_us), window, mtu)
+
+
+def topology_path_count(topo: Topology, host: str) -> int:
+    """How many paths `host` has toward all its peers in `topo`, over all planes (one within a leaf,
+    one per spine toward another leaf), counted without building them."""
+    leaf = topo.host_leaf(host)
+    same = sum(1 for _, x in topo.hosts if x == leaf) - 1
+    other = len(topo.hosts) - 1 - same
+    return topo.planes * (same + other * topo.spines)
+
+
+def _check_topology_paths(d: _Doc, fabric: Fabric) -> None:
+    topo, host = fabric.topology, fabric.host
+    assert topo is not None and host is not None
+    total = topology_path_count(topo, host)
+    if total > MAX_PATHS:
+        raise d.fail("fabric.topology", (
+            f"{topo.source} gives {host} {len(topo.hosts) - 1} peers over {topo.planes} planes with "
+            f"{topo.spines} paths per plane toward a peer on another leaf: {total} paths, but a host's "
+            f"configuration may hold at most {MAX_PATHS} (fewer hosts, planes or spines; "
+            "docs/deploy.md, \"Limits\")"))
 
 
 def _topology_peers(fabric: Fabric) -> tuple[Peer, ...]:
@@ -831,8 +902,12 @@ def _peers(d: _Doc, raw: Any, fabric: Fabric, host: str, planes: int, evs: int) 
     if fabric.shape == "back-to-back" and len(items) != 1:
         raise d.fail("peer[1]" if len(items) > 1 else "peer",
                      f"a back-to-back host has exactly one peer (one link per plane), got {len(items)}")
+    if len(items) > MAX_PEERS:
+        raise d.fail("peer", f"{len(items)} [[peer]] tables: at most {MAX_PEERS} (as many peers as the "
+                             f"largest topology, {MAX_HOSTS} hosts, gives a host)")
     out: list[Peer] = []
     names: dict[str, int] = {}
+    total = 0  # paths toward the peers so far (a plane without paths: one)
     for i, item in enumerate(items):
         key = f"peer[{i}]"
         d.table(key, item, _PEER)
@@ -870,11 +945,21 @@ def _peers(d: _Doc, raw: Any, fabric: Fabric, host: str, planes: int, evs: int) 
                     raise d.fail(f"{pkey}.paths", f"{len(pl['paths'])} paths, but only {on_plane} of the "
                                                   f"{evs} EVs land on plane {p}: raise engine.evs or "
                                                   "list fewer")
+                if total + len(pl["paths"]) > MAX_PATHS:
+                    raise d.fail(f"{pkey}.paths", f"{total + len(pl['paths'])} paths toward the peers up "
+                                                  "to here: a host's configuration may hold at most "
+                                                  f"{MAX_PATHS} (docs/deploy.md, \"Limits\")")
+                containers: set[ipaddress.IPv6Address] = set()
                 for n, x in enumerate(pl["paths"]):
                     spec = _path(d, f"{pkey}.paths[{n}]", x, fabric.usid_block)
-                    if any(s.container == spec.container for s in paths):
+                    if spec.container in containers:
                         raise d.fail(f"{pkey}.paths[{n}]", f"{spec.container} is listed twice")
+                    containers.add(spec.container)
                     paths.append(spec)
+            total += max(1, len(paths))
+            if total > MAX_PATHS:
+                raise d.fail(pkey, f"{total} paths toward the peers up to here: a host's configuration may "
+                                   f"hold at most {MAX_PATHS} (docs/deploy.md, \"Limits\")")
             pps.append(PeerPlane(paddr, tuple(paths)))
         out.append(Peer(name, addr, tuple(pps)))
     return tuple(out)
@@ -891,10 +976,11 @@ def _metrics(d: _Doc, doc: Mapping[str, Any]) -> tuple[str, int] | None:
         ip = ipaddress.ip_address(bare)
     except ValueError:
         ip = None
-    if (ip is None or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535
-            or (ip.version == 6) != (bare != host)):
-        raise d.fail("metrics.address", f"{text!r} must be ADDRESS:PORT such as '127.0.0.1:9470' or "
-                                        "'[::1]:9470'")
+    # at most five digits before int(): a port of thousands of digits is past Python's int() limit
+    digits = port.isascii() and port.isdigit() and len(port) <= 5
+    if ip is None or not digits or not 1 <= int(port) <= 65535 or (ip.version == 6) != (bare != host):
+        raise d.fail("metrics.address", f"{_show(text)} must be ADDRESS:PORT such as '127.0.0.1:9470' or "
+                                        "'[::1]:9470' (a port 1..65535)")
     return str(ip), int(port)
 
 
@@ -912,22 +998,49 @@ def _control(d: _Doc, doc: Mapping[str, Any]) -> FsPath:
     return FsPath(text)
 
 
-def _addresses(cfg: HostConfig) -> Iterator[tuple[str, ipaddress.IPv6Address]]:
-    """(key, address) of every address the file names, host first: each must be unique."""
+def _addresses(cfg: HostConfig, positions: Mapping[int, int]) -> Iterator[tuple[str, ipaddress.IPv6Address]]:
+    """(key, address) of every address the file names, host first: each must be unique. A plane's key
+    is its table's position in the file (`positions`: plane index -> position), as every other plane
+    key is: ``index`` may order the planes otherwise."""
     yield "host.mrc_address", cfg.mrc_address
     for p in cfg.planes:
-        yield f"plane[{p.index}].address", p.address.ip
+        yield f"plane[{positions.get(p.index, p.index)}].address", p.address.ip
     for i, peer in enumerate(cfg.peers):
         yield f"peer[{i}].mrc_address", peer.mrc_address
         for n, pp in enumerate(peer.planes):
             yield f"peer[{i}].plane[{n}].address", pp.address
 
 
-def _check_addresses(d: _Doc, cfg: HostConfig) -> None:
+def _check_gateways(d: _Doc, cfg: HostConfig, positions: Mapping[int, int]) -> None:
+    """A gateway is the first switch: not this host's own address (its MRC address, a port's) nor a
+    peer's port. Compared without the %scope."""
+    own = {cfg.mrc_address: "host.mrc_address"}
+    own.update((p.address.ip, f"plane[{positions.get(p.index, p.index)}].address") for p in cfg.planes)
+    gateways: dict[ipaddress.IPv6Address, str] = {}
+    for p in cfg.planes:
+        if p.gateway is None:
+            continue
+        bare = ipaddress.IPv6Address(int(p.gateway))
+        key = f"plane[{positions.get(p.index, p.index)}].gateway"
+        if bare in own:
+            raise d.fail(key, f"{p.gateway} is {own[bare]}, this host's own: the gateway is the first switch "
+                              "on the plane")
+        gateways.setdefault(bare, key)
+    if not gateways:
+        return
+    for i, peer in enumerate(cfg.peers):
+        for n, pp in enumerate(peer.planes):
+            if pp.address in gateways:
+                raise d.fail(f"peer[{i}].plane[{n}].address",
+                             f"{pp.address} is {gateways[pp.address]}: a peer's port is not the first switch")
+
+
+def _check_addresses(d: _Doc, cfg: HostConfig, positions: Mapping[int, int]) -> None:
+    _check_gateways(d, cfg, positions)
     if cfg.fabric.topology is not None:
         return  # the topology's addressing is unique by construction (tested there)
     seen: dict[ipaddress.IPv6Address, str] = {}
-    for key, addr in _addresses(cfg):
+    for key, addr in _addresses(cfg, positions):
         if addr in seen:
             first = seen[addr]
             own = first.startswith(("host.", "plane[")) and key.startswith("peer")

@@ -38,6 +38,7 @@ import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from itertools import accumulate
 from pathlib import Path as FsPath
 from typing import Any, Final
 
@@ -69,6 +70,9 @@ DEFAULT_USID_BLOCK: Final = ipaddress.IPv6Network("fcbb:bbbb::/32")
 DEFAULT_LINK_PREFIX: Final = ipaddress.IPv6Network("fc00::/32")
 DEFAULT_MRC_PREFIX: Final = ipaddress.IPv6Network("fd00::/48")
 
+#: `Topology.link_between` on a fabric of more links than this makes the one link asked for instead of
+#: the map of all (16 planes x (2,048 hosts + 256 x 256 leaf-spine links): a million links, 17 s)
+_DIRECT_LINKS: Final = 1 << 16
 _NAME_RE: Final = re.compile(r"^[a-z][a-z0-9]{0,7}\Z")
 _SWITCH_NAME_RE: Final = re.compile(r"^p\d+[ls]\d+\Z")
 
@@ -121,6 +125,7 @@ class TopologyError(FileError):
 
 
 # ------------------------------------------------------------------------------------------- model
+
 
 
 @dataclass(frozen=True)
@@ -424,7 +429,8 @@ class Topology:
     def path_address(self, src: str, dst: str, plane: int, spine: int | None) -> ipaddress.IPv6Address:
         via = 0 if spine is None else spine + 1
         iid = (0xA00 + plane) << 48 | self.host_index(dst) << 32 | via << 16 | 1
-        return ipaddress.IPv6Address(int(self.host_prefix(src).network_address) | iid)
+        # host_prefix(src)'s network address, without building the network object per path
+        return ipaddress.IPv6Address(int(self.mrc_prefix.network_address) | self.host_index(src) << 64 | iid)
 
     def port_address(self, host: str, plane: int) -> ipaddress.IPv6Address:
         """The host's address on its plane-``plane`` port (outer source of its MRC packets)."""
@@ -445,16 +451,43 @@ class Topology:
         return list(self._links)
 
     def link_between(self, x: str, y: str) -> Link:
-        try:
-            return self._link_map[frozenset((x, y))]
-        except KeyError:
-            raise KeyError(f"no link between {x} and {y}") from None
+        n_links = self.planes * (len(self.hosts) + self.leaves * self.spines)
+        if "_link_map" in self.__dict__ or n_links <= _DIRECT_LINKS:  # a lookup in the map of all links
+            lk = self._link_map.get(frozenset((x, y)))
+        else:  # one link, made directly: a host's ports on a large fabric need not build a million links
+            lk = self._one_link(x, y)
+        if lk is None:
+            raise KeyError(f"no link between {x} and {y}")
+        return lk
+
+    def _one_link(self, x: str, y: str) -> Link | None:
+        """The link x-y as `_links` makes it (equal to its entry there), or None where there is none."""
+        nx, ny = self._node_map.get(x), self._node_map.get(y)
+        if nx is None or ny is None:
+            return None
+        rank = {"host": 0, "leaf": 1, "spine": 2}
+        a, b = (nx, ny) if rank[nx.kind] < rank[ny.kind] else (ny, nx)
+        p = b.plane  # b is a switch: it has a plane
+        if p is None:
+            return None
+        if a.kind == "host" and b.kind == "leaf" and self.hosts[a.index][1] == b.index:
+            return self._make_link(a.name, b.name, p, "host-leaf", self.usid(p, ROLE_HOST, a.index),
+                                   self.usid(p, ROLE_LEAF, b.index))
+        if a.kind == "leaf" and b.kind == "spine" and a.plane == p:
+            return self._make_link(a.name, b.name, p, "leaf-spine", self.usid(p, ROLE_LEAF, a.index),
+                                   self.usid(p, ROLE_SPINE, b.index))
+        return None
 
     def links_of(self, node: str) -> list[Link]:
         return list(self._links_by_node.get(node, ()))
 
     # -- paths
     def paths(self, src: str | None = None, dst: str | None = None, plane: int | None = None) -> list[Path]:
+        if src is not None and dst is not None:  # one pair: no walk over every host (a host's peers ask)
+            if src == dst or src not in self._host_idx or dst not in self._host_idx:
+                return []
+            planes = range(self.planes) if plane is None else [p for p in (plane,) if 0 <= p < self.planes]
+            return [x for p in planes for x in self._paths(src, dst, p)]
         out: list[Path] = []
         for s in self.host_names():
             if src is not None and s != src:
@@ -705,10 +738,80 @@ def read_text(path: FsPath, error: type[FileError] = FileError) -> str:
                     " (TOML files are UTF-8)", line) from None
 
 
+#: Arrays and inline tables nested deeper than this are refused before tomllib sees them: tomllib recurses
+#: once per level, and a few hundred levels exhaust Python's stack (a RecursionError, not a
+#: TOMLDecodeError) at a depth that depends on the caller's own stack. No configuration nests more than
+#: three or four.
+MAX_NESTING: Final = 32
+NESTED_TOO_DEEPLY: Final = (f"not valid TOML: nested too deeply (more than {MAX_NESTING} levels of arrays "
+                            "and inline tables)")
+# what the nesting scan stops at: a multi-line string's delimiter, a quote, a comment, a bracket
+_NEST_TOKEN_RE: Final = re.compile(r'"""|' + r"'''|[\"'#\[\]{}]")
+_ML_BASIC_END_RE: Final = re.compile(r'(?:[^\\"]|\\.|"(?!""))*"""', re.S)
+_BASIC_END_RE: Final = re.compile(r'(?:[^\\"\n]|\\.)*"')
+_STRING_OR_COMMENT_RE: Final = re.compile(r'"""(?:[^\\"]|\\.|"(?!""))*"""|' + r"'''.*?'''|"
+                                          + r'"(?:[^"\\\n]|\\.)*"|' + r"'[^'\n]*'|#[^\n]*", re.S)
+_NOT_BRACKET_RE: Final = re.compile(r"[^\[\]{}]+")
+_BRACKET_DELTA: Final = {"[": 1, "{": 1, "]": -1, "}": -1}
+_LONG_INT_RE: Final = re.compile(r"(?<![0-9A-Za-z_])[+-]?[0-9](?:_?[0-9]){4300}")
+
+
+def nesting_line(text: str, limit: int = MAX_NESTING) -> int | None:
+    """The line (1-based) where arrays and inline tables first nest deeper than `limit`, else None.
+    Strings and comments are skipped (a bracket in them is text); a table header's brackets count too,
+    but a header closes on its own line. Lines are counted by newlines only, as TOML counts them.
+    First a check at C speed (strings and comments cut out, the deepest point of what is left), then,
+    only where that finds too deep a point, the scan token by token that finds its line."""
+    if text.count("[") + text.count("{") <= limit:
+        return None
+    brackets = _NOT_BRACKET_RE.sub("", _STRING_OR_COMMENT_RE.sub("", text))
+    if not brackets or max(accumulate(map(_BRACKET_DELTA.__getitem__, brackets))) <= limit:
+        return None
+    depth, i, n = 0, 0, len(text)
+    search = _NEST_TOKEN_RE.search
+    while (m := search(text, i)) is not None:
+        tok, i = m.group(), m.end()
+        if tok == "#":
+            end = text.find("\n", i)
+            i = n if end < 0 else end
+        elif tok in ('"""', "'''"):
+            if tok == '"""':
+                mm = _ML_BASIC_END_RE.match(text, i)
+                end = -1 if mm is None else mm.end()
+            else:
+                end = text.find(tok, i)
+                end = -1 if end < 0 else end + 3
+            if end < 0:
+                return None  # unterminated: tomllib says where
+            i = end
+            while i < n and text[i] == tok[0] and i - end < 2:  # """" and """"": the string ends in quotes
+                i += 1
+        elif tok == '"':
+            mm = _BASIC_END_RE.match(text, i)
+            if mm is not None:
+                i = mm.end()
+        elif tok == "'":
+            end, nl = text.find("'", i), text.find("\n", i)
+            if end >= 0 and (nl < 0 or end < nl):
+                i = end + 1
+        elif tok in "[{":
+            depth += 1
+            if depth > limit:
+                return text.count("\n", 0, m.start()) + 1
+        else:
+            depth = max(depth - 1, 0)
+    return None
+
+
 def parse_toml(text: str, source: str, error: type[FileError] = FileError) -> dict[str, Any]:
-    """tomllib's document, or `error` ``FILE:LINE: not valid TOML: ... (column C)``."""
+    """tomllib's document, or `error` ``FILE:LINE: not valid TOML: ... (column C)``; arrays or inline
+    tables nested deeper than `MAX_NESTING` are ``FILE:LINE: not valid TOML: nested too deeply (...)``."""
+    if (line := nesting_line(text)) is not None:
+        raise error(source, None, NESTED_TOO_DEEPLY, line)
     try:
         return tomllib.loads(text)
+    except RecursionError:  # the scan above refuses what would recurse this deep; no traceback either way
+        raise error(source, None, NESTED_TOO_DEEPLY, nesting_line(text, 1)) from None
     except tomllib.TOMLDecodeError as e:
         msg = str(e)
         m = re.search(r" \(at line (\d+), column (\d+)\)$", msg)
@@ -716,6 +819,11 @@ def parse_toml(text: str, source: str, error: type[FileError] = FileError) -> di
             raise error(source, None, f"not valid TOML: {msg}") from None
         raise error(source, None, f"not valid TOML: {msg[:m.start()]} (column {m.group(2)})",
                     int(m.group(1))) from None
+    except ValueError as e:  # int() of a decimal integer beyond Python's 4300-digit limit, inside tomllib
+        m = _LONG_INT_RE.search(text)
+        line = None if m is None else text.count("\n", 0, m.start()) + 1
+        problem = "an integer of more than 4300 digits" if m is not None else str(e)
+        raise error(source, None, f"not valid TOML: {problem}", line) from None
 
 
 def key_line(lines: Mapping[str, int], key: str) -> int | None:
@@ -754,71 +862,118 @@ def _in_arrays(name: str, counts: Mapping[str, int]) -> str:
     return f"{out}.{parts[-1]}" if out else parts[-1]
 
 
-def _value_state(value: str) -> tuple[str | None, int]:
-    """After a value's first line: the multi-line string delimiter still open (None: none), and how many
-    brackets of a multi-line array are still open."""
-    depth, i, n = 0, 0, len(value)
-    while i < n:
-        c = value[i]
-        if c == "#":
-            break
-        if value.startswith(('"""', "'''"), i):
-            delim = value[i:i + 3]
-            end = value.find(delim, i + 3)
-            if end < 0:
-                return delim, depth
-            i = end + 3
-            continue
-        if c in "\"'":
-            end = i + 1
-            while end < n and value[end] != c:
-                end += 2 if c == '"' and value[end] == "\\" else 1
-            i = end + 1
-            continue
-        if c in "[{":
-            depth += 1
-        elif c in "]}":
-            depth -= 1
-        i += 1
-    return None, max(depth, 0)
+class _ValueScan:
+    """Where a value that may span lines stands: the multi-line string still open, the brackets still
+    open and, for an array, how many entries began (each entry's first line is recorded as ``key[i]``,
+    so that an error in the third table of a multi-line inline array names the line that holds it)."""
+
+    __slots__ = ("array", "delim", "depth", "entries", "expect", "key")
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.delim: str | None = None
+        self.depth = 0
+        self.array = False
+        self.entries = 0
+        self.expect = False
+
+    @property
+    def open(self) -> bool:
+        return self.delim is not None or self.depth > 0
+
+    def feed(self, s: str, n: int, lines: dict[str, int]) -> None:
+        """Scan `s`, line `n` of the value (or the rest of the key's line)."""
+        i, size = 0, len(s)
+        while i < size:
+            if self.delim is not None:
+                if self.delim == '"""':
+                    mm = _ML_BASIC_END_RE.match(s, i)
+                    end = -1 if mm is None else mm.end()
+                else:
+                    end = s.find("'''", i)
+                    end = -1 if end < 0 else end + 3
+                if end < 0:
+                    return
+                i = end
+                while i < size and s[i] == self.delim[0] and i - end < 2:
+                    i += 1
+                self.delim = None
+                continue
+            c = s[i]
+            if c in " \t\r":
+                i += 1
+                continue
+            if c == "#":
+                return
+            if self.array and self.depth == 1 and self.expect and c not in "],":
+                lines.setdefault(f"{self.key}[{self.entries}]", n)
+                self.entries += 1
+                self.expect = False
+            if s.startswith(('"""', "'''"), i):
+                self.delim = s[i:i + 3]
+                i += 3
+                continue
+            if c == '"':
+                mm = _BASIC_END_RE.match(s, i + 1)
+                i = size if mm is None else mm.end()
+                continue
+            if c == "'":
+                end = s.find("'", i + 1)
+                i = size if end < 0 else end + 1
+                continue
+            if c in "[{":
+                if self.depth == 0 and c == "[":
+                    self.array = self.expect = True
+                self.depth += 1
+            elif c in "]}":
+                self.depth = max(self.depth - 1, 0)
+            elif c == "," and self.depth == 1:
+                self.expect = True
+            i += 1
+
+
+def _with_prefixes(lines: dict[str, int], name: str, n: int) -> None:
+    """Record `name` and each table it implies (``engin.x`` implies ``engin``) at line `n`, unless an
+    earlier line has them: an error about an unknown table written only as ``[engin.x]`` gets a line."""
+    parts = name.split(".")
+    for j in range(1, len(parts) + 1):
+        lines.setdefault(".".join(parts[:j]), n)
 
 
 def key_lines(text: str) -> dict[str, int]:
     """Line numbers (1-based) of a TOML document's tables and keys, spelt as the errors spell them:
     ``topology``, ``topology.planes``, ``hosts`` (its first header), ``hosts[1]``, ``hosts[1].leaf``;
     a table under an entry of an array of tables is spelt under that entry (``[[peer.plane]]`` after the
-    second ``[[peer]]``: ``peer[1].plane[0]``, its keys ``peer[1].plane[0].address``).
+    second ``[[peer]]``: ``peer[1].plane[0]``, its keys ``peer[1].plane[0].address``); the entries of an
+    array value are ``key[i]`` at the line where each begins; a dotted header or key also gives the
+    tables it implies (``[engin.x]``: ``engin``).
     tomllib gives positions for syntax errors only; this scan of the (already valid) text gives them to
-    the semantic ones. Lines inside multi-line strings and arrays are skipped; a key written twice
-    would have failed to parse, so the first line of each is its only line."""
+    the semantic ones. Lines are split at "\\n" only, as TOML counts them (U+2028 or U+0085 in a comment
+    is no line break). Lines inside multi-line strings and arrays are not headers or keys; a key
+    written twice would have failed to parse, so the first line of each is its only line."""
     lines: dict[str, int] = {}
     counts: dict[str, int] = {}
     table = ""
-    in_string: str | None = None
-    depth = 0
-    for n, line in enumerate(text.splitlines(), start=1):
-        if in_string is not None:
-            if in_string in line:
-                in_string, depth = _value_state(line[line.index(in_string) + 3:])
-            continue
-        if depth:
-            more_string, more = _value_state("[" * depth + line)
-            in_string, depth = more_string, more
+    scan: _ValueScan | None = None
+    for n, line in enumerate(text.split("\n"), start=1):
+        if scan is not None and scan.open:
+            scan.feed(line, n, lines)
             continue
         if m := _HEADER_RE.match(line):
             name = _in_arrays(_dotted(m.group(2)), counts)
             if m.group(1) == "[[":
                 i = counts.get(name, 0)
                 counts[name] = i + 1
-                lines.setdefault(name, n)
+                _with_prefixes(lines, name, n)
                 table = f"{name}[{i}]"
             else:
                 table = name
-            lines.setdefault(table, n)
+            _with_prefixes(lines, table, n)
         elif m := _KEY_RE.match(line):
             key = f"{table}.{_dotted(m.group(1))}" if table else _dotted(m.group(1))
-            lines.setdefault(key, n)
-            in_string, depth = _value_state(line[m.end():])
+            _with_prefixes(lines, key, n)
+            scan = _ValueScan(key)
+            scan.feed(line[m.end():], n, lines)
     return lines
 
 

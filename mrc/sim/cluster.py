@@ -25,7 +25,6 @@ shape (`cluster_fabric`).
 from __future__ import annotations
 
 import ipaddress
-import tomllib
 from pathlib import Path
 from typing import Any, Final
 
@@ -33,7 +32,7 @@ import numpy as np
 
 from mrc import topology
 
-from .fluid import FluidFabric
+from .fluid import MAX_SCALE_HOSTS_PER_LEAF, MAX_SCALE_INDEX, FluidFabric
 
 DEFAULT_MRC_PREFIX: Final = ipaddress.IPv6Network("fd00::/48")
 DEFAULT_LINK_PREFIX: Final = ipaddress.IPv6Network("fc00::/32")
@@ -41,6 +40,17 @@ _KEYS: Final = {
     "cluster": {"planes", "leaves", "spines", "hosts_per_leaf", "radix", "rate_gbps"},
     "addressing": {"mrc_prefix", "link_prefix"},
 }
+
+
+#: the shape's keys and their largest values (FluidFabric's bounds: a 16-bit SID has 4 bits of plane and
+#: 11 of leaf or spine index)
+_BOUNDS: Final = {"planes": topology.MAX_PLANES, "leaves": MAX_SCALE_INDEX, "spines": MAX_SCALE_INDEX,
+                  "hosts_per_leaf": MAX_SCALE_HOSTS_PER_LEAF}
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def cluster_dir() -> Path:
@@ -53,19 +63,20 @@ def load_cluster(path: str | Path) -> tuple[FluidFabric, dict[str, Any]]:
     p = Path(path)
     try:
         text = topology.read_text(p)
-        doc = tomllib.loads(text)
+        # the topology files' parser: syntax errors and nesting too deep for tomllib give their line
+        doc = topology.parse_toml(text, str(p))
     except topology.FileError as e:
         raise ValueError(str(e)) from None
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"{p}: {e}") from None
     lines = topology.key_lines(text)
 
     def fail(key: str, problem: str) -> ValueError:
         return ValueError(str(topology.FileError(str(p), key, problem, topology.key_line(lines, key))))
 
     for table, keys in doc.items():
-        if table not in _KEYS or not isinstance(keys, dict):
+        if table not in _KEYS:
             raise fail(table, "unknown table (cluster files have [cluster], [addressing])")
+        if not isinstance(keys, dict):
+            raise fail(table, f"must be a table ([{table}]), got {_show(keys)}")
         for k in keys:
             if k not in _KEYS[table]:
                 raise fail(f"{table}.{k}", f"unknown key (known: {', '.join(sorted(_KEYS[table]))})")
@@ -73,18 +84,20 @@ def load_cluster(path: str | Path) -> tuple[FluidFabric, dict[str, Any]]:
     if not isinstance(c, dict):
         raise ValueError(f"{p}: needs a [cluster] table")
 
-    def whole(key: str) -> int:
+    def whole(key: str, hi: int | None = None) -> int:
         if key not in c:
             raise fail(f"cluster.{key}", "missing")
         v = c[key]
         if isinstance(v, bool) or not isinstance(v, int):
-            raise fail(f"cluster.{key}", f"must be a whole number, got {v!r}")
+            raise fail(f"cluster.{key}", f"must be a whole number, got {_show(v)}")
+        if hi is not None and not 1 <= v <= hi:  # FluidFabric's bounds, checked here for the key's line
+            raise fail(f"cluster.{key}", f"must be an integer 1..{hi}, got {v}")
         return v
 
     rate = c.get("rate_gbps", 100)
     if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate <= 1e6:
         raise fail("cluster.rate_gbps", f"must be a number of Gbit/s in (0, 1e6], got {rate!r}")
-    planes, leaves, spines, hpl = (whole(k) for k in ("planes", "leaves", "spines", "hosts_per_leaf"))
+    planes, leaves, spines, hpl = (whole(k, hi) for k, hi in _BOUNDS.items())
     try:
         fab = FluidFabric(planes, leaves, spines, hpl, float(rate) * 1e9)
     except ValueError as e:

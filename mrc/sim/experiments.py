@@ -9,6 +9,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from mrc import topology
@@ -70,6 +71,11 @@ class FabricSpec:
         need the same number of hosts on every leaf, listed leaf by leaf (host i on leaf i // H).
         ECN and trimming thresholds default to 1/4 and 1/2 of the file's buffer."""
         topo = topology.load(path)
+        if topo.spines < 1:  # the testbed takes leaf-only fabrics; the simulator's Clos needs a spine
+            lines = topology.key_lines(topology.read_text(Path(path)))
+            raise topology.TopologyError(path, "topology.spines", "the simulator needs at least one spine "
+                                         f"(1..256), got {topo.spines}",
+                                         topology.key_line(lines, "topology.spines"))
         n = len(topo.hosts)
         if n % topo.leaves:
             raise ValueError(f"{path}: {n} hosts on {topo.leaves} leaves: the experiments need the same "

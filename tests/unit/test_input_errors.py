@@ -66,7 +66,7 @@ def test_every_semantic_error_names_the_line_of_its_key(tmp_path: Path) -> None:
     # a key inside an inline table is reported at the line that holds it
     doc = 'hosts = [{name = "a", leaf = 0},\n  {name = "b", leaf = 7}]\n' + GOOD.split("[[hosts]]")[0]
     msg = _load_error(tmp_path, doc)
-    assert msg.startswith(f"{tmp_path / 't.toml'}:1: hosts[1].leaf: leaf 7 does not exist"), msg
+    assert msg.startswith(f"{tmp_path / 't.toml'}:2: hosts[1].leaf: leaf 7 does not exist"), msg
 
 
 def test_lines_are_found_past_multiline_strings_arrays_and_quoted_keys() -> None:
