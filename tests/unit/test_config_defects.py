@@ -10,36 +10,14 @@ import time
 from pathlib import Path
 
 import pytest
+from test_hostconfig import BASE
 
 from mrc import hostconfig, topology
 from mrc.errors import ConfigError
 from mrc.sim.cluster import load_cluster
 
-# a back-to-back host with two planes (line numbers matter: the tests name them)
-B2B = """\
-[host]
-name = "a"
-mrc_address = "fd00::a"
-
-[[plane]]
-interface = "eth1"
-address = "fc00:1::a/64"
-
-[[plane]]
-interface = "eth2"
-address = "fc00:2::a/64"
-
-[fabric]
-shape = "back-to-back"
-
-[[peer]]
-name = "b"
-mrc_address = "fd00::b"
-[[peer.plane]]
-address = "fc00:1::b"
-[[peer.plane]]
-address = "fc00:2::b"
-"""
+# a back-to-back host with two planes (line numbers matter: the tests name them): test_hostconfig's
+B2B = BASE
 
 # the same on a Clos: a gateway per plane (lines 8 and 13)
 CLOS = B2B.replace('"fc00:1::a/64"\n', '"fc00:1::a/64"\ngateway = "fc00:1::1"\n').replace(
