@@ -483,6 +483,10 @@ def test_unknown_qpn_dropped_at_xdp(tb: dict[str, Any]) -> None:
     buf = bytearray(WRITE_HDR_LEN + len(payload) + 4)
     build_write(buf, IcrcContext(src.packed, dst.packed), dqpn=0xABCDE, psn=0, ev_index=1, va=0x1000, rkey=7,
                 payload=payload, msg_len=len(payload))
+    # earlier tests' QPs, destroyed with packets still in flight toward them, may have reached h2's
+    # engine (counted unknown_qpn, as they should): what matters is that these 5 do not
+    with _client(tb, "h2") as c:
+        engine_before = c.call("stats")["engine_drops"].get("unknown_qpn", 0)
     with FabricDataplane.open(tb["name"]) as fd:
         before = fd.ingress_drops("h2").get("foreign_qpn", 0)
         sk = mrc_socket(tb["tb"].ns("h0"), str(src), port=0)
@@ -497,8 +501,8 @@ def test_unknown_qpn_dropped_at_xdp(tb: dict[str, Any]) -> None:
             time.sleep(0.05)
             after = fd.ingress_drops("h2").get("foreign_qpn", 0)
     assert after == before + 5
-    with _client(tb, "h2") as c:
-        assert "unknown_qpn" not in c.call("stats")["engine_drops"]  # never reached the engine
+    with _client(tb, "h2") as c:  # never reached the engine
+        assert c.call("stats")["engine_drops"].get("unknown_qpn", 0) == engine_before
 
 
 def test_operator_commands_json(tb: dict[str, Any]) -> None:
