@@ -290,6 +290,9 @@ class ControlServer:
         quota = MAX_LINES_PER_CLIENT
         while True:
             if len(c.wbuf) > MAX_QUEUED_REPLY_BYTES:
+                # waiting for it to read, not for a budget: out of the backlog, or the loop would spin
+                # without sleeping until it reads (unpausing answers its lines again)
+                self.backlog.pop(key, None)
                 if not c.paused:
                     c.paused = True
                     self.paused_total += 1

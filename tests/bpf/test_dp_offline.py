@@ -5,6 +5,7 @@ fixes all three lengths."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes as ct
 import ipaddress
 import struct
@@ -196,12 +197,9 @@ def _with_ext(frame: bytes, at: int, nh_off: int, ext: int) -> bytes:
     return bytes(b[:at]) + bytes([nxt, 0]) + bytes(6) + bytes(b[at:])
 
 
-def test_ingress_drops_tunnels_behind_extension_headers(ingress: Program) -> None:
-    """A hop-by-hop, routing, fragment or destination-options header between the outer and the inner
-    IPv6 header (or before the inner UDP 4791) used to make the program pass the frame unchecked, QP
-    filter included, while End.DT6 would still decapsulate it into the MRC socket. MRC's fabric sends
-    no extension headers: such a tunnel is dropped as bad_ip. Non-tunnel traffic with one (MLD's
-    hop-by-hop before ICMPv6) still passes."""
+@contextlib.contextmanager
+def _qp_filter(ingress: Program) -> Iterator[None]:
+    """The test port with its QP filter on (a foreign QPN is dropped), as it was afterwards."""
     m = ingress.maps["mrc_in_ports"]
     key = abi.mac_key(PORT_MAC)
     orig = m.get(key)
@@ -209,6 +207,18 @@ def test_ingress_drops_tunnels_behind_extension_headers(ingress: Program) -> Non
         v = m.get(key)
         v.flags = int(abi.PortFlag.QP_FILTER)
         m.set(key, v)
+        yield
+    finally:
+        m.set(key, orig)
+
+
+def test_ingress_drops_tunnels_behind_extension_headers(ingress: Program) -> None:
+    """A hop-by-hop, routing, fragment or destination-options header between the outer and the inner
+    IPv6 header (or before the inner UDP 4791) used to make the program pass the frame unchecked, QP
+    filter included, while End.DT6 would still decapsulate it into the MRC socket. MRC's fabric sends
+    no extension headers: such a tunnel is dropped as bad_ip. Non-tunnel traffic with one (MLD's
+    hop-by-hop before ICMPv6) still passes."""
+    with _qp_filter(ingress):
         foreign = fabric_frame(mrc_write(dqpn=77))
         assert bpfsys.test_run(ingress.prog_fd, foreign)[0] == XDP_DROP
         for ext in (0, 43, 44, 60):
@@ -227,8 +237,6 @@ def test_ingress_drops_tunnels_behind_extension_headers(ingress: Program) -> Non
         before_all = drops(ingress)
         rc, out, _ = bpfsys.test_run(ingress.prog_fd, mld)
         assert rc == XDP_PASS and out == mld and drops(ingress) == before_all
-    finally:
-        m.set(key, orig)
 
 
 def test_ingress_drops_mrc_for_a_mac_no_port_has(ingress: Program) -> None:
@@ -238,13 +246,7 @@ def test_ingress_drops_mrc_for_a_mac_no_port_has(ingress: Program) -> None:
     drops in a row nothing read. It is dropped as bad_ip under port id 0, which
     `counters.unknown_port_rx_drops` reads; the port's own row does not move. Other traffic to such a
     MAC (neighbour discovery) still passes."""
-    m = ingress.maps["mrc_in_ports"]
-    key = abi.mac_key(PORT_MAC)
-    orig = m.get(key)
-    try:
-        v = m.get(key)
-        v.flags = int(abi.PortFlag.QP_FILTER)
-        m.set(key, v)
+    with _qp_filter(ingress):
         foreign = fabric_frame(mrc_write(dqpn=77))
         assert bpfsys.test_run(ingress.prog_fd, foreign)[0] == XDP_DROP  # the port's filter works
         for mac in ("ff:ff:ff:ff:ff:ff", "33:33:00:00:00:01", "02:aa:00:00:00:99"):
@@ -261,8 +263,6 @@ def test_ingress_drops_mrc_for_a_mac_no_port_has(ingress: Program) -> None:
         before0 = counters.unknown_port_rx_drops(ingress)
         rc, out, _ = bpfsys.test_run(ingress.prog_fd, nd)
         assert rc == XDP_PASS and out == nd and counters.unknown_port_rx_drops(ingress) == before0
-    finally:
-        m.set(key, orig)
 
 
 # -------------------------------------------------------------------------------------------- egress

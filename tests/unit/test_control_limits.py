@@ -5,6 +5,7 @@ without end. Each is bounded and counted by reason, and the loop keeps turning."
 from __future__ import annotations
 
 import array
+import contextlib
 import errno
 import json
 import os
@@ -282,3 +283,38 @@ def test_mrcd_raises_its_descriptor_limit_for_its_memory_regions() -> None:
         assert now == want and now > 1024
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_waiting_client_that_stops_reading_does_not_keep_the_loop_awake(
+    server: ControlServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client left with lines by the budget (the loop does not sleep while any is) whose replies then
+    pile up is paused until it reads: it must leave the backlog, or mrcd's loop turned at 100 % CPU
+    with nothing to do until the client read."""
+    monkeypatch.setattr(cs, "MAX_QUEUED_REPLY_BYTES", 2048)
+    s = _connect(server)
+    try:
+        _turn(server)
+        s.sendall(b'{"id":1,"op":"qp_show"}\n' * (4 * cs.MAX_LINES_PER_CLIENT))
+        time.sleep(0.05)
+        (c,) = server.clients.values()
+        c.wbuf += b"x" * 1000  # replies it has not read yet
+        server.begin_turn()
+        server.on_io(c, selectors.EVENT_READ)  # its share answered, the rest waits for the budget
+        assert server.busy
+        c.wbuf += b"x" * 4096  # ... and it still reads nothing
+        server.begin_turn()
+        assert c.paused and not server.busy  # waiting for the client now, not for the loop
+        server.flush()  # it reads: answered again, in order
+        s.setblocking(False)
+        got = b""
+        for _ in range(200):
+            with contextlib.suppress(BlockingIOError):
+                got += s.recv(1 << 20)
+            _turn(server, 0.01)
+            if got.count(b"\n") >= 4 * cs.MAX_LINES_PER_CLIENT + 1:
+                break
+        ids = [json.loads(x)["id"] for x in got.replace(b"x", b"").split(b"\n") if x]
+        assert ids == [0] + [1] * (4 * cs.MAX_LINES_PER_CLIENT)
+    finally:
+        s.close()
