@@ -33,12 +33,18 @@ def data(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 
 
-def train(rank: int, hook: MrcHookState | None) -> list[float]:
+def _model(hook: MrcHookState | None) -> tuple[nn.Module, DDP]:
+    """The same small model on every rank and run (seeded), wrapped in DDP, with the hook if given."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 1))
     ddp = DDP(model)
     if hook is not None:
         ddp.register_comm_hook(hook, mrc_hook)
+    return model, ddp
+
+
+def train(rank: int, hook: MrcHookState | None) -> list[float]:
+    _, ddp = _model(hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     x, y = data(rank)
     losses = []
@@ -57,11 +63,7 @@ def train(rank: int, hook: MrcHookState | None) -> list[float]:
 def train_amp(rank: int, hook: MrcHookState | None, steps: int = 6) -> tuple[list[float], bool]:
     """The GradScaler's scale after each step (it halves on every step whose gradients hold an inf or a
     NaN, skipping it) and whether the parameters stayed finite."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 1))
-    ddp = DDP(model)
-    if hook is not None:
-        ddp.register_comm_hook(hook, mrc_hook)
+    model, ddp = _model(hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**24)
     g = torch.Generator().manual_seed(rank)
