@@ -43,6 +43,12 @@ MAX_PENDING_FDS: Final = 16
 #: or reads slowly, cannot make mrcd hold its answers without bound (qp_show alone can answer KiBs to a
 #: 30-byte request). Reading resumes below a quarter of it.
 MAX_QUEUED_REPLY_BYTES: Final = 4 << 20
+#: Reply bytes queued for all clients together (lingering ones included) beyond which a client holding
+#: more than REPLY_FLOOR_BYTES of unread replies is not read either, until the total is back under it:
+#: MAX_CLIENTS slow readers at MAX_QUEUED_REPLY_BYTES each would otherwise hold a GiB. Clients that read
+#: their answers (holding less than the floor) are served as before.
+MAX_TOTAL_QUEUED_REPLY_BYTES: Final = 64 << 20
+REPLY_FLOOR_BYTES: Final = 64 << 10
 #: How long a dropped client's unsent replies may take to go out (in the background: the loop does not
 #: wait for them) before its socket is closed.
 LINGER_S: Final = 1.0
@@ -144,6 +150,7 @@ class ControlServer:
         self.budget = MAX_LINES_PER_TURN  # request lines this turn may still answer
         self.backlog: dict[int, Client] = {}  # clients with complete lines left by the budget, in order
         self.lingering: dict[int, Client] = {}  # dropped clients whose last replies are going out
+        self.queued = 0  # reply bytes queued for every client, as of the last flush
         self.accept_rest_until = 0.0  # > 0: the listening socket rests after a failed accept
 
     def _count(self, reason: str) -> None:
@@ -289,7 +296,7 @@ class ControlServer:
         key = c.sock.fileno()
         quota = MAX_LINES_PER_CLIENT
         while True:
-            if len(c.wbuf) > MAX_QUEUED_REPLY_BYTES:
+            if len(c.wbuf) > self._reply_cap():
                 # waiting for it to read, not for a budget: out of the backlog, or the loop would spin
                 # without sleeping until it reads (unpausing answers its lines again)
                 self.backlog.pop(key, None)
@@ -323,17 +330,27 @@ class ControlServer:
                 self.backlog.pop(key, None)
                 return
 
+    def _reply_cap(self) -> int:
+        """The unread reply bytes past which a client is paused: its own limit, or the floor while all
+        clients together hold more than MAX_TOTAL_QUEUED_REPLY_BYTES."""
+        return REPLY_FLOOR_BYTES if self.queued > MAX_TOTAL_QUEUED_REPLY_BYTES else MAX_QUEUED_REPLY_BYTES
+
     def flush(self) -> None:
         """Send what every client has queued, as far as its socket takes it now; close the lingering
-        clients whose replies are out or whose time is up."""
+        clients whose replies are out or whose time is up; count what stays queued."""
+        queued = 0
         for c in list(self.clients.values()):
             if c.wbuf:
                 self._flush_client(c)
+                queued += len(c.wbuf)
         if self.lingering:
             now = time.monotonic()
             for c in list(self.lingering.values()):
                 if not c.wbuf or now >= c.closing_at:
                     self._close(c)
+                else:
+                    queued += len(c.wbuf)
+        self.queued = queued
 
     def _flush_client(self, c: Client) -> None:
         try:
@@ -349,7 +366,7 @@ class ControlServer:
             if not c.wbuf:
                 self._close(c)
             return
-        if c.paused and len(c.wbuf) <= MAX_QUEUED_REPLY_BYTES // 4 and c.sock.fileno() >= 0:
+        if c.paused and len(c.wbuf) <= self._reply_cap() // 4 and c.sock.fileno() >= 0:
             c.paused = False
             self.sel.modify(c.sock, selectors.EVENT_READ, c)
             self._answer_lines(c)  # the lines read before the pause first

@@ -47,7 +47,7 @@ from mrc.dataplane.protocol import RejectReason
 from mrc.transport import EvState, QpState
 from mrc.transport.drops import EngineDrop
 
-from .control_server import MAX_QUEUED_REPLY_BYTES
+from .control_server import MAX_QUEUED_REPLY_BYTES, MAX_TOTAL_QUEUED_REPLY_BYTES, REPLY_FLOOR_BYTES
 
 if TYPE_CHECKING:
     from .host_engine import HostEngine
@@ -384,8 +384,9 @@ def _engine(h: str, planes: int, s: EngineSnapshot) -> Iterator[Metric]:
     clients.add_metric([h], s.control[0])
     yield clients
     paused = CounterMetricFamily("mrc_control_paused", "times a client's requests went unread because "
-                                 f"{MAX_QUEUED_REPLY_BYTES >> 20} MiB of its replies waited for it "
-                                 "(flow control)", labels=["host"])
+                                 f"{MAX_QUEUED_REPLY_BYTES >> 20} MiB of its replies waited for it, or "
+                                 f"{REPLY_FLOOR_BYTES >> 10} KiB while all clients' passed "
+                                 f"{MAX_TOTAL_QUEUED_REPLY_BYTES >> 20} MiB (flow control)", labels=["host"])
     paused.add_metric([h], s.control[1])
     yield paused
     if s.turns is not None:

@@ -317,3 +317,56 @@ def test_a_waiting_client_that_stops_reading_does_not_keep_the_loop_awake(
         assert ids == [0] + [1] * (4 * cs.MAX_LINES_PER_CLIENT)
     finally:
         s.close()
+
+
+def _stuff(c: Client) -> None:
+    """Fill the client's socket from mrcd's side, as a client that has stopped reading has."""
+    c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            c.sock.send(b" " * 4096)
+
+
+def test_slow_readers_together_are_bounded_and_readers_are_still_served(
+    server: ControlServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each slow reader stays under its own 4 MiB, but all of them together may not hold more than the
+    total: past it, a client holding more than the floor is paused; one that reads is answered; the
+    paused ones resume, in order, once the total is back under it."""
+    monkeypatch.setattr(cs, "MAX_TOTAL_QUEUED_REPLY_BYTES", 8192)
+    monkeypatch.setattr(cs, "REPLY_FLOOR_BYTES", 1024)
+    slow = [_connect(server) for _ in range(3)]
+    reader = _connect(server)
+    try:
+        for _ in range(20):
+            if len(server.clients) == 4:
+                break
+            _turn(server, 0.02)
+        assert len(server.clients) == 4
+        clients = list(server.clients.values())  # in the order they connected (the listen backlog's)
+        for c in clients[:3]:
+            _stuff(c)
+            c.wbuf += b"x" * 4000  # replies none of them has read
+        server.flush()
+        assert server.queued == 12000
+        for s in slow:
+            s.sendall(b'{"id":7,"op":"qp_show"}\n')
+        _lines(reader, 1)  # the greeting
+        reader.sendall(b'{"id":8,"op":"qp_show"}\n')
+        for _ in range(5):
+            _turn(server, 0.02)
+        assert [c.paused for c in clients[:3]] == [True, True, True]
+        assert [len(c.wbuf) for c in clients[:3]] == [4000, 4000, 4000]  # nothing more queued for them
+        assert [d["id"] for d in _lines(reader, 1)] == [8]
+        # two of them catch up: the total is back under the bound, and the third, still not reading, is
+        # answered again (under its own limit)
+        for c in clients[:2]:
+            c.wbuf.clear()
+        server.flush()
+        assert server.queued == 4000
+        _turn(server, 0.02)
+        assert not clients[2].paused
+        assert bytes(clients[2].wbuf).startswith(b"x" * 4000 + b'{"id":7,"ok":')
+    finally:
+        for s in [*slow, reader]:
+            s.close()
