@@ -62,7 +62,8 @@ def testbed(ctx: click.Context) -> None:
 @json_option
 @click.pass_obj
 def up(out: Output, file: Path | None, name: str, with_daemons: bool, metrics_base: int) -> None:
-    """Build the testbed described by FILE (default: deploy/topologies/default.toml)."""
+    """Build the testbed described by FILE (default: the default.toml shipped with mrc, which is
+    deploy/topologies/default.toml in a checkout)."""
     path = file if file is not None else topology.default_topology_dir() / "default.toml"
     topo = topology.load(path)
     out.progress(f"testbed {name}: {path} ({topo.planes} planes, {topo.leaves} leaves + {topo.spines} spines "

@@ -38,6 +38,7 @@ import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from importlib import resources
 from itertools import accumulate
 from pathlib import Path as FsPath
 from typing import Any, Final
@@ -978,8 +979,9 @@ def key_lines(text: str) -> dict[str, int]:
 
 
 def default_topology_dir() -> FsPath:
-    """``deploy/topologies`` of the checkout (the example files)."""
-    return FsPath(__file__).resolve().parents[1] / "deploy" / "topologies"
+    """The example topology files: ``deploy/topologies`` of the checkout, shipped as the package data of
+    `mrc._topologies` (so an installed wheel has them too)."""
+    return FsPath(str(resources.files("mrc._topologies")))
 
 
 def generate(

@@ -54,7 +54,8 @@ def _show(value: Any) -> str:
 
 
 def cluster_dir() -> Path:
-    return Path(__file__).resolve().parents[2] / "deploy" / "topologies" / "cluster"
+    """The example cluster files (``deploy/topologies/cluster``, shipped with the topologies)."""
+    return topology.default_topology_dir() / "cluster"
 
 
 def load_cluster(path: str | Path) -> tuple[FluidFabric, dict[str, Any]]:

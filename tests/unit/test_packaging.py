@@ -62,6 +62,29 @@ def test_bpf_sources_found_from_installed_wheel(wheel: Path, tmp_path: Path) -> 
     assert "MRC_UDP_PORT 4791" in found.read_text()
 
 
+def test_example_topologies_found_from_installed_wheel(wheel: Path, tmp_path: Path) -> None:
+    """`mrcctl testbed up` without FILE reads default.toml from `default_topology_dir()`, and the fluid
+    simulator's --cluster examples live under it: from a wheel the lookup pointed into site-packages'
+    parent, where no deploy/ exists (a pip user's `testbed up` failed with "cannot read")."""
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = sorted(p.relative_to(ROOT / "deploy" / "topologies").as_posix()
+                     for p in (ROOT / "deploy" / "topologies").rglob("*.toml"))
+    assert shipped and all(f"mrc/_topologies/{n}" in names for n in shipped), shipped
+    target = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(target)
+    code = ("from mrc import topology; from mrc.sim.cluster import cluster_dir, load_cluster;"
+            " d = topology.default_topology_dir(); t = topology.load(d / 'default.toml');"
+            " load_cluster(cluster_dir() / 'cluster-8k.toml'); print(d, len(t.hosts))")
+    proc = subprocess.run(
+        [sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path,
+        env={"PYTHONPATH": f"{target}:{':'.join(p for p in sys.path if 'site-packages' in p)}"}, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    where, hosts = proc.stdout.split()
+    assert Path(where) == target / "mrc" / "_topologies" and int(hosts) > 0
+
+
 def test_wheel_declares_its_license(wheel: Path) -> None:
     """The metadata said Apache-2.0 while the repository had no LICENSE: the wheel now carries both, in
     the SPDX form (the deprecated `license = {text = ...}` table is gone)."""
