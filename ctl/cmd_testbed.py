@@ -63,8 +63,9 @@ def testbed(ctx: click.Context) -> None:
 @click.pass_obj
 def up(out: Output, file: Path | None, name: str, with_daemons: bool, metrics_base: int) -> None:
     """Build the testbed described by FILE (default: the default.toml shipped with mrc, which is
-    deploy/topologies/default.toml in a checkout)."""
-    path = file if file is not None else topology.default_topology_dir() / "default.toml"
+    deploy/topologies/default.toml in a checkout; a bare name that is not a file here, e.g. small.toml,
+    is the shipped example of that name)."""
+    path = topology.default_topology_dir() / "default.toml" if file is None else topology.example_path(file)
     topo = topology.load(path)
     out.progress(f"testbed {name}: {path} ({topo.planes} planes, {topo.leaves} leaves + {topo.spines} spines "
                  f"per plane, {len(topo.hosts)} hosts, {topology.format_rate(topo.link.rate_bps)} links)")

@@ -28,13 +28,14 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 def _fabric(
     hosts: int, planes: int, leaves: int | None, spines: int | None, hpl: int | None, cluster: str | None
 ) -> Any:
+    from mrc import topology
     from mrc.sim import fluid_exp
     from mrc.sim.cluster import load_cluster
     from mrc.sim.fluid import FluidFabric
 
     try:
         if cluster:
-            return load_cluster(cluster)[0]
+            return load_cluster(topology.example_path(cluster, "cluster"))[0]
         if leaves or spines or hpl:
             if not (leaves and spines and hpl):
                 raise UsageError("give --leaves, --spines and --hosts-per-leaf together")
@@ -62,8 +63,10 @@ def _common(f: _F) -> _F:
         click.option(
             "--cluster",
             default=None,
-            type=click.Path(exists=True, dir_okay=False),
-            help="A cluster file (deploy/topologies/cluster/*.toml).",
+            type=click.Path(dir_okay=False),
+            help="A cluster file; a bare name that is not a file here is the shipped example of that name "
+            "(cluster-8k.toml, cluster-32k.toml, cluster-131k.toml: deploy/topologies/cluster/ of a "
+            "checkout).",
         ),
         click.option("--variants", default="ecmp,mrc", show_default=True),
         click.option(

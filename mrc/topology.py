@@ -984,6 +984,18 @@ def default_topology_dir() -> FsPath:
     return FsPath(str(resources.files("mrc._topologies")))
 
 
+def example_path(path: str | FsPath, sub: str = "") -> FsPath:
+    """`path` itself when it exists; else, for a bare file name, the shipped example of that name (in
+    `default_topology_dir()`, or its folder `sub`), so that ``small.toml`` or ``cluster-8k.toml`` work
+    from any directory and from an installed wheel; else `path` unchanged (its loader says it cannot
+    read it)."""
+    given = FsPath(path)
+    if given.exists() or given.name != str(path):
+        return given
+    shipped = default_topology_dir() / sub / given.name
+    return shipped if shipped.is_file() else given
+
+
 def generate(
     planes: int,
     leaves: int,

@@ -287,6 +287,19 @@ def test_json_flag_after_a_fluid_verb(capsys: Cap) -> None:
     assert rc == 0 and json.loads(out)["experiment"] == "permutation"
 
 
+def test_fluid_cluster_by_the_shipped_name_from_any_directory(
+    capsys: Cap, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pip user has no deploy/ folder: `--cluster cluster-8k.toml` names the shipped example (it was
+    refused as a path that does not exist)."""
+    monkeypatch.chdir(tmp_path)
+    rc, out, _ = _run(capsys, "-j", "sim", "fluid", "permutation", "--cluster", "cluster-8k.toml")
+    assert rc == 0, out
+    assert json.loads(out)["config"]["hosts"] == 8192
+    rc, out, _ = _run(capsys, "-j", "sim", "fluid", "permutation", "--cluster", "cluster-9k.toml")
+    assert rc != 0 and "cluster-9k.toml: cannot read" in json.loads(out)["error"]
+
+
 @pytest.mark.parametrize("state", ["{}", "[1]", '{"name": "bad", "topology": {}, "links": {"x": {}}}'])
 def test_damaged_testbed_state_is_a_clear_error(capsys: Cap, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                 state: str) -> None:

@@ -200,3 +200,19 @@ def test_more_than_256_hosts_get_node_ids_of_their_own_and_the_first_256_keep_th
     assert path.usids[-1] == big.node_usid("h1000", 1) and path.usids[-1] & 0xF00 >= 0x800
     with pytest.raises(ConfigError, match=r"need 2\.\.2048 hosts"):
         topology.generate(1, 129, 16, 16)
+
+
+def test_bare_example_names_resolve_to_the_shipped_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`mrcctl testbed up small.toml` and `sim fluid --cluster cluster-8k.toml` from any directory (and
+    from a wheel, where deploy/ is not at hand) take the shipped examples; a file of that name in the
+    working directory wins, and a path with a directory, or a name nothing has, is left as given."""
+    monkeypatch.chdir(tmp_path)
+    shipped = topology.default_topology_dir()
+    assert topology.example_path("small.toml") == shipped / "small.toml"
+    assert topology.example_path("cluster-8k.toml", "cluster") == shipped / "cluster" / "cluster-8k.toml"
+    assert topology.example_path("nope.toml") == Path("nope.toml")
+    assert topology.example_path("sub/small.toml") == Path("sub/small.toml")
+    (tmp_path / "small.toml").write_text("# mine\n")
+    assert topology.example_path("small.toml") == Path("small.toml")
