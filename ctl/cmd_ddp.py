@@ -71,7 +71,8 @@ def _run(name: str | None, ranks: int, timeout_s: float, compare: bool, cfg: dic
     from mrc.dataplane.collective import torch_available
 
     if not torch_available():
-        raise MrcError("mrcctl ddp needs torch (torch.distributed); make setup installs torch==2.13.0")
+        raise MrcError("mrcctl ddp needs torch (torch.distributed): pip install 'mrc[torch]' (make setup "
+                       "installs torch==2.13.0)")
     from .ddp_rank import DdpRanks
 
     testbed = tbmod.resolve_name(name)
@@ -157,7 +158,8 @@ def run_bench(transport: str, ranks: int, tasks: list[str], hooks: list[str], cf
     from mrc.dataplane.collective import torch_available
 
     if not torch_available():
-        raise MrcError("mrcctl ddp bench needs torch (torch.distributed); make setup installs torch==2.13.0")
+        raise MrcError("mrcctl ddp bench needs torch (torch.distributed): pip install 'mrc[torch]' (make "
+                       "setup installs torch==2.13.0)")
     if transport not in ("inproc", "mrc"):
         raise MrcError(f"transport {transport!r}: inproc or mrc")
     for h in hooks:

@@ -330,7 +330,7 @@ def _spec(
     trim = parse_size(trim_at) if trim_at is not None else None
     if topo_file is not None:
         try:
-            fs = exps.FabricSpec.from_file(topo_file, k, trim)
+            fs = exps.FabricSpec.from_file(str(topology.example_path(topo_file)), k, trim)
         except ValueError as e:
             raise UsageError(str(e)) from None
         planes = fs.planes

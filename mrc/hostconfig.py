@@ -40,6 +40,7 @@ from .topology import (
     FileError,
     LinkParams,
     Topology,
+    default_topology_dir,
     format_rate,
     key_line,
     key_lines,
@@ -604,6 +605,21 @@ def _build(d: _Doc, doc: Mapping[str, Any], base: FsPath) -> HostConfig:
     return cfg
 
 
+def _topology_path(text: str, base: FsPath) -> FsPath:
+    """fabric.topology's file: relative to the configuration file's directory; a bare name nothing there
+    has is the example of that name shipped with mrc (`topology.default_topology_dir`: in a wheel as in a
+    checkout), e.g. "default.toml", so the clos example works when installed as /etc/mrc/mrcd.toml."""
+    rel = FsPath(text)
+    if rel.is_absolute():
+        return rel
+    path = base / rel
+    if rel.name == text and not path.exists():
+        shipped = default_topology_dir() / text
+        if shipped.is_file():
+            return shipped
+    return path
+
+
 def _topology(d: _Doc, fab: Mapping[str, Any], base: FsPath) -> Topology | None:
     if "topology" not in fab:
         return None
@@ -612,8 +628,7 @@ def _topology(d: _Doc, fab: Mapping[str, Any], base: FsPath) -> Topology | None:
         raise d.fail("fabric.topology", "empty path: name a topology file, e.g. 'topologies/default.toml'")
     if "\0" in text:
         raise d.fail("fabric.topology", f"{_show(text)}: a path has no NUL character")
-    rel = FsPath(text)
-    path = rel if rel.is_absolute() else base / rel
+    path = _topology_path(text, base)
     shown = _show_path(path)
     try:
         st = os.stat(path)
@@ -642,8 +657,7 @@ def _fabric(d: _Doc, fab: Mapping[str, Any], topo: Topology | None, base: FsPath
         if host not in topo.host_names():
             raise d.fail("fabric.host", f"no host {host!r} in {topo.source} "
                                         f"(hosts: {', '.join(topo.host_names())})")
-        rel = FsPath(cast(str, fab["topology"]))
-        return Fabric("clos", topo.usid_block, rel if rel.is_absolute() else base / rel, topo, host)
+        return Fabric("clos", topo.usid_block, _topology_path(cast(str, fab["topology"]), base), topo, host)
     if "host" in fab:
         raise d.fail("fabric.host", "only with fabric.topology (the name of this host in the topology)")
     if "shape" not in fab:

@@ -130,8 +130,8 @@ def digits_split(seed: int, test_fraction: float) -> tuple[Any, Any, Any, Any]:
         from sklearn.datasets import load_digits
         from sklearn.model_selection import train_test_split
     except ImportError as e:
-        raise UsageError("the digits task needs scikit-learn (make setup installs it; pip install "
-                         "scikit-learn)") from e
+        raise UsageError("the digits task needs scikit-learn: pip install 'mrc[torch]' (or scikit-learn; "
+                         "make setup installs it)") from e
     import numpy as np
 
     x, y = load_digits(return_X_y=True)
@@ -528,7 +528,7 @@ def plot(doc: dict[str, Any], path: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:
-        raise UsageError("--plot needs matplotlib (the plot extra; make setup installs it)") from e
+        raise UsageError("--plot needs matplotlib: pip install 'mrc[plot]' (make setup installs it)") from e
     tasks = doc["tasks"]
     fig, axes = plt.subplots(len(tasks), 2, figsize=(12, 4.2 * len(tasks)), squeeze=False)
     for row, t in zip(axes, tasks, strict=True):

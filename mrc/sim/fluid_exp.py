@@ -321,10 +321,9 @@ def step_tail(
 
 def plot_step_tail(doc: dict[str, Any], path: str) -> str:
     """The CDF of the step slowdown per variant (matplotlib, imported here: an optional extra)."""
-    import matplotlib
+    from .plot import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for v, xs in doc["slowdowns"].items():

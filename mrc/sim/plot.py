@@ -7,7 +7,8 @@ from typing import Any
 from mrc.errors import MrcError
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend, or MrcError saying which extra installs it."""
     try:
         import matplotlib
 
@@ -20,7 +21,7 @@ def _pyplot() -> Any:
 
 def plot(doc: dict[str, Any], path: str) -> str:
     """Write the experiment's figure to `path` (PNG) and return the path."""
-    plt = _pyplot()
+    plt = pyplot()
     exp = doc["experiment"]
     fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=110)
     res = doc["results"]

@@ -300,6 +300,27 @@ def test_fluid_cluster_by_the_shipped_name_from_any_directory(
     assert rc != 0 and "cluster-9k.toml: cannot read" in json.loads(out)["error"]
 
 
+def test_sim_run_topology_by_the_shipped_name(
+    capsys: Cap, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    rc, out, _ = _run(capsys, "-j", "sim", "run", "permutation", "--topology", "small.toml",
+                      "--duration", "20us", "--warmup", "5us")
+    assert rc == 0, out
+    assert json.loads(out)["config"]["fabric"]["file"].endswith("small.toml")
+
+
+def test_fluid_plot_without_matplotlib_is_a_clear_error(
+    capsys: Cap, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`pip install mrc` has no matplotlib: step-tail --plot ended in a ModuleNotFoundError traceback."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    rc, out, err = _run(capsys, "-j", "sim", "fluid", "step-tail", "--hosts", "128", "--planes", "2",
+                        "--draws", "2", "--plot", str(tmp_path / "x.png"))
+    assert rc != 0 and "Traceback" not in err
+    assert "pip install 'mrc[plot]'" in json.loads(out)["error"]
+
+
 @pytest.mark.parametrize("state", ["{}", "[1]", '{"name": "bad", "topology": {}, "links": {"x": {}}}'])
 def test_damaged_testbed_state_is_a_clear_error(capsys: Cap, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                 state: str) -> None:

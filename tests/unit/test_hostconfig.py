@@ -442,6 +442,27 @@ def test_topology_reference_errors(tmp_path: Path) -> None:
     assert msg.startswith(f"{topo}:{line}: topology.width: unknown key"), msg
 
 
+def test_a_bare_topology_name_falls_back_to_the_shipped_example(tmp_path: Path) -> None:
+    """Installed as /etc/mrc/mrcd.toml, the clos example named "topologies/default.toml" beside it, which
+    nothing installs: a bare name that is not beside the file is the example shipped with mrc (in the
+    wheel too); a file of that name beside it wins; a path with a folder is never redirected."""
+    cfg = hostconfig.load(_write(tmp_path, TOPO_CFG.replace("topo.toml", "small.toml")))
+    assert cfg.fabric.topology_file == topology.default_topology_dir() / "small.toml"
+    mine = tmp_path / "small.toml"
+    mine.write_text((DEPLOY / "topologies" / "small.toml").read_text())
+    cfg = hostconfig.load(_write(tmp_path, TOPO_CFG.replace("topo.toml", "small.toml")))
+    assert cfg.fabric.topology_file == mine
+    f = tmp_path / "mrcd.toml"
+    assert _error(TOPO_CFG.replace("topo.toml", "sub/small.toml"), tmp_path) == (
+        f"{f}:10: fabric.topology: no such file: {tmp_path / 'sub' / 'small.toml'}")
+    # the shipped clos example, copied away from the checkout (as deploy/install.sh installs it)
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "mrcd.toml").write_text(CLOS_EXAMPLE.read_text())
+    shipped = topology.default_topology_dir() / "default.toml"
+    assert hostconfig.load(etc / "mrcd.toml").fabric.topology_file == shipped
+
+
 def _write(tmp_path: Path, text: str) -> Path:
     f = tmp_path / "mrcd.toml"
     f.write_text(text)
