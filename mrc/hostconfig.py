@@ -613,9 +613,11 @@ def _topology_path(text: str, base: FsPath) -> FsPath:
     if rel.is_absolute():
         return rel
     path = base / rel
-    if rel.name == text and not path.exists():
+    # os.path's tests: False, not OSError, for a name the system refuses (too long): the stat after
+    # this reports it as the file error it is
+    if rel.name == text and not os.path.exists(path):
         shipped = default_topology_dir() / text
-        if shipped.is_file():
+        if os.path.isfile(shipped):
             return shipped
     return path
 

@@ -990,10 +990,10 @@ def example_path(path: str | FsPath, sub: str = "") -> FsPath:
     from any directory and from an installed wheel; else `path` unchanged (its loader says it cannot
     read it)."""
     given = FsPath(path)
-    if given.exists() or given.name != str(path):
+    if os.path.exists(given) or given.name != str(path):  # os.path: False, not OSError, for a bad name
         return given
     shipped = default_topology_dir() / sub / given.name
-    return shipped if shipped.is_file() else given
+    return shipped if os.path.isfile(shipped) else given
 
 
 def generate(
