@@ -28,19 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mrc.sim.experiments import without_machine_figures
+
 ROOT = Path(__file__).resolve().parents[1]
-#: the figures that measure the machine, not the simulation
-WALL_KEYS = frozenset({"wall_s", "hops_per_s", "hops_per_cpu_s", "sim_wall_s", "loop_wall_s", "sim_cpu_s",
-                       "events_per_s", "hops_per_loop_s"})
-
-
-def strip_wall(doc: Any) -> Any:
-    """The document without its wall-clock figures (at every depth)."""
-    if isinstance(doc, dict):
-        return {k: strip_wall(v) for k, v in doc.items() if k not in WALL_KEYS}
-    if isinstance(doc, list):
-        return [strip_wall(v) for v in doc]
-    return doc
 
 
 def sim_once(fast: bool, args: list[str]) -> dict[str, Any]:
@@ -127,7 +117,7 @@ def main() -> None:
         order = (False, True) if i % 2 == 0 else (True, False)
         got = {fast: sim_once(fast, a.sim_args.split()) for fast in order}
         ref, fast = got[False], got[True]
-        if strip_wall(ref) != strip_wall(fast):
+        if without_machine_figures(ref) != without_machine_figures(fast):
             raise SystemExit("bench/sim_loop_ab.py: the two loops' results differ")
         row: dict[str, Any] = {
             "ref_hops_per_loop_s": ref["hops_per_loop_s"], "fast_hops_per_loop_s": fast["hops_per_loop_s"],

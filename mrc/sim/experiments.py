@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from mrc import topology
 from mrc.transport import QpAttr
@@ -222,6 +222,22 @@ in_process: VariantMap = _InProcess()
 def _loop_speed(fab: Fabric) -> dict[str, Any]:
     """One run's event-loop figures (summed over the runs by `_speed_doc`)."""
     return {"events": fab.events, "packet_hops": fab.hops, "loop_wall_s": fab.wall_s, "cpu_s": fab.cpu_s}
+
+
+#: the figures of an experiment's document that measure the machine (`_speed_doc`'s, wherever they
+#: stand): everything else is a function of the configuration and the seed
+MACHINE_KEYS: Final = frozenset({"wall_s", "hops_per_s", "hops_per_cpu_s", "sim_wall_s", "loop_wall_s",
+                                 "sim_cpu_s", "events_per_s", "hops_per_loop_s", "workers"})
+
+
+def without_machine_figures(doc: Any) -> Any:
+    """`doc` without MACHINE_KEYS at every depth: what two runs of one configuration and seed must share
+    (the simulator's loops, the engine's paths, processes or not)."""
+    if isinstance(doc, dict):
+        return {k: without_machine_figures(v) for k, v in doc.items() if k not in MACHINE_KEYS}
+    if isinstance(doc, list):
+        return [without_machine_figures(v) for v in doc]
+    return doc
 
 
 def _speed_doc(parts: list[dict[str, Any]], wall_s: float, workers: int) -> dict[str, Any]:

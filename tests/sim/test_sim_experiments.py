@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pytest
 
 from mrc import topology
 from mrc.sim import derive
-from mrc.sim.experiments import FabricSpec, RunSpec, efficiency, failover, incast, permutation
+from mrc.sim.experiments import (
+    FabricSpec,
+    RunSpec,
+    efficiency,
+    failover,
+    incast,
+    permutation,
+    without_machine_figures,
+)
 from mrc.sim.fabric import Fabric, FabricParams, spine_of_ev
 from mrc.sim.hosts import Flow, HostParams, Traffic
 from mrc.transport import EvState
@@ -123,25 +129,16 @@ def test_plane_share_is_the_set_based_water_filling() -> None:
 SMALL = FabricSpec(planes=2, leaves=2, spines=2, hosts_per_leaf=2)
 
 
-def _strip(doc: Any) -> Any:
-    """Drop the wall-clock fields: everything else is a function of the configuration and seed."""
-    skip = {"wall_s", "hops_per_s", "events_per_s", "sim_wall_s", "sim_cpu_s", "hops_per_cpu_s",
-            "loop_wall_s", "hops_per_loop_s", "workers"}
-    if isinstance(doc, dict):
-        return {k: _strip(v) for k, v in doc.items() if k not in skip}
-    return doc
-
-
 def test_same_seed_same_result_different_seed_different_draw() -> None:
     spec = RunSpec(fabric=SMALL, variants=("ecmp", "mrc"), seed=5)
     a = permutation(spec, duration_ns=40_000, warmup_ns=10_000)
     b = permutation(spec, duration_ns=40_000, warmup_ns=10_000)
-    assert _strip(a) == _strip(b)
+    assert without_machine_figures(a) == without_machine_figures(b)
     c = permutation(RunSpec(fabric=SMALL, variants=("ecmp",), seed=6), duration_ns=40_000, warmup_ns=10_000)
-    assert _strip(c)["results"]["ecmp"] != _strip(a)["results"]["ecmp"]
+    assert without_machine_figures(c)["results"]["ecmp"] != without_machine_figures(a)["results"]["ecmp"]
     f1 = failover(RunSpec(fabric=SMALL, variants=("mrc",)), duration_ns=300_000, fail_ns=100_000)
     f2 = failover(RunSpec(fabric=SMALL, variants=("mrc",)), duration_ns=300_000, fail_ns=100_000)
-    assert _strip(f1) == _strip(f2)
+    assert without_machine_figures(f1) == without_machine_figures(f2)
 
 
 def test_variants_in_worker_processes_give_the_same_results() -> None:
@@ -153,13 +150,14 @@ def test_variants_in_worker_processes_give_the_same_results() -> None:
     a = permutation(spec, duration_ns=40_000, warmup_ns=10_000)
     b = permutation(spec, duration_ns=40_000, warmup_ns=10_000, run_all=ForkMap(2))
     assert a["workers"] == 1 and b["workers"] == 2
-    assert _strip(a) == _strip(b)
+    assert without_machine_figures(a) == without_machine_figures(b)
     assert b["packet_hops"] == sum(r["packet_hops"] for r in b["results"].values()) > 0
     assert b["hops_per_s"] > 0 and b["hops_per_loop_s"] > 0
     i1 = incast(RunSpec(fabric=SMALL, variants=("mrc", "mrc-notrim")), senders=2, size=64 << 10)
     i2 = incast(RunSpec(fabric=SMALL, variants=("mrc", "mrc-notrim")), senders=2, size=64 << 10,
                 run_all=ForkMap(2))
-    assert _strip(i1) == _strip(i2) and i1["results"]["mrc"]["completed"] == 2
+    assert without_machine_figures(i1) == without_machine_figures(i2)
+    assert i1["results"]["mrc"]["completed"] == 2
 
 
 def test_incast_with_trimming_recovers_without_timeouts() -> None:

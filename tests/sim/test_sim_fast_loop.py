@@ -12,20 +12,16 @@ import pytest
 
 from mrc import topology
 from mrc.sim import fabric as fabric_mod
-from mrc.sim.experiments import FabricSpec, RunSpec, degraded, failover, incast, permutation
+from mrc.sim.experiments import (
+    FabricSpec,
+    RunSpec,
+    degraded,
+    failover,
+    incast,
+    permutation,
+    without_machine_figures,
+)
 from mrc.sim.fabric import WIRE_OVERHEAD, Fabric, FabricParams
-
-#: figures that measure the machine, not the simulation
-_WALL = frozenset({"wall_s", "hops_per_s", "hops_per_cpu_s", "sim_wall_s", "loop_wall_s", "sim_cpu_s",
-                   "events_per_s", "hops_per_loop_s"})
-
-
-def _strip(doc: Any) -> Any:
-    if isinstance(doc, dict):
-        return {k: _strip(v) for k, v in doc.items() if k not in _WALL}
-    if isinstance(doc, list):
-        return [_strip(v) for v in doc]
-    return doc
 
 
 def _both(monkeypatch: pytest.MonkeyPatch, run: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -50,7 +46,7 @@ def _small() -> FabricSpec:
 def test_permutation_is_the_same_on_both_loops(monkeypatch: pytest.MonkeyPatch) -> None:
     spec = RunSpec(fabric=_congested(), variants=("ecmp", "mrc", "mrc-notrim"), seed=3)
     ref, fast = _both(monkeypatch, lambda: permutation(spec, duration_ns=60_000, warmup_ns=20_000))
-    assert _strip(ref) == _strip(fast)
+    assert without_machine_figures(ref) == without_machine_figures(fast)
     res = fast["results"]
     # the run reached the general code of the fast loop: every threshold of a switch port
     assert res["mrc"]["trims"] > 0 and res["mrc"]["ecn_marks"] > 0
@@ -62,7 +58,7 @@ def test_failover_with_flaps_is_the_same_on_both_loops(monkeypatch: pytest.Monke
     spec = RunSpec(fabric=_small(), variants=("ecmp", "mrc"), reconverge_ns=50_000)
     ref, fast = _both(monkeypatch, lambda: failover(spec, duration_ns=400_000, fail_ns=100_000,
                                                     heal_ns=300_000, flap_ns=60_000, bin_ns=50_000))
-    assert _strip(ref) == _strip(fast)
+    assert without_machine_figures(ref) == without_machine_figures(fast)
     lost = [r["lost_on_failed_link"] + r["dropped_at_failed_link"] for r in fast["results"].values()]
     assert all(x > 0 for x in lost)  # packets lost on the link (epochs) and dropped at its down port
 
@@ -70,13 +66,13 @@ def test_failover_with_flaps_is_the_same_on_both_loops(monkeypatch: pytest.Monke
 def test_degraded_link_is_the_same_on_both_loops(monkeypatch: pytest.MonkeyPatch) -> None:
     spec = RunSpec(fabric=_small(), variants=("ecmp", "mrc"))
     ref, fast = _both(monkeypatch, lambda: degraded(spec, factor=0.2, duration_ns=60_000, warmup_ns=20_000))
-    assert _strip(ref) == _strip(fast)
+    assert without_machine_figures(ref) == without_machine_figures(fast)
 
 
 def test_incast_is_the_same_on_both_loops(monkeypatch: pytest.MonkeyPatch) -> None:
     spec = RunSpec(fabric=_congested(), variants=("ecmp", "mrc"))
     ref, fast = _both(monkeypatch, lambda: incast(spec, senders=8, size=64 * 1024, time_limit_ns=2_000_000))
-    assert _strip(ref) == _strip(fast)
+    assert without_machine_figures(ref) == without_machine_figures(fast)
 
 
 class _Sender:
