@@ -40,7 +40,6 @@ from .topology import (
     FileError,
     LinkParams,
     Topology,
-    default_topology_dir,
     format_rate,
     key_line,
     key_lines,
@@ -605,32 +604,17 @@ def _build(d: _Doc, doc: Mapping[str, Any], base: FsPath) -> HostConfig:
     return cfg
 
 
-def _topology_path(text: str, base: FsPath) -> FsPath:
-    """fabric.topology's file: relative to the configuration file's directory; a bare name nothing there
-    has is the example of that name shipped with mrc (`topology.default_topology_dir`: in a wheel as in a
-    checkout), e.g. "default.toml", so the clos example works when installed as /etc/mrc/mrcd.toml."""
-    rel = FsPath(text)
-    if rel.is_absolute():
-        return rel
-    path = base / rel
-    # os.path's tests: False, not OSError, for a name the system refuses (too long): the stat after
-    # this reports it as the file error it is
-    if rel.name == text and not os.path.exists(path):
-        shipped = default_topology_dir() / text
-        if os.path.isfile(shipped):
-            return shipped
-    return path
-
-
 def _topology(d: _Doc, fab: Mapping[str, Any], base: FsPath) -> Topology | None:
     if "topology" not in fab:
         return None
-    text = d.string("fabric.topology", fab["topology"], "topologies/default.toml")
+    text = d.string("fabric.topology", fab["topology"], "default.toml")
     if not text:
-        raise d.fail("fabric.topology", "empty path: name a topology file, e.g. 'topologies/default.toml'")
+        raise d.fail("fabric.topology", "empty path: name a topology file, e.g. 'default.toml'")
     if "\0" in text:
         raise d.fail("fabric.topology", f"{_show(text)}: a path has no NUL character")
-    path = _topology_path(text, base)
+    # relative to this file's directory, or the shipped example of a bare name (so the clos example
+    # works installed as /etc/mrc/mrcd.toml)
+    path = topology.example_path(text, base=base)
     shown = _show_path(path)
     try:
         st = os.stat(path)
@@ -659,7 +643,7 @@ def _fabric(d: _Doc, fab: Mapping[str, Any], topo: Topology | None, base: FsPath
         if host not in topo.host_names():
             raise d.fail("fabric.host", f"no host {host!r} in {topo.source} "
                                         f"(hosts: {', '.join(topo.host_names())})")
-        return Fabric("clos", topo.usid_block, _topology_path(cast(str, fab["topology"]), base), topo, host)
+        return Fabric("clos", topo.usid_block, FsPath(topo.source), topo, host)  # the file _topology read
     if "host" in fab:
         raise d.fail("fabric.host", "only with fabric.topology (the name of this host in the topology)")
     if "shape" not in fab:

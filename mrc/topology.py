@@ -984,15 +984,18 @@ def default_topology_dir() -> FsPath:
     return FsPath(str(resources.files("mrc._topologies")))
 
 
-def example_path(path: str | FsPath, sub: str = "") -> FsPath:
-    """`path` itself when it exists; else, for a bare file name, the shipped example of that name (in
-    `default_topology_dir()`, or its folder `sub`), so that ``small.toml`` or ``cluster-8k.toml`` work
-    from any directory and from an installed wheel; else `path` unchanged (its loader says it cannot
-    read it)."""
+def example_path(path: str | FsPath, sub: str = "", base: FsPath | None = None) -> FsPath:
+    """`path` (relative to `base` when given) when it exists; else, for a bare file name, the shipped
+    example of that name (in `default_topology_dir()`, or its folder `sub`), so that ``small.toml`` or
+    ``cluster-8k.toml`` work from any directory and from an installed wheel; else `path` as given (its
+    loader says it cannot read it). os.path's tests: False, not OSError, for a name the system refuses
+    (too long), which the loader then reports as the file error it is."""
     given = FsPath(path)
-    if os.path.exists(given) or given.name != str(path):  # os.path: False, not OSError, for a bad name
+    if base is not None and not given.is_absolute():
+        given = base / given
+    if os.path.exists(given) or FsPath(path).name != str(path):
         return given
-    shipped = default_topology_dir() / sub / given.name
+    shipped = default_topology_dir() / sub / FsPath(path).name
     return shipped if os.path.isfile(shipped) else given
 
 

@@ -186,9 +186,8 @@ def allreduce(t: Transport, x: npt.ArrayLike, cfg: Config, step: int = 0, residu
     rank (it seeds the rotations); `residual` also returns this rank's quantization residual. Real
     numbers only: complex, bool, object and string buffers, and float64 values beyond float32's range,
     are refused (UsageError) rather than cast (the imaginary part dropped, None to NaN, 1e300 to inf).
-    `out`: a
-    contiguous float32 buffer of the input's length, not overlapping it, that the ring writes its
-    result into (Result.out is then `out`): a caller that all-reduces buffers of one size again and
+    `out`: a contiguous float32 buffer of the input's length, not overlapping it, that the ring writes
+    its result into (Result.out is then `out`): a caller that all-reduces buffers of one size again and
     again keeps one, instead of the fresh pages of a new result each time."""
     if not isinstance(step, (int, np.integer)) or isinstance(step, bool):
         raise UsageError(f"step must be an integer, got {type(step).__name__} {step!r}")
