@@ -128,7 +128,6 @@ class TopologyError(FileError):
 # ------------------------------------------------------------------------------------------- model
 
 
-
 @dataclass(frozen=True)
 class LinkParams:
     """What every fabric link gets unless the operator changes one at run time."""
