@@ -2,9 +2,11 @@
 /*
  * host_ingress - XDP on each plane port of a host (docs/design.md §5, docs/dataplane.md).
  *
- * For IPv6-in-IPv6 / UDP 4791 (MRC on the fabric): checks that it is addressed to a known port's MAC,
- * every header and length against the frame, the BTH TVer and MXH version, the opcode, and (when the
- * port says so) that DestQP is in the allowed-QP map; drops what fails, counted per (port, reason).
+ * For UDP 4791 in IPv6-in-IPv6 (MRC on the fabric), or in plain IPv6 (not the fabric's, but it reaches
+ * the MRC socket all the same), behind up to MRC_VLAN_MAX VLAN tags: checks that it is addressed to a
+ * known port's MAC, every header and length against the frame, the BTH TVer and MXH version, the
+ * opcode, and (when the port says so) that DestQP is in the allowed-QP map; drops what fails, counted
+ * per (port, reason).
  * Counts packets, bytes, ECN-CE and trimmed per (port, EV bucket); copies an outer CE into an ECT inner
  * header (RFC 6040); then either passes the packet to the kernel (End.DT6 decapsulates) or strips the
  * outer header here (MRC_PORT_F_XDP_DECAP).
@@ -51,9 +53,27 @@ int host_ingress(struct xdp_md *ctx)
 	__u32 flags = pi ? pi->flags : 0;
 	__u32 host = pi ? pi->host_id : 0;
 
-	if (mrc_be16(data + 12) != MRC_ETH_P_IPV6)
+	/* 802.1Q / 802.1ad tags are stepped over: the stack strips a priority tag (VID 0), however many, and a
+	 * VLAN device on a real host takes the others, so tagged MRC reaches the socket like untagged MRC and
+	 * must meet the same checks. More tags than anything legitimate must not hide what follows them. */
+	__u16 proto = mrc_be16(data + 12);
+	__u32 l2 = MRC_ETH_HLEN; /* the Ethernet header and its tags */
+#pragma unroll
+	for (int i = 0; i < MRC_VLAN_MAX; i++) {
+		if (proto != MRC_ETH_P_8021Q && proto != MRC_ETH_P_8021AD)
+			break;
+		if (data + l2 + MRC_VLAN_HLEN > end)
+			return drop(port, MRC_DROP_TRUNCATED, len);
+		proto = mrc_be16(data + l2 + 2);
+		l2 += MRC_VLAN_HLEN;
+	}
+	if (proto == MRC_ETH_P_8021Q || proto == MRC_ETH_P_8021AD)
+		return drop(port, MRC_DROP_BAD_IP, len);
+	if (proto != MRC_ETH_P_IPV6)
 		return XDP_PASS;
-	__u8 *outer = data + MRC_ETH_HLEN;
+	l2 &= 0x3F; /* at most 14 + 4 * MRC_VLAN_MAX: a bound the verifier sees */
+	int tagged = l2 != MRC_ETH_HLEN;
+	__u8 *outer = data + l2;
 	if (outer + MRC_IP6_HLEN > end)
 		return drop(port, MRC_DROP_TRUNCATED, len);
 	if (mrc_ip6_version(outer) != 6)
@@ -61,27 +81,13 @@ int host_ingress(struct xdp_md *ctx)
 	if (mrc_ip6_is_ext(outer[6])) {
 		/* MRC's fabric writes its path into the destination address (micro-SIDs, no SRH): a tunnel
 		 * behind extension headers is never its own, and End.DT6 would decapsulate it into the MRC
-		 * socket past every check below (the QP filter included). Other traffic with extension
-		 * headers (MLD's hop-by-hop, ...) passes. */
+		 * socket past every check below (the QP filter included); so is UDP 4791 behind them. A chain
+		 * that leaves the linear data (-1: kilobytes of options) or is longer than MRC_IP6_EXT_MAX (-2)
+		 * is nothing legitimate and must not hide either. Other traffic with extension headers (MLD's
+		 * hop-by-hop, ...) passes. */
 		__u8 *p = outer + MRC_IP6_HLEN;
 		int last = mrc_ip6_skip_ext(&p, outer[6], end);
-		if (last == MRC_NH_IPV6 || last == -2)
-			return drop(port, MRC_DROP_BAD_IP, len);
-		return XDP_PASS;
-	}
-	if (outer[6] != MRC_NH_IPV6)
-		return XDP_PASS; /* not tunnelled: not MRC on the fabric */
-	__u8 *inner = outer + MRC_IP6_HLEN;
-	if (inner + MRC_IP6_HLEN > end)
-		return drop(port, MRC_DROP_TRUNCATED, len);
-	if (mrc_ip6_version(inner) != 6)
-		return drop(port, MRC_DROP_BAD_IP, len);
-	if (mrc_ip6_is_ext(inner[6])) {
-		/* likewise inside the tunnel: UDP 4791 behind extension headers would reach the socket
-		 * unchecked; anything else (an ICMPv6 probe with options) passes */
-		__u8 *p = inner + MRC_IP6_HLEN;
-		int last = mrc_ip6_skip_ext(&p, inner[6], end);
-		if (last == -2)
+		if (last == MRC_NH_IPV6 || last < 0)
 			return drop(port, MRC_DROP_BAD_IP, len);
 		if (last == MRC_NH_UDP) {
 			if (p + MRC_UDP_HLEN > end)
@@ -91,8 +97,35 @@ int host_ingress(struct xdp_md *ctx)
 		}
 		return XDP_PASS;
 	}
+	/* MRC on the fabric is tunnelled (IPv6-in-IPv6). UDP 4791 straight to the host is not its fabric's,
+	 * but addressed to the MRC address it reaches the MRC socket all the same: it is checked as MRC,
+	 * with the outer header as its only one. */
+	__u8 *inner = outer;
+	int tunnelled = outer[6] == MRC_NH_IPV6;
+	if (tunnelled) {
+		inner = outer + MRC_IP6_HLEN;
+		if (inner + MRC_IP6_HLEN > end)
+			return drop(port, MRC_DROP_TRUNCATED, len);
+		if (mrc_ip6_version(inner) != 6)
+			return drop(port, MRC_DROP_BAD_IP, len);
+		if (mrc_ip6_is_ext(inner[6])) {
+			/* likewise inside the tunnel: UDP 4791 behind extension headers would reach the socket
+			 * unchecked; anything else (an ICMPv6 probe with options) passes */
+			__u8 *p = inner + MRC_IP6_HLEN;
+			int last = mrc_ip6_skip_ext(&p, inner[6], end);
+			if (last < 0)
+				return drop(port, MRC_DROP_BAD_IP, len);
+			if (last == MRC_NH_UDP) {
+				if (p + MRC_UDP_HLEN > end)
+					return drop(port, MRC_DROP_TRUNCATED, len);
+				if (mrc_be16(p + 2) == MRC_UDP_PORT)
+					return drop(port, MRC_DROP_BAD_IP, len);
+			}
+			return XDP_PASS;
+		}
+	}
 	if (inner[6] != MRC_NH_UDP)
-		return XDP_PASS; /* e.g. an ICMPv6 probe along a path */
+		return XDP_PASS; /* e.g. an ICMPv6 probe along a path, or kernel traffic */
 	__u8 *udp = inner + MRC_IP6_HLEN;
 	if (udp + MRC_UDP_HLEN > end)
 		return drop(port, MRC_DROP_TRUNCATED, len);
@@ -106,11 +139,12 @@ int host_ingress(struct xdp_md *ctx)
 	if (!pi)
 		return drop(0, MRC_DROP_BAD_IP, len);
 	/* every length must agree with the frame */
-	__u32 avail = len - MRC_ETH_HLEN - MRC_IP6_HLEN; /* len >= 102 here */
+	__u32 avail = len - l2 - MRC_IP6_HLEN; /* the UDP header is in the frame */
 	__u32 outer_plen = mrc_be16(outer + 4);
 	if (outer_plen > avail)
 		return drop(port, MRC_DROP_TRUNCATED, len);
-	if (outer_plen != avail || mrc_be16(inner + 4) + MRC_IP6_HLEN != outer_plen)
+	if (outer_plen != avail ||
+	    (tunnelled && mrc_be16(inner + 4) + MRC_IP6_HLEN != outer_plen))
 		return drop(port, MRC_DROP_BAD_LENGTH, len);
 	__u32 udp_len = mrc_be16(udp + 4);
 	if (udp_len != mrc_be16(inner + 4) || udp_len < MRC_UDP_HLEN)
@@ -165,12 +199,13 @@ int host_ingress(struct xdp_md *ctx)
 		c->trimmed += trimmed ? 1 : 0;
 	}
 	/* RFC 6040: outer CE onto an ECN-capable inner header (a Not-ECT inner stays as it is) */
-	if (ce) {
+	if (ce && tunnelled) {
 		__u8 iecn = mrc_ip6_ecn(inner);
 		if (iecn == MRC_ECN_ECT0 || iecn == MRC_ECN_ECT1)
 			mrc_ip6_set_ecn(inner, MRC_ECN_CE);
 	}
-	if (flags & MRC_PORT_F_XDP_DECAP) {
+	/* a tagged frame keeps its tunnel for End.DT6: only an untagged Ethernet header is moved here */
+	if ((flags & MRC_PORT_F_XDP_DECAP) && tunnelled && !tagged) {
 		__u8 eth[MRC_ETH_HLEN];
 		__builtin_memcpy(eth, data, MRC_ETH_HLEN);
 		if (bpf_xdp_adjust_head(ctx, MRC_IP6_HLEN))

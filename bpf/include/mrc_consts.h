@@ -10,6 +10,11 @@
 #define MRC_IP6_HLEN 40
 #define MRC_UDP_HLEN 8
 #define MRC_ETH_P_IPV6 0x86DD
+/* 802.1Q and 802.1ad tags, and how many a parser steps over */
+#define MRC_ETH_P_8021Q 0x8100
+#define MRC_ETH_P_8021AD 0x88A8
+#define MRC_VLAN_HLEN 4
+#define MRC_VLAN_MAX 4
 #define MRC_NH_UDP 17
 #define MRC_NH_IPV6 41
 /* IPv6 extension headers (RFC 8200 §4) a parser steps over, and how many at most */

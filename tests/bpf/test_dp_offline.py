@@ -239,6 +239,117 @@ def test_ingress_drops_tunnels_behind_extension_headers(ingress: Program) -> Non
         assert rc == XDP_PASS and out == mld and drops(ingress) == before_all
 
 
+def _delta(prog: Program, before: dict[str, int]) -> dict[str, int]:
+    after = drops(prog)
+    return {k: after[k] - before[k] for k in after if after[k] != before[k]}
+
+
+def _tagged(frame: bytes, *tags: tuple[int, int]) -> bytes:
+    """`frame` with VLAN tags (TPID, VID) inserted after its MAC addresses, outermost first."""
+    return frame[:12] + b"".join(struct.pack("!HH", tpid, vid) for tpid, vid in tags) + frame[12:]
+
+
+def test_ingress_checks_tagged_frames(ingress: Program) -> None:
+    """A priority-tagged frame (802.1Q, VID 0) used to pass unchecked (only ethertype 0x86DD was
+    looked at) while the stack strips the tag and End.DT6 delivers the packet to the MRC socket: a
+    foreign QPN reached the engine past the QP filter. Up to four tags are stepped over, whatever their
+    VID (a VLAN device on a real host takes tagged MRC too), and the packet meets every check; a deeper
+    stack is dropped as bad_ip; a tagged frame keeps its tunnel (End.DT6 takes it off)."""
+    with _qp_filter(ingress):
+        ingress.maps["mrc_allowed_qps"].set(abi.QpKey(ingress.maps["mrc_in_ports"].get(
+            abi.mac_key(PORT_MAC)).host_id, 5), ct.c_uint32(1))
+        foreign = fabric_frame(mrc_write(dqpn=77))
+        bad = patch(GOOD, _reth_mxh(GOOD), "!B", 2)
+        for tags in (((0x8100, 0),), ((0x8100, 5),), ((0x88A8, 7), (0x8100, 0)),
+                     ((0x8100, 0),) * 4):
+            before = drops(ingress)
+            assert bpfsys.test_run(ingress.prog_fd, _tagged(foreign, *tags))[0] == XDP_DROP, tags
+            assert _delta(ingress, before) == {"foreign_qpn": 1}, tags
+            before = drops(ingress)
+            assert bpfsys.test_run(ingress.prog_fd, _tagged(bad, *tags))[0] == XDP_DROP, tags
+            assert _delta(ingress, before) == {"bad_version": 1}, tags
+            before = drops(ingress)
+            assert bpfsys.test_run(ingress.prog_fd, _tagged(GOOD[: UDP + 20], *tags))[0] == XDP_DROP
+            assert _delta(ingress, before) == {"truncated": 1}, tags
+        before = drops(ingress)
+        assert bpfsys.test_run(ingress.prog_fd, _tagged(GOOD, *((0x8100, 0),) * 5))[0] == XDP_DROP
+        assert _delta(ingress, before) == {"bad_ip": 1}
+        m = ingress.maps["mrc_in_ports"]
+        v = m.get(abi.mac_key(PORT_MAC))
+        v.flags = int(abi.PortFlag.XDP_DECAP | abi.PortFlag.QP_FILTER)
+        m.set(abi.mac_key(PORT_MAC), v)
+        good = _tagged(GOOD, (0x8100, 0))
+        rc, out, _ = bpfsys.test_run(ingress.prog_fd, good)
+        assert rc == XDP_PASS and out == good
+        arp = _tagged(bytes.fromhex(PORT_MAC.replace(":", "")) + bytes(6) + b"\x08\x06" + bytes(28),
+                      (0x8100, 0))
+        before = drops(ingress)
+        rc, out, _ = bpfsys.test_run(ingress.prog_fd, arp)
+        assert rc == XDP_PASS and out == arp and drops(ingress) == before
+
+
+def plain_frame(mrc: bytes, ev: int = 3) -> bytes:
+    """MRC in plain IPv6/UDP (no tunnel) to the port's MAC."""
+    return ip.ether(PORT_MAC, PEER_MAC, inner(mrc, ev))
+
+
+def test_ingress_checks_mrc_that_is_not_tunnelled(ingress: Program) -> None:
+    """UDP 4791 straight to a host (no IPv6-in-IPv6) is not how its fabric sends MRC, but addressed to
+    the MRC address it reaches the socket: it used to pass unchecked, QP filter included. It is checked
+    as MRC with its one IPv6 header, and not decapsulated."""
+    with _qp_filter(ingress):
+        m = ingress.maps["mrc_in_ports"]
+        v = m.get(abi.mac_key(PORT_MAC))
+        ingress.maps["mrc_allowed_qps"].set(abi.QpKey(v.host_id, 5), ct.c_uint32(1))
+        v.flags = int(abi.PortFlag.XDP_DECAP | abi.PortFlag.QP_FILTER)
+        m.set(abi.mac_key(PORT_MAC), v)
+        good = plain_frame(mrc_write())
+        rc, out, _ = bpfsys.test_run(ingress.prog_fd, good)
+        assert rc == XDP_PASS and out == good
+        udp = OUTER + 40
+        cases = {
+            "foreign_qpn": plain_frame(mrc_write(dqpn=77)),
+            "bad_version": patch(good, udp + 8 + 1, "!B", 0x01),
+            "bad_opcode": patch(good, udp + 8, "!B", 0x04),
+            "bad_length": patch(good, udp + 4, "!H", len(good) - udp - 4),
+            "truncated": good[: udp + 8 + 20],
+            "bad_ip": _with_ext(good, udp, OUTER + 6, 60),
+        }
+        for reason, frame in cases.items():
+            before = drops(ingress)
+            assert bpfsys.test_run(ingress.prog_fd, frame)[0] == XDP_DROP, reason
+            assert _delta(ingress, before) == {reason: 1}, reason
+        # other UDP, and ICMPv6, still pass
+        for frame in (patch(good, udp + 2, "!H", 4792),
+                      ip.ether(PORT_MAC, PEER_MAC, ip.pack_ipv6(SRC.packed, DST.packed, 8, 58) + bytes(8))):
+            before = drops(ingress)
+            rc, out, _ = bpfsys.test_run(ingress.prog_fd, frame)
+            assert rc == XDP_PASS and out == frame and drops(ingress) == before
+
+
+def test_ingress_drops_a_chain_beyond_the_linear_data(ingress: Program) -> None:
+    """Destination options of 2 KiB each, three of them before the inner header: the chain leaves the
+    frame's linear part (the rest is in fragments), where the parser used to give up and pass the frame,
+    unchecked, to End.DT6 and the MRC socket. Kilobytes of options are nothing legitimate: bad_ip."""
+    def big_opts(frame: bytes, at: int, nh_off: int) -> bytes:
+        b = bytearray(frame)
+        nxt = b[nh_off]
+        b[nh_off] = 60
+        for o in (OUTER, INNER):
+            if o < at:
+                struct.pack_into("!H", b, o + 4, struct.unpack_from("!H", b, o + 4)[0] + 2048)
+        return bytes(b[:at]) + bytes([nxt, 255]) + bytes(2046) + bytes(b[at:])
+
+    with _qp_filter(ingress):
+        for at, nh_off in ((INNER, OUTER + 6), (UDP, INNER + 6)):
+            frame = fabric_frame(mrc_write(dqpn=77))
+            for _ in range(3):
+                frame = big_opts(frame, at, nh_off)
+            before = drops(ingress)
+            assert bpfsys.test_run(ingress.prog_fd, frame)[0] == XDP_DROP, at
+            assert _delta(ingress, before) == {"bad_ip": 1}, at
+
+
 def test_ingress_drops_mrc_for_a_mac_no_port_has(ingress: Program) -> None:
     """The port is found by the frame's destination MAC. MRC to a MAC no port has (broadcast, multicast,
     a stale or foreign unicast) used to be checked as port id 0 with no flags and passed: past the
