@@ -183,12 +183,20 @@ def _contig(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
     return (d, False) if d.is_contiguous() else (d.contiguous(), True)
 
 
+def _np(t: torch.Tensor) -> npt.NDArray[Any]:
+    """A numpy view of a contiguous CPU tensor, flat (writing it writes the tensor). Through DLPack, not
+    `Tensor.numpy()`: that marks the tensor's storage non-resizable for good, and FSDP frees each
+    unsharded parameter after its collectives by resizing the storage to 0 ("Trying to resize storage
+    that is not resizable" in its first backward)."""
+    import numpy as np
+
+    return np.from_dlpack(t.detach().reshape(-1))
+
+
 def _u8(t: torch.Tensor) -> npt.NDArray[np.uint8]:
     """The bytes of a contiguous CPU tensor (a view: writing it writes the tensor)."""
     flat = t.detach().reshape(-1)
-    if flat.dtype == torch.uint8:
-        return flat.numpy()
-    return flat.view(torch.uint8).numpy()
+    return _np(flat if flat.dtype == torch.uint8 else flat.view(torch.uint8))
 
 
 def _pieces(length: int, size: int) -> list[tuple[int, int]]:
@@ -266,6 +274,29 @@ class MrcProcessGroup(dist.ProcessGroup):
 
     def __repr__(self) -> str:
         return f"MrcProcessGroup(rank {self._rank} of {self._n}, host {self.host or '?'})"
+
+    # torch names every group after creating it (`_set_group_name`, `_set_group_desc`) and the C++
+    # ProcessGroup keeps the name on its backends, which a group written in Python has none of: reading
+    # `group_name` then raised "ProcessGroup name not set", and with it everything keyed by the name
+    # (destroy_process_group of a subgroup, functional collectives, DeviceMesh). Kept here instead.
+    _group_name: Any = None
+    _group_desc = ""
+
+    def _set_group_name(self, name: Any) -> None:
+        self._group_name = name
+
+    @property
+    def group_name(self) -> Any:
+        if self._group_name is None:
+            raise RuntimeError("ProcessGroup name not set")
+        return self._group_name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    @property
+    def group_desc(self) -> str:
+        return self._group_desc
 
     @property
     def stats(self) -> dict[str, int]:
@@ -419,7 +450,7 @@ class MrcProcessGroup(dist.ProcessGroup):
                                     "order")
         work, copied = _contig(t)
         if t.dtype == torch.float32 and op in ("SUM", "AVG"):
-            a = work.reshape(-1).numpy()
+            a = _np(work)
             cfg = Config("none", average=False)
             # every ring message (a chunk segment, 4 B per element) within one slot
             piece = self._n * (self.slot_bytes // 4)

@@ -160,6 +160,37 @@ def checks(rank: int, world: int, gloo: Any) -> dict[str, Any]:
             a, b = both(lambda t, g: dist.all_reduce(t, group=sub_m if g is None else g), ints(5003, rank),
                         sub_g)
             ok["sub_group_all_reduce"] = same(a, b)
+    # the caller's tensors stay resizable (FSDP frees its unsharded parameters by resizing their storage
+    # to 0 after the collectives; Tensor.numpy() of them had made that raise)
+    used = {"float32": torch.ones(300), "int64": torch.ones(300, dtype=torch.int64)}
+    for t in used.values():
+        dist.all_reduce(t)
+    used["broadcast"] = torch.ones(300)
+    dist.broadcast(used["broadcast"], 0)
+    used["all_gather_out"] = torch.empty(world * 10)
+    gather_single(used["all_gather_out"], torch.ones(10))
+    for name, t in used.items():
+        t.untyped_storage().resize_(0)
+        ok[f"resizable_after_{name}"] = t.untyped_storage().nbytes() == 0
+    # everything torch keys by the group's name: the name itself, functional collectives (torch.compile,
+    # DTensor), DeviceMesh (FSDP2, tensor parallel), destroying a subgroup
+    import torch.distributed._functional_collectives as fcol
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world_pg = dist.group.WORLD
+    assert world_pg is not None
+    ok["group_name"] = bool(world_pg.group_name)
+    x = ints(1001, 3100 + rank)
+    fa = fcol.all_reduce(x.clone(), "sum", world_pg)
+    fb = x.clone()
+    dist.all_reduce(fb, group=gloo)
+    ok["functional_all_reduce"] = same(fcol.wait_tensor(fa), fb)  # type: ignore[no-untyped-call]
+    ok["device_mesh"] = init_device_mesh("cpu", (world,)).size() == world
+    sub = dist.new_group(list(range(world)), backend="mrc")
+    t = torch.ones(5)
+    dist.all_reduce(t, group=sub)
+    dist.destroy_process_group(sub)
+    ok["destroy_sub_group"] = bool((t == world).all())
     t0 = time.monotonic()
     for _ in range(3):
         dist.barrier()
