@@ -64,6 +64,14 @@ class PrefixChoice(_StrChoice):
         return super().convert(value, param, ctx)
 
 
+#: The verb an OBJECT runs when none is given (`mrcctl ev` is `mrcctl ev show`). The options and
+#: arguments after the object go to it, as the docs write them (`mrcctl ev [show] [--host H]`, `mrcctl
+#: port [stats] [NODE]`): a first word that is no verb (or prefix of one) of the object, or an option
+#: other than help, starts the default verb's arguments.
+DEFAULT_VERB: Final = {"ev": "show", "fault": "show", "port": "stats", "prog": "show", "quant": "show",
+                       "testbed": "show", "wire": "show"}
+
+
 class GrammarGroup(click.Group):
     """A click group with mrcctl's grammar: prefixes of verbs and the `help` verb.
 
@@ -78,6 +86,27 @@ class GrammarGroup(click.Group):
         if cmd_name == HELP_VERB and HELP_VERB not in self.commands:
             return _help_command()
         return super().get_command(ctx, cmd_name)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        top_level = ctx.parent is not None and ctx.parent.parent is None
+        verb = DEFAULT_VERB.get(self.name or "") if top_level else None
+        if verb is not None and not ctx.resilient_parsing and self._starts_default_verb(ctx, verb, args):
+            args = [verb, *args]
+        return super().parse_args(ctx, args)
+
+    def _starts_default_verb(self, ctx: click.Context, verb: str, args: list[str]) -> bool:
+        if not args:
+            return True
+        word = args[0]
+        if word in ctx.help_option_names:
+            return False
+        if word.startswith("-"):
+            return True  # an OBJECT group has no options of its own but help
+        # a word: the default verb's argument if it takes one and the word names no verb ("No such
+        # command" otherwise, the clearer error for a mistyped verb)
+        cmd = self.get_command(ctx, verb)
+        takes_words = cmd is not None and any(isinstance(p, click.Argument) for p in cmd.params)
+        return takes_words and self.get_command(ctx, word) is None and self.match_prefix(ctx, word) is None
 
     def resolve_command(
         self, ctx: click.Context, args: list[str]

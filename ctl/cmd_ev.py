@@ -23,11 +23,8 @@ STATES = ("good", "assumed_bad", "denied", "unknown")
 
 
 @click.group(invoke_without_command=True)
-@click.pass_context
-def ev(ctx: click.Context) -> None:
+def ev() -> None:
     """EVs per host and peer: state, plane, path; deny and restore."""
-    if ctx.invoked_subcommand is None:
-        ctx.invoke(show)
 
 
 def _render(doc: dict[str, Any]) -> str:

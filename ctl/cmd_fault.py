@@ -22,11 +22,8 @@ from .output import Output, json_option, table
 
 
 @click.group(invoke_without_command=True)
-@click.pass_context
-def fault(ctx: click.Context) -> None:
+def fault() -> None:
     """Faults on testbed links: random drops, blackholes, per-EV drops."""
-    if ctx.invoked_subcommand is None:
-        ctx.invoke(show)
 
 
 def _render(doc: dict[str, Any]) -> str:

@@ -24,11 +24,8 @@ from .output import Output, json_option, table
 
 
 @click.group(invoke_without_command=True)
-@click.pass_context
-def port(ctx: click.Context) -> None:
+def port() -> None:
     """Dataplane port counters (hosts and switch ports) and switch-port queue settings."""
-    if ctx.invoked_subcommand is None:
-        ctx.invoke(stats)
 
 
 def _render_stats(doc: dict[str, Any]) -> str:

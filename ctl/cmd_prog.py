@@ -25,11 +25,8 @@ from .output import Output, json_option, table
 
 
 @click.group(invoke_without_command=True)
-@click.pass_context
-def prog(ctx: click.Context) -> None:
+def prog() -> None:
     """eBPF programs: show, attach to a testbed, detach."""
-    if ctx.invoked_subcommand is None:
-        ctx.invoke(show)
 
 
 def _doc() -> dict[str, Any]:

@@ -109,11 +109,8 @@ def render_bench(doc: dict[str, Any]) -> str:
 
 
 @click.group(invoke_without_command=True)
-@click.pass_context
-def quant(ctx: click.Context) -> None:
+def quant() -> None:
     """Gradient compression: RHT + EDEN, DRIVE, TurboQuant baselines."""
-    if ctx.invoked_subcommand is None:
-        ctx.invoke(show)
 
 
 _BUDGETS = {

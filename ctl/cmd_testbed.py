@@ -41,11 +41,8 @@ def name_option(f: _F) -> _F:
 
 
 @click.group(invoke_without_command=True)
-@click.pass_context
-def testbed(ctx: click.Context) -> None:
+def testbed() -> None:
     """Multi-plane SRv6 testbed in network namespaces: up, down, show, ping, link, exec."""
-    if ctx.invoked_subcommand is None:
-        ctx.invoke(show)
 
 
 # ------------------------------------------------------------------------------------------ up / down

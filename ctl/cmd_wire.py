@@ -210,11 +210,8 @@ def decode_frames(
 
 
 @click.group(invoke_without_command=True)
-@click.pass_context
-def wire(ctx: click.Context) -> None:
+def wire() -> None:
     """The MRC wire format: show it, write a sample capture, decode a capture."""
-    if ctx.invoked_subcommand is None:
-        ctx.invoke(show)
 
 
 @wire.command()

@@ -66,6 +66,25 @@ def test_te_sh_is_testbed_show() -> None:
     assert verb == "show" and cmd is group.commands["show"]
 
 
+def test_an_object_without_its_verb_passes_its_words_to_the_default_verb(capsys: Cap, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/cli.md writes `ev [show] [--host H]`, `testbed [show] [--name N]`, `fault [show]`, `port [stats]
+    [NODE]`: the options and arguments after an object go to its default verb. The groups used to take
+    none ("No such option: --host", "No such command 'h0'")."""
+    monkeypatch.setenv("MRC_RUN_DIR", str(tmp_path))
+    assert _run(capsys, "wire", "-j") == _run(capsys, "wire", "show", "-j")
+    for words in (("ev", "--host", "h0"), ("ev", "--name", "nosuch"), ("testbed", "--name", "nosuch"),
+                  ("fault", "--name", "nosuch"), ("port", "h0", "--name", "nosuch")):
+        verb = "stats" if words[0] == "port" else "show"
+        rc, out, err = _run(capsys, "-j", *words)
+        assert (rc, out, err) == _run(capsys, "-j", words[0], verb, *words[1:]), words
+        assert rc == 1 and "error" in json.loads(out), words  # no testbed here: the verb's own error
+    rc, _out, err = _run(capsys, "ev", "bogus")  # a mistyped verb is still named as one
+    assert rc == 2 and "No such command 'bogus'" in err
+    rc, out, _ = _run(capsys, "ev", "-h")
+    assert rc == 0 and out.startswith("Usage: mrcctl ev [OPTIONS] [COMMAND]")
+
+
 @pytest.mark.parametrize(("args", "word", "candidates"),
                          [(["s"], "s", "sim, stats"), (["testbed", "li"], "li", "link, list")])
 def test_ambiguous_prefix_lists_the_candidates(capsys: Cap, args: list[str], word: str,
