@@ -7,15 +7,21 @@ testbed is up; its host is the name it gives (`LOCAL` stands for the testbed nam
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
+
+import click
 
 from mrc.dataplane import testbed as tbmod
 from mrc.dataplane.client import MrcClient, check_socket_path, socket_path
 from mrc.errors import MrcError
 from mrc.hostconfig import DEFAULT_SOCKET
+
+from . import daemons
+from .output import Output
 
 #: The "testbed" of a local mrcd on a real host.
 LOCAL: Final = ""
@@ -33,8 +39,9 @@ def local_socket(name: str | None = None) -> Path | None:
 
 
 def hosts(name: str | None, host: str | None) -> tuple[str, list[str]]:
-    """The testbed meant and the hosts to ask: `host`, or every host whose mrcd socket exists (a real
-    host: the local mrcd's own host)."""
+    """The testbed meant and the hosts to ask: `host`, or every host whose mrcd socket exists or that
+    `testbed up --with-daemons` started an mrcd for (so that one which died is asked, and reported, not
+    left out); on a real host, the local mrcd's own host."""
     sock = local_socket(name)
     if sock is not None:
         with MrcClient(sock, timeout=10.0) as c:
@@ -51,7 +58,8 @@ def hosts(name: str | None, host: str | None) -> tuple[str, list[str]]:
         if host not in names:
             raise MrcError(f"testbed {tb.name}: no host {host!r} (hosts: {', '.join(names)})")
         return tb.name, [host]
-    live = [h for h in names if socket_path(tb.ns(h)).exists()]
+    started = daemons.records(tb.name).get("daemons", {})
+    live = [h for h in names if h in started or socket_path(tb.ns(h)).exists()]
     if not live:
         raise MrcError(f"testbed {tb.name}: no mrcd is running (mrcctl testbed up --with-daemons)")
     return tb.name, live
@@ -70,11 +78,37 @@ def client(name: str, host: str) -> Iterator[MrcClient]:
         c.close()
 
 
-def ask_all(name: str | None, host: str | None, op: str, **args: Any) -> dict[str, Any]:
-    """`op` on every selected host's mrcd: {host: answer}."""
+@dataclass
+class Fleet:
+    """What the selected hosts' mrcds answered, and why the others did not."""
+
+    answers: dict[str, Any] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)  # host -> the error asking its mrcd
+
+    def emit(self, out: Output, doc: dict[str, Any], render: Callable[[Any], str]) -> None:
+        """`doc` (built from the answers) as the one document, with `unreachable` (host -> error) when
+        some mrcd did not answer; then those hosts on stderr (text) and exit status 1: a fleet-wide read
+        that is missing a host says so rather than looking complete."""
+        if self.failed:
+            doc = {**doc, "unreachable": dict(self.failed)}
+        out.emit(doc, render)
+        if self.failed:
+            if not out.json:
+                for h, why in self.failed.items():
+                    out.err.write(f"mrcctl: error: {h}: {why}\n")
+                out.err.flush()
+            raise click.exceptions.Exit(1)
+
+
+def ask_all(name: str | None, host: str | None, op: str, **args: Any) -> Fleet:
+    """`op` on every selected host's mrcd. A host whose mrcd cannot be asked (stopped, killed, its socket
+    left behind) is one entry of `failed`; the others are still asked."""
     tb, hs = hosts(name, host)
-    out = {}
+    res = Fleet()
     for h in hs:
-        with client(tb, h) as c:
-            out[h] = c.call(op, **args)
-    return out
+        try:
+            with client(tb, h) as c:
+                res.answers[h] = c.call(op, **args)
+        except MrcError as e:
+            res.failed[h] = str(e)
+    return res

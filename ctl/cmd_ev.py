@@ -51,9 +51,9 @@ def show(out: Output, host: str | None, peer: str | None, state: str | None, nam
     """EV index -> plane, spine, switches on the path, state."""
     res = api.ask_all(name, host, "ev_show", state=state)
     if peer is not None:
-        for d in res.values():
+        for d in res.answers.values():
             d["peers"] = {p: r for p, r in d["peers"].items() if p == peer}
-    out.emit({"hosts": res}, _render)
+    res.emit(out, {"hosts": res.answers}, _render)
 
 
 def _select(f: Any) -> Any:

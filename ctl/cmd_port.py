@@ -96,10 +96,10 @@ def show(out: Output, host: str | None, name: str | None) -> None:
     from . import api
 
     res = api.ask_all(name, host, "port_show")
-    rows = [r for rs in res.values() for r in rs]
+    rows = [r for rs in res.answers.values() for r in rs]
     cols = [("host", "HOST"), ("port", "PORT"), ("ifname", "IFNAME"), ("enabled", "ENABLED"),
             ("failed", "FAILED")]
-    out.emit({"ports": rows}, lambda d: table(d["ports"], cols))
+    res.emit(out, {"ports": rows}, lambda d: table(d["ports"], cols))
 
 
 @port.command("set")

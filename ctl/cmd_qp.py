@@ -43,4 +43,4 @@ def qp(out: Output, verb: str | None, host: str | None, name: str | None) -> Non
     """Queue pairs of every host's mrcd: peer, state, window (and its cuts by ECN and by quick adapt), RTT,
     EV states."""
     res = api.ask_all(name, host, "qp_show")
-    out.emit({"qps": [q for qs in res.values() for q in qs]}, _render)
+    res.emit(out, {"qps": [q for qs in res.answers.values() for q in qs]}, _render)

@@ -48,4 +48,5 @@ def _render(doc: dict[str, Any]) -> str:
 @click.pass_obj
 def stats(out: Output, verb: str | None, host: str | None, name: str | None) -> None:
     """Counters of every host's mrcd: packets per plane, drops, retransmits, controller actions."""
-    out.emit({"hosts": api.ask_all(name, host, "stats")}, _render)
+    res = api.ask_all(name, host, "stats")
+    res.emit(out, {"hosts": res.answers}, _render)

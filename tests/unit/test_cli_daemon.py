@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,78 @@ def test_an_empty_failure_row_says_why() -> None:
     (late,) = failure_notes({**base, "healed_during_transfer": False}, cfg)
     assert "healed after the transfer ended" in late
     assert failure_notes({**base, "healed_during_transfer": False}, {**cfg, "heal_after_s": None}) == []
+
+
+class _Answering:
+    def __init__(self, answer: object) -> None:
+        self.answer = answer
+
+    def call(self, op: str, **_args: object) -> object:
+        return self.answer
+
+
+def _fleet(monkeypatch: pytest.MonkeyPatch, down: dict[str, str]) -> None:
+    """mrcctl's fleet reads against three hosts whose mrcds answer, except those in `down`."""
+    import contextlib
+
+    from mrc.ctl import api
+
+    monkeypatch.setattr(api, "hosts", lambda name, host: ("tb", ["h0", "h1", "h2"]))
+
+    @contextlib.contextmanager
+    def client(tb: str, host: str) -> Iterator[_Answering]:
+        if host in down:
+            raise MrcError(down[host])
+        yield _Answering({"qps": 0, "controller": {}, "engine_drops": {}, "denied_links": [],
+                          "dataplane": {"planes": {}}})
+
+    monkeypatch.setattr(api, "client", client)
+
+
+def test_a_fleet_read_with_one_mrcd_down_reports_it_and_fails(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """With one mrcd down, `stats` used to leave that host out silently (exit 0) after a SIGTERM, or
+    fail for every host after a SIGKILL (its socket left behind). Every host is asked: the others'
+    answers are printed, the one that failed is named (`unreachable`; stderr in text), exit status 1."""
+    _fleet(monkeypatch, {"h1": "/run/mrc/tb-h1.sock: no mrcd is listening"})
+    assert main(["-j", "stats"]) == 1
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1
+    doc = json.loads(out)
+    assert sorted(doc["hosts"]) == ["h0", "h2"]
+    assert doc["unreachable"] == {"h1": "/run/mrc/tb-h1.sock: no mrcd is listening"}
+    assert main(["stats"]) == 1
+    cap = capsys.readouterr()
+    assert "h0:" in cap.out and "h2:" in cap.out
+    assert cap.err == "mrcctl: error: h1: /run/mrc/tb-h1.sock: no mrcd is listening\n"
+    _fleet(monkeypatch, {})
+    assert main(["-j", "stats"]) == 0
+    assert "unreachable" not in json.loads(capsys.readouterr().out)
+
+
+def test_hosts_include_those_whose_mrcd_was_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host whose mrcd `testbed up --with-daemons` started is asked even when its socket is gone (a
+    stopped mrcd removes it), so that the read reports it instead of leaving it out."""
+    from mrc.ctl import api, daemons
+    from mrc.dataplane import testbed as tbmod
+
+    class Topo:
+        def host_names(self) -> list[str]:
+            return ["h0", "h1", "h2"]
+
+    class Tb:
+        name = "tb"
+        topo = Topo()
+
+        def ns(self, h: str) -> str:
+            return f"tb-{h}"
+
+    monkeypatch.setattr(tbmod, "names", lambda: ["tb"])
+    monkeypatch.setattr(tbmod, "resolve_name", lambda name: "tb")
+    monkeypatch.setattr(tbmod.Testbed, "load", staticmethod(lambda name: Tb()))
+    monkeypatch.setattr(api, "socket_path", lambda ns: tmp_path / f"{ns}.sock")
+    (tmp_path / "tb-h0.sock").touch()
+    assert api.hosts(None, None) == ("tb", ["h0"])
+    daemons.record_path("tb").parent.mkdir(parents=True)
+    daemons.record_path("tb").write_text(json.dumps({"testbed": "tb", "daemons": {"h1": {"pid": 1}}}))
+    assert api.hosts(None, None) == ("tb", ["h0", "h1"])
