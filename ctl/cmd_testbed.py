@@ -42,7 +42,7 @@ def name_option(f: _F) -> _F:
 
 @click.group(invoke_without_command=True)
 def testbed() -> None:
-    """Multi-plane SRv6 testbed in network namespaces: up, down, show, ping, link, exec."""
+    """Multi-plane SRv6 testbed in network namespaces: up, down, start, show, ping, link, exec."""
 
 
 # ------------------------------------------------------------------------------------------ up / down
@@ -113,6 +113,28 @@ def down(out: Output, name: str | None, all_: bool) -> None:
     out.emit(doc, lambda d: "\n".join(
         f"testbed {r['name']} down: {r['namespaces_removed']} namespaces removed, "
         f"{r['processes_killed']} processes stopped" for r in d["removed"]) or "no testbed was up")
+
+
+@testbed.command()
+@name_option
+@click.option("--host", default=None, help="Only this host's mrcd.")
+@json_option
+@click.pass_obj
+def start(out: Output, name: str | None, host: str | None) -> None:
+    """Start the mrcds of the testbed's hosts that have none running (after one exited or was killed),
+    as `up --with-daemons` did; running ones are left alone."""
+    from . import daemons
+
+    tb = tbmod.resolve_name(name)
+    res = daemons.start_missing(tb, host)
+
+    def render(d: dict[str, Any]) -> str:
+        if not d["started"]:
+            return f"testbed {d['testbed']}: every mrcd asked for runs already"
+        return "\n".join(f"mrcd {h}: pid {r['pid']}, {r['socket']}, metrics {r['metrics']}"
+                         for h, r in d["daemons"].items())
+
+    out.emit(res, render)
 
 
 @testbed.command(name="list")

@@ -87,7 +87,7 @@ def start(name: str, hosts: list[str] | None = None, *, metrics_base: int | None
     try:
         for h in hosts or tb.topo.host_names():
             old = doc["daemons"].get(h)
-            if old and bpf.pid_alive(int(old["pid"])):
+            if old and _is_mrcd(int(old["pid"])):  # (a zombie or a recycled PID is not)
                 raise MrcError(f"testbed {name}: mrcd for {h} runs already (pid {old['pid']})")
             r, w = os.pipe()
             cmd = [*_niced(), sys.executable, "-m", "mrc.ctl.daemon", "--testbed", name, "--host", h,
@@ -122,23 +122,50 @@ def start(name: str, hosts: list[str] | None = None, *, metrics_base: int | None
                 tail = Path(doc["daemons"][h]["log"]).read_text(errors="replace").strip().splitlines()[-3:]
                 raise MrcError(f"mrcd for {h} did not become ready: {' | '.join(tail) or 'no output'}")
     except BaseException:
-        stop(name)
+        if hosts is None:
+            stop(name)
+        else:  # some hosts of a running testbed (start_missing): the others keep theirs
+            _terminate([p.pid for _h, p, _r in started])
+            for h, _p, _r in started:
+                doc["daemons"].pop(h, None)
+            _save(name, doc)
         raise
     return doc
 
 
-def stop(name: str, grace_s: float = 5.0, *, detach: bool = True) -> dict[str, Any]:
-    """Stop the testbed's mrcds by recorded PID; detach the programs if `start` attached them."""
+def start_missing(name: str, host: str | None = None) -> dict[str, Any]:
+    """Start an mrcd for each host of the testbed that has none running (`host`: that one only), as
+    `testbed up --with-daemons` did: after one exited or was killed. Its metrics address is the one
+    recorded for the testbed's mrcds (the same base), the default otherwise. {"started": [hosts], ...}."""
+    tb = tbmod.Testbed.load(name)
+    names = tb.topo.host_names()
+    if host is not None and host not in names:
+        raise MrcError(f"testbed {name}: no host {host!r} (hosts: {', '.join(names)})")
     doc = records(name)
-    stopped = []
-    for h, d in doc.get("daemons", {}).items():
-        pid = int(d["pid"])
-        if _is_mrcd(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-            stopped.append((h, pid))
+    running = {h for h, d in doc["daemons"].items() if _is_mrcd(int(d["pid"]))}
+    todo = [h for h in ([host] if host is not None else names) if h not in running]
+    base: int | None = DEFAULT_METRICS_BASE
+    for h, d in doc["daemons"].items():
+        if h in names and d.get("metrics"):
+            base = int(str(d["metrics"]).rpartition(":")[2]) - tb.topo.host_index(h)
+            break
+    else:
+        if doc["daemons"]:
+            base = None  # started without metrics
+    if todo:
+        doc = start(name, todo, metrics_base=base)
+    return {"testbed": name, "started": todo, "running": sorted(running),
+            "daemons": {h: doc["daemons"][h] for h in todo}}
+
+
+def _terminate(pids: list[int], grace_s: float = 5.0) -> None:
+    """SIGTERM to those of `pids` that are mrcds, SIGKILL to any still running after `grace_s`."""
+    alive = [pid for pid in pids if _is_mrcd(pid)]
+    for pid in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    for _h, pid in stopped:
+    for pid in alive:
         while time.monotonic() < deadline and _is_mrcd(pid):
             _reap(pid)
             time.sleep(0.02)
@@ -146,6 +173,13 @@ def stop(name: str, grace_s: float = 5.0, *, detach: bool = True) -> dict[str, A
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         _reap(pid)
+
+
+def stop(name: str, grace_s: float = 5.0, *, detach: bool = True) -> dict[str, Any]:
+    """Stop the testbed's mrcds by recorded PID; detach the programs if `start` attached them."""
+    doc = records(name)
+    stopped = [(h, int(d["pid"])) for h, d in doc.get("daemons", {}).items() if _is_mrcd(int(d["pid"]))]
+    _terminate([pid for _h, pid in stopped], grace_s)
     detached = False
     if detach and doc.get("attached"):
         bpf.detach_everything(name)

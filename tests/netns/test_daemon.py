@@ -585,3 +585,35 @@ def test_sigkill_leaves_only_what_detach_removes(tb: dict[str, Any]) -> None:
         MrcClient(path, timeout=5)
     with FabricDataplane.open(tb["name"]) as fd:
         assert fd.lookup_path("h1", "h0", 0) is not None
+
+
+def _cli(*args: str) -> tuple[int, dict[str, Any]]:
+    r = subprocess.run([sys.executable, "-m", "mrc.ctl.cli", "-j", *args], capture_output=True, text=True,
+                       timeout=300)
+    return r.returncode, json.loads(r.stdout)
+
+
+def test_testbed_start_brings_back_the_stopped_and_the_killed(tb: dict[str, Any]) -> None:
+    """After h3's SIGTERM and h1's SIGKILL above: `mrcctl stats` answers for h0 and h2, names h1 and h3
+    unreachable and exits 1 (it used to leave h3 out and fail whole for h1's dead socket). The runbook's
+    recovery, `mrcctl testbed start`, starts just those two (h0's and h2's mrcds keep running) with the
+    testbed's metrics addresses (`testbed up --with-daemons` again refused: the testbed exists); then
+    every host answers and a WRITE between the restarted two is bit-exact."""
+    name, base = tb["name"], tb["metrics_base"]
+    rc, doc = _cli("stats", "--name", name)
+    assert rc == 1
+    assert sorted(doc["hosts"]) == ["h0", "h2"] and sorted(doc["unreachable"]) == ["h1", "h3"]
+    assert "no mrcd is listening" in doc["unreachable"]["h3"]
+    rc, doc = _cli("testbed", "start", "--name", name)
+    assert rc == 0, doc
+    assert doc["started"] == ["h1", "h3"] and doc["running"] == ["h0", "h2"]
+    assert doc["daemons"]["h1"]["metrics"] == f"127.0.0.1:{base + 1}"
+    records = daemons.records(name)["daemons"]
+    assert records["h0"]["pid"] == tb["daemons"]["h0"]["pid"]
+    assert records["h1"]["pid"] != tb["daemons"]["h1"]["pid"]
+    rc, doc = _cli("testbed", "start", "--name", name)
+    assert rc == 0 and doc["started"] == []
+    rc, doc = _cli("stats", "--name", name)
+    assert rc == 0 and sorted(doc["hosts"]) == ["h0", "h1", "h2", "h3"] and "unreachable" not in doc
+    w = WriteBench(BenchConfig(name, "h1", "h3", [1 << 20], iters=1)).run()
+    assert w["bit_exact"]
