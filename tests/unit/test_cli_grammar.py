@@ -66,8 +66,8 @@ def test_te_sh_is_testbed_show() -> None:
     assert verb == "show" and cmd is group.commands["show"]
 
 
-def test_an_object_without_its_verb_passes_its_words_to_the_default_verb(capsys: Cap, tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_object_without_its_verb_passes_its_words_to_the_default_verb(
+        capsys: Cap, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """docs/cli.md writes `ev [show] [--host H]`, `testbed [show] [--name N]`, `fault [show]`, `port [stats]
     [NODE]`: the options and arguments after an object go to its default verb. The groups used to take
     none ("No such option: --host", "No such command 'h0'")."""
