@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from mrc.errors import MrcError
-from mrc.topology import Link, Topology, format_rate, from_dict
+from mrc.topology import MIN_RATE_BPS, Link, Topology, format_rate, from_dict
 
 from . import netns, seg6
 
@@ -319,9 +319,13 @@ MAX_TBF_RATE_BPS: Final = (2**32 - 1) * 8  # TCA_TBF_PARMS carries bytes/s in 32
 
 
 def check_rate(rate_bps: int) -> None:
-    if not 0 < rate_bps <= MAX_TBF_RATE_BPS:
-        raise MrcError(f"link rate {format_rate(rate_bps)}: the TBF limit must be 1 bit/s .. "
-                       f"{MAX_TBF_RATE_BPS / 1e9:.1f} Gbit/s (32-bit bytes/s without TCA_TBF_RATE64)")
+    """The TBF rates a link can be set to: from the topology files' floor (below ~1 kbit/s the burst of a
+    jumbo frame is more time than TBF's 32-bit tick fields hold: pyroute2 raised struct.error) to what
+    32-bit bytes/s carry."""
+    if not MIN_RATE_BPS <= rate_bps <= MAX_TBF_RATE_BPS:
+        raise MrcError(f"link rate {format_rate(rate_bps)}: the TBF limit must be "
+                       f"{format_rate(MIN_RATE_BPS)} .. {MAX_TBF_RATE_BPS / 1e9:.1f} Gbit/s (32-bit "
+                       "bytes/s without TCA_TBF_RATE64)")
 
 
 def _set_tbf(s: _Sockets, node: str, idx: int, rate_bps: int, mtu: int, buffer_bytes: int) -> None:

@@ -380,6 +380,13 @@ def test_rate_limit_holds_and_can_be_changed(make_testbed: Factory) -> None:
     other = _iperf3(built, "h0", "h1", built.topo.path("h0", "h1", 1, 0), seconds=2)
     print(f"other plane: {other / 1e6:.2f} Mbit/s measured")
     assert abs(other - configured) <= 0.15 * configured
+    # the topology files' floor is the command's too: below it, one error line (pyroute2 raised
+    # struct.error packing a jumbo frame's burst time at 100 bit/s: a traceback)
+    proc = mrcctl("testbed", "link", "set", "p1s0", "p1l1", "--rate", "100bit", "--name", built.name)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("mrcctl: error: link rate 100bit: the TBF limit must be 1kbit"), proc.stderr
+    proc = mrcctl("testbed", "link", "set", "p1s0", "p1l1", "--rate", "1kbit", "--name", built.name)
+    assert proc.returncode == 0, proc.stderr
 
 
 # ------------------------------------------------------------------------------------------ cleanup
