@@ -84,6 +84,9 @@ class FileStore:
                 raise MrcError(f"rendezvous: {key!r} not published in {self.path} within {self.timeout_s} s")
             time.sleep(0.02)
 
+    def check(self) -> None:
+        """Nothing to watch: the ranks mrcctl launches have no failure key (the launcher sees a rank exit)."""
+
 
 class TorchStore:
     """torch.distributed's TCPStore (client side; the server is started by whoever launches the ranks)."""
@@ -105,6 +108,9 @@ class TorchStore:
             return bytes(self.store.get(key)).decode()
         except RuntimeError as e:  # torch's timeout / connection errors
             raise MrcError(f"rendezvous: {key!r}: {str(e).splitlines()[0]}") from None
+
+    def check(self) -> None:
+        """Nothing to watch: the ranks mrcctl launches have no failure key (the launcher sees a rank exit)."""
 
 
 def open_store(url: str, timeout_s: float = 120.0) -> Store:

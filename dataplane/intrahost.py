@@ -46,6 +46,9 @@ HELLO: Final = struct.Struct("<8sIII")  # magic, rank, slots, slot_bytes
 MAGIC: Final = b"mrcintra"
 KIND_DATA: Final = 0
 KIND_CREDIT: Final = 1
+#: how long one wait for a co-located rank's connection lasts before the rendezvous is asked whether a
+#: peer gave up
+ACCEPT_POLL_S: Final = 0.2
 
 
 class _Peer:
@@ -146,6 +149,10 @@ class IntraHost:
                     s.connect("\0" + str(doc["name"]))
                     self._say_hello(s, areas[p][0])
                     got, tx = self._hello(s, deadline)
+                except OSError as e:  # its socket gone or refusing: the rank left, or never got here
+                    s.close()
+                    raise MrcError(f"rank {self.rank}: co-located rank {p} ({doc['name']}): "
+                                   f"{e.strerror or e}") from None
                 except BaseException:
                     s.close()
                     raise
@@ -160,10 +167,13 @@ class IntraHost:
                 if left <= 0:
                     raise MrcError(f"rank {self.rank}: co-located ranks {sorted(above)} did not connect "
                                    f"within {self.timeout_s} s")
-                self.listener.settimeout(left)
+                # in short waits, between which the rendezvous says whether a peer gave up (waiting
+                # out the whole timeout for a rank that had failed took up to the group's 30 minutes)
+                self.listener.settimeout(min(left, ACCEPT_POLL_S))
                 try:
                     s, _ = self.listener.accept()
                 except TimeoutError:
+                    store.check()
                     continue
                 try:
                     got, tx = self._hello(s, deadline)

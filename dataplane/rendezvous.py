@@ -13,3 +13,7 @@ class Store(Protocol):
     def set(self, key: str, value: str) -> None: ...
 
     def get(self, key: str) -> str: ...
+
+    def check(self) -> None:
+        """Raise if the rendezvous has failed (a peer said it could not start); called while waiting for
+        something other than a key (co-located ranks connecting). A no-op for stores without such word."""

@@ -123,15 +123,26 @@ def control_socket(env: Mapping[str, str] | None = None) -> Path:
 
 
 class _GroupStore:
-    """The process group's c10d store behind `mrc.dataplane.rendezvous.Store`. A blocking `get` also
-    watches `<prefix>/failed`, which a rank sets when it cannot start: the others fail with its reason
-    at once instead of waiting out the timeout."""
+    """The process group's c10d store behind `mrc.dataplane.rendezvous.Store`. A blocking `get` (and
+    `check`) also watches `<prefix>/failed`, which a rank sets when it cannot start: the others fail with
+    its reason at once instead of waiting out the timeout.
+
+    Every key of one incarnation of the group lies under `prefix` = mrc/<N>, N counting this rank's
+    creations of a group on this store: torch gives a group made again after `destroy_process_group`
+    the same name and so the same store prefix, and torchrun's store outlives the group, so the keys of
+    the first incarnation (hosts, a closed co-located socket's name, `failed`) would answer the second."""
 
     def __init__(self, store: Any, rank: int, timeout_s: float) -> None:
         self.store = store
         self.rank = rank
         self.timeout_s = timeout_s
-        self.failed_key = f"{PREFIX}/failed"
+        try:
+            n = int(store.add(f"{PREFIX}/incarnation{rank}", 1))
+        except RuntimeError as e:  # the store went away (the launcher ended)
+            raise MrcBackendError(f"mrc backend, rank {rank}: rendezvous store: {str(e).splitlines()[0]}") \
+                from None
+        self.prefix = f"{PREFIX}/{n}"
+        self.failed_key = f"{self.prefix}/failed"
 
     def set(self, key: str, value: str) -> None:
         self.store.set(key, value)
@@ -142,6 +153,17 @@ class _GroupStore:
             if not self.store.check([self.failed_key]):
                 self.store.set(self.failed_key, why)
 
+    def check(self) -> None:
+        """MrcBackendError when a peer could not start."""
+        try:
+            failed = self.store.check([self.failed_key])
+            why = bytes(self.store.get(self.failed_key)).decode(errors="replace") if failed else ""
+        except RuntimeError as e:  # the store went away (the launcher ended)
+            raise MrcBackendError(f"mrc backend, rank {self.rank}: rendezvous store: "
+                                  f"{str(e).splitlines()[0]}") from None
+        if failed:
+            raise MrcBackendError(f"mrc backend, rank {self.rank}: a peer could not start ({why})")
+
     def get(self, key: str) -> str:
         # polled with `check` (a blocking `wait` with a short timeout makes TCPStore log each expiry)
         deadline = time.monotonic() + self.timeout_s
@@ -150,13 +172,10 @@ class _GroupStore:
             try:
                 if self.store.check([key]):
                     return bytes(self.store.get(key)).decode()
-                failed = self.store.check([self.failed_key])
             except RuntimeError as e:  # the store went away (the launcher ended)
                 raise MrcBackendError(f"mrc backend, rank {self.rank}: rendezvous store: "
                                       f"{str(e).splitlines()[0]}") from None
-            if failed:
-                why = bytes(self.store.get(self.failed_key)).decode(errors="replace")
-                raise MrcBackendError(f"mrc backend, rank {self.rank}: a peer could not start ({why})")
+            self.check()
             if time.monotonic() > deadline:
                 raise MrcBackendError(f"mrc backend, rank {self.rank}: rendezvous: {key!r} not published "
                                       f"within {self.timeout_s:.0f} s")
@@ -261,12 +280,12 @@ class MrcProcessGroup(dist.ProcessGroup):
         from .collective import RankTransport
 
         st = self.store
-        st.set(f"{PREFIX}/host{self._rank}", json.dumps({"host": self.host, "pid": os.getpid()}))
-        self.hosts = [str(json.loads(st.get(f"{PREFIX}/host{r}"))["host"]) for r in range(self._n)]
+        st.set(f"{st.prefix}/host{self._rank}", json.dumps({"host": self.host, "pid": os.getpid()}))
+        self.hosts = [str(json.loads(st.get(f"{st.prefix}/host{r}"))["host"]) for r in range(self._n)]
         if self._n > 1:
             # ns is unused: the control socket is named
             self.transport = RankTransport(st, self._rank, self.hosts, "", self.slot_bytes, slots=self.slots,
-                                           timeout_s=self.timeout_s, prefix=PREFIX, socket=self.socket)
+                                           timeout_s=self.timeout_s, prefix=st.prefix, socket=self.socket)
 
     # -- identity
     def getBackendName(self) -> str:
@@ -324,11 +343,11 @@ class MrcProcessGroup(dist.ProcessGroup):
         remote = [r for r in range(self._n) if self.hosts[r] != self.host]
         if not remote:
             return
-        st = self.store.store
+        st, prefix = self.store.store, self.store.prefix
         deadline = time.monotonic() + min(self.timeout_s, FAREWELL_S)
         with contextlib.suppress(Exception):  # the store gone (the launcher ended): nobody to wait for
-            st.set(f"{PREFIX}/bye{self._rank}", "1")
-            while not st.check([f"{PREFIX}/bye{r}" for r in remote]) and time.monotonic() < deadline:
+            st.set(f"{prefix}/bye{self._rank}", "1")
+            while not st.check([f"{prefix}/bye{r}" for r in remote]) and time.monotonic() < deadline:
                 time.sleep(0.02)
 
     def abort(self) -> None:

@@ -214,3 +214,69 @@ def test_a_rank_that_cannot_start_fails_its_peers_at_once(mrcd: FakeMrcd, tmp_pa
     assert str(missing) in errors[1] and "start mrcd" in errors[1]
     assert "a peer could not start (mrc backend, rank 1: cannot reach mrcd" in errors[0], errors[0]
     assert str(missing) in errors[0]
+
+
+def test_a_group_made_again_on_the_same_store_does_not_read_the_first_ones_keys(
+        mrcd: FakeMrcd, tmp_path: Path) -> None:
+    """torch gives a group made again after destroy_process_group the same name, so the same store
+    prefix, and torchrun's store outlives the group: the second incarnation read the first one's keys
+    (a co-located rank's closed socket: a raw ConnectionRefusedError on one rank, the whole timeout on the
+    other). Each incarnation has keys of its own; here rank 0 comes back a second later than rank 1."""
+    from mrc.dataplane.torch_backend import MrcProcessGroup
+
+    store = torch.distributed.HashStore()
+    made: dict[tuple[int, int], Any] = {}
+
+    def rank(r: int, round_: int) -> None:
+        if round_ == 1 and r == 0:
+            time.sleep(1.0)
+        try:
+            made[r, round_] = MrcProcessGroup(store, r, 2, timedelta(seconds=600),
+                                              env={"MRC_SOCKET": str(mrcd.path)})
+        except Exception as e:
+            made[r, round_] = e
+
+    t0 = time.monotonic()
+    for round_ in (0, 1):
+        ts = [threading.Thread(target=rank, args=(r, round_)) for r in (0, 1)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in ts)
+        pgs = [made[r, round_] for r in (0, 1)]
+        assert all(isinstance(pg, MrcProcessGroup) for pg in pgs), pgs
+        for pg in pgs:
+            pg.shutdown()
+    assert time.monotonic() - t0 < 30
+
+
+def test_a_peer_that_fails_during_the_co_located_set_up_ends_the_wait_at_once(
+        mrcd: FakeMrcd, tmp_path: Path) -> None:
+    """Rank 0 waits for its co-located rank 1 to connect; rank 1 (played by the test) has published its
+    host, then fails and says so in the store. Rank 0 used to wait in accept() for the whole timeout
+    (10 minutes here); it ends within a fraction of a second of the failure, with the peer's reason."""
+    from mrc.dataplane.torch_backend import MrcBackendError, MrcProcessGroup
+
+    store = torch.distributed.HashStore()
+    store.set("mrc/1/host1", json.dumps({"host": "hA", "pid": 1}))
+    errors: list[str] = []
+
+    def rank0() -> None:
+        try:
+            MrcProcessGroup(store, 0, 2, timedelta(seconds=600), env={"MRC_SOCKET": str(mrcd.path)})
+        except MrcBackendError as e:
+            errors.append(str(e))
+
+    t = threading.Thread(target=rank0)
+    t.start()
+    deadline = time.monotonic() + 30
+    while not store.check(["mrc/1/local0"]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)  # rank 0 is in its accept loop now
+    t0 = time.monotonic()
+    store.set("mrc/1/failed", "rank 1: its mrcd went away")
+    t.join(timeout=60)
+    assert not t.is_alive()
+    assert time.monotonic() - t0 < 5
+    assert errors and "a peer could not start (rank 1: its mrcd went away)" in errors[0], errors
