@@ -35,6 +35,8 @@ PEN_MAX: Final = 8
 PEN_STEP: Final = 2
 _PATTERN_SLOTS_PER_PORT: Final = 16
 _REBUILD_EVERY: Final = 32
+#: EV events (without an EV event CQ) and probe results a QP keeps until they are polled
+MAX_UNPOLLED: Final = 4096
 
 GOOD: Final = int(EvState.GOOD)
 ASSUMED_BAD: Final = int(EvState.ASSUMED_BAD)
@@ -271,9 +273,15 @@ class PathSet:
         self.peer_probe_at: dict[int, int] = {}  # port -> next probe time
         self.peer_probe_ok: dict[int, int] = {}
         self.next_probe_deadline = 1 << 62
-        self.events: list[EvEvent] = []  # where events go while the context has no EV event CQ
+        # where events go while the context has no EV event CQ, and the probe results, until polled
+        # (`Context.poll_ev_events`, `poll_probe_results`); at MAX_UNPOLLED each, a newer one is dropped
+        # and counted in `unpolled_dropped`, as an EV event CQ drops what finds it full: a harness or
+        # application that never polls (the simulator, a QP probing a dead plane for hours) must not
+        # grow them without end (~15,000 probe results per virtual second with a plane down)
+        self.events: list[EvEvent] = []
         self.ev_cqs: list[EvEventCq] = []  # the context's EV event CQs (the QP shares the context's list)
         self.probe_results: list[ProbeResult] = []
+        self.unpolled_dropped = 0
         self.losses = 0
         self.marked_bad = 0
         #: per EV: the transmission whose loss made it ASSUMED_BAD, its send time and PSN (`refute`)
@@ -533,8 +541,10 @@ class PathSet:
             if self.ev_cqs:
                 for cq in self.ev_cqs:
                     cq.push(ev)
-            else:
+            elif len(self.events) < MAX_UNPOLLED:
                 self.events.append(ev)
+            else:
+                self.unpolled_dropped += 1
         self._rebuild()
 
     def set_denied(self, indices: list[int], denied: bool, now: int) -> None:
@@ -613,6 +623,12 @@ class PathSet:
 
     # ------------------------------------------------------------------ probes
 
+    def _probe_result(self, r: ProbeResult) -> None:
+        if len(self.probe_results) < MAX_UNPOLLED:
+            self.probe_results.append(r)
+        else:
+            self.unpolled_dropped += 1
+
     def due_probes(self, now: int, next_request_id: int) -> list[tuple[int, int]]:
         """Handle probe timeouts and return [(request_id, ev index)] to send now (with timestamp
         `now`): ASSUMED_BAD EVs, and one EV of each peer port reported down."""
@@ -621,7 +637,7 @@ class PathSet:
             if deadline <= now:
                 del self.probe_wait[rid]
                 port = self.ev_port[i]
-                self.probe_results.append(ProbeResult(now, self.qpn, i, port, False, -1))
+                self._probe_result(ProbeResult(now, self.qpn, i, port, False, -1))
                 if port in self.peer_down and self.state[i] == DENIED:
                     self.peer_probe_ok[port] = 0
                     self.peer_probe_at[port] = now + self.probe_max
@@ -674,7 +690,7 @@ class PathSet:
         del self.probe_wait[request_id]
         i = w[0]
         port = self.ev_port[i]
-        self.probe_results.append(ProbeResult(now, self.qpn, i, port, True, rtt_ns))
+        self._probe_result(ProbeResult(now, self.qpn, i, port, True, rtt_ns))
         if port in self.peer_down and self.state[i] == DENIED:
             ok = self.peer_probe_ok.get(port, 0) + 1
             if ok >= self.probe_good:

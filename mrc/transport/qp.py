@@ -303,6 +303,7 @@ class QueuePair(Requester, Responder):
             ev_marked_bad=self.paths.marked_bad,
             ev_losses=self.paths.losses,
             ev_refuted=self.paths.refuted,
+            unpolled_dropped=self.paths.unpolled_dropped,
             port_bytes=list(self.paths.port_bytes),
         )
         return d

@@ -313,6 +313,16 @@ class QpAttr:
         for name in ("max_send_wr", "max_recv_wr"):
             if not 1 <= getattr(self, name) <= MAX_QUEUE_WR:
                 raise ValueError(f"{name} must be 1..{MAX_QUEUE_WR}")
+        # the probe timers are deadlines after `now`: at 0 a timer stays due after it fires and the
+        # driver's loop spins at one instant, a probe per turn (docs/transport.md, "Timers make
+        # progress"); mrcd's own options allow 1 us .. 10 s. The reordering tolerance adds to an RTT.
+        for name in ("probe_interval_ns", "probe_max_interval_ns", "probe_timeout_ns"):
+            if not 1_000 <= getattr(self, name) <= 10_000_000_000:
+                raise ValueError(f"{name} must be 1 us .. 10 s")
+        if not 0 <= self.reorder_ns <= 10_000_000_000:
+            raise ValueError("reorder_ns must be 0 .. 10 s")
+        if not 1 <= self.probe_good <= 255:
+            raise ValueError("probe_good must be 1..255")
 
     @property
     def ack_timeout_ns(self) -> int:

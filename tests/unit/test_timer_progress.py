@@ -161,3 +161,45 @@ def _drive(seed: int, steps: list[tuple[int, int]], b_rtr: bool) -> None:
 )
 def test_no_deadline_stays_due_after_its_timer(seed: int, steps: list[tuple[int, int]], b_rtr: bool) -> None:
     _drive(seed, steps, b_rtr)
+
+
+def test_probe_timers_of_zero_are_refused() -> None:
+    """Probe timings of 0 passed QpAttr.check, and then a bad EV's probe deadline stayed at `now` after
+    every handle_timer(now): one more probe per call at one instant (1000 calls, 1000 probes), a lossy
+    loopback that never ended at 1 ns. They are refused, naming the field; mrcd's own floor (1 us) holds."""
+    import pytest
+
+    from mrc.transport import QpAttr
+
+    for name in ("probe_interval_ns", "probe_timeout_ns", "probe_max_interval_ns"):
+        for value in (0, 1, -5, 1_000):
+            attr = QpAttr()
+            setattr(attr, name, value)
+            if value == 1_000:
+                attr.check()
+                continue
+            with pytest.raises(ValueError, match=name):
+                attr.check()
+    with pytest.raises(ValueError, match="probe_good"):
+        QpAttr(probe_good=0).check()
+    with pytest.raises(ValueError, match="reorder_ns"):
+        QpAttr(reorder_ns=-1).check()
+    QpAttr(reorder_ns=0).check()
+
+
+def test_unpolled_probe_results_stay_bounded() -> None:
+    """A plane that stays dead keeps its EVs probed; nobody polls the results here (as in the simulator,
+    or an application that never asks): they used to pile up, ~15,000 per virtual second. At
+    MAX_UNPOLLED the newer are dropped and counted (`unpolled_dropped`), and polling drains them."""
+    from mrc.sim.loopback import Blackhole, FabricConfig, LoopbackConfig, build, run_transfer
+    from mrc.transport.paths import MAX_UNPOLLED
+
+    dead = FabricConfig(planes=4, blackholes=[Blackhole(0, 0)])
+    r = build(LoopbackConfig(size=1 << 20, seed=1, fabric=dead))
+    doc = run_transfer(r)
+    assert doc["completed"] and doc["bit_exact"]
+    r.fabric.run(until_ns=2_000_000_000)
+    paths = r.qa.paths
+    assert len(paths.probe_results) == MAX_UNPOLLED
+    assert paths.unpolled_dropped > 0 and r.qa.stats()["unpolled_dropped"] == paths.unpolled_dropped
+    assert len(r.a.poll_probe_results()) == MAX_UNPOLLED and not paths.probe_results
