@@ -605,7 +605,7 @@ def failover(spec: RunSpec, duration_ns: int = 2_000_000, fail_ns: int = 500_000
             rtt = base_rtt_ns(fab, spec.mtu)
             res["base_rtt_s"] = rtt / 1e9
             res["reroute_rtts"] = round((last - fail_ns) / rtt, 1) if last is not None else 0.0
-            ctx_events = sum(len(q.paths.events) for q, _ in tr.qps)
+            ctx_events = sum(len(q.paths.events) + q.paths.events_dropped for q, _ in tr.qps)
             res["ev_events"] = ctx_events
         else:
             res["connections_on_failed_link"] = affected

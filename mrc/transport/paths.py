@@ -275,13 +275,15 @@ class PathSet:
         self.next_probe_deadline = 1 << 62
         # where events go while the context has no EV event CQ, and the probe results, until polled
         # (`Context.poll_ev_events`, `poll_probe_results`); at MAX_UNPOLLED each, a newer one is dropped
-        # and counted in `unpolled_dropped`, as an EV event CQ drops what finds it full: a harness or
+        # and counted (`events_dropped`, `probe_results_dropped`), as an EV event CQ drops what finds it
+        # full: a harness or
         # application that never polls (the simulator, a QP probing a dead plane for hours) must not
         # grow them without end (~15,000 probe results per virtual second with a plane down)
         self.events: list[EvEvent] = []
         self.ev_cqs: list[EvEventCq] = []  # the context's EV event CQs (the QP shares the context's list)
         self.probe_results: list[ProbeResult] = []
-        self.unpolled_dropped = 0
+        self.events_dropped = 0
+        self.probe_results_dropped = 0
         self.losses = 0
         self.marked_bad = 0
         #: per EV: the transmission whose loss made it ASSUMED_BAD, its send time and PSN (`refute`)
@@ -544,7 +546,7 @@ class PathSet:
             elif len(self.events) < MAX_UNPOLLED:
                 self.events.append(ev)
             else:
-                self.unpolled_dropped += 1
+                self.events_dropped += 1
         self._rebuild()
 
     def set_denied(self, indices: list[int], denied: bool, now: int) -> None:
@@ -627,7 +629,7 @@ class PathSet:
         if len(self.probe_results) < MAX_UNPOLLED:
             self.probe_results.append(r)
         else:
-            self.unpolled_dropped += 1
+            self.probe_results_dropped += 1
 
     def due_probes(self, now: int, next_request_id: int) -> list[tuple[int, int]]:
         """Handle probe timeouts and return [(request_id, ev index)] to send now (with timestamp

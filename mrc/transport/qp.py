@@ -303,7 +303,8 @@ class QueuePair(Requester, Responder):
             ev_marked_bad=self.paths.marked_bad,
             ev_losses=self.paths.losses,
             ev_refuted=self.paths.refuted,
-            unpolled_dropped=self.paths.unpolled_dropped,
+            ev_events_dropped=self.paths.events_dropped,
+            probe_results_dropped=self.paths.probe_results_dropped,
             port_bytes=list(self.paths.port_bytes),
         )
         return d

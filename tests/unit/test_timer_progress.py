@@ -190,7 +190,7 @@ def test_probe_timers_of_zero_are_refused() -> None:
 def test_unpolled_probe_results_stay_bounded() -> None:
     """A plane that stays dead keeps its EVs probed; nobody polls the results here (as in the simulator,
     or an application that never asks): they used to pile up, ~15,000 per virtual second. At
-    MAX_UNPOLLED the newer are dropped and counted (`unpolled_dropped`), and polling drains them."""
+    MAX_UNPOLLED the newer are dropped and counted (`probe_results_dropped`), and polling drains them."""
     from mrc.sim.loopback import Blackhole, FabricConfig, LoopbackConfig, build, run_transfer
     from mrc.transport.paths import MAX_UNPOLLED
 
@@ -201,5 +201,6 @@ def test_unpolled_probe_results_stay_bounded() -> None:
     r.fabric.run(until_ns=2_000_000_000)
     paths = r.qa.paths
     assert len(paths.probe_results) == MAX_UNPOLLED
-    assert paths.unpolled_dropped > 0 and r.qa.stats()["unpolled_dropped"] == paths.unpolled_dropped
+    assert paths.probe_results_dropped > 0
+    assert r.qa.stats()["probe_results_dropped"] == paths.probe_results_dropped
     assert len(r.a.poll_probe_results()) == MAX_UNPOLLED and not paths.probe_results
