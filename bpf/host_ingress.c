@@ -38,6 +38,27 @@ static __always_inline int drop(__u32 port, __u32 reason, __u32 len)
 	return XDP_DROP;
 }
 
+/* An IPv6 header followed by extension headers. MRC's fabric writes its path into the destination address
+ * (micro-SIDs, no SRH) and sends no extension headers, while End.DT6 or the stack would hand MRC behind
+ * them to the MRC socket past every check (the QP filter included): a tunnel behind them (`outer`), UDP
+ * 4791 behind them, and a chain that leaves the linear data (-1: kilobytes of options) or is longer than
+ * MRC_IP6_EXT_MAX (-2), which is nothing legitimate and must not hide either, are dropped: the reason,
+ * or 0 for other traffic with extension headers (MLD's hop-by-hop, an ICMPv6 probe with options). */
+static __always_inline __u32 ext_verdict(__u8 *ip6, const __u8 *end, int outer)
+{
+	__u8 *p = ip6 + MRC_IP6_HLEN;
+	int last = mrc_ip6_skip_ext(&p, ip6[6], end);
+	if (last < 0 || (outer && last == MRC_NH_IPV6))
+		return MRC_DROP_BAD_IP;
+	if (last == MRC_NH_UDP) {
+		if (p + MRC_UDP_HLEN > end)
+			return MRC_DROP_TRUNCATED;
+		if (mrc_be16(p + 2) == MRC_UDP_PORT)
+			return MRC_DROP_BAD_IP;
+	}
+	return 0;
+}
+
 int host_ingress(struct xdp_md *ctx)
 {
 	__u8 *data = (void *)(long)ctx->data;
@@ -79,23 +100,8 @@ int host_ingress(struct xdp_md *ctx)
 	if (mrc_ip6_version(outer) != 6)
 		return drop(port, MRC_DROP_BAD_IP, len);
 	if (mrc_ip6_is_ext(outer[6])) {
-		/* MRC's fabric writes its path into the destination address (micro-SIDs, no SRH): a tunnel
-		 * behind extension headers is never its own, and End.DT6 would decapsulate it into the MRC
-		 * socket past every check below (the QP filter included); so is UDP 4791 behind them. A chain
-		 * that leaves the linear data (-1: kilobytes of options) or is longer than MRC_IP6_EXT_MAX (-2)
-		 * is nothing legitimate and must not hide either. Other traffic with extension headers (MLD's
-		 * hop-by-hop, ...) passes. */
-		__u8 *p = outer + MRC_IP6_HLEN;
-		int last = mrc_ip6_skip_ext(&p, outer[6], end);
-		if (last == MRC_NH_IPV6 || last < 0)
-			return drop(port, MRC_DROP_BAD_IP, len);
-		if (last == MRC_NH_UDP) {
-			if (p + MRC_UDP_HLEN > end)
-				return drop(port, MRC_DROP_TRUNCATED, len);
-			if (mrc_be16(p + 2) == MRC_UDP_PORT)
-				return drop(port, MRC_DROP_BAD_IP, len);
-		}
-		return XDP_PASS;
+		__u32 why = ext_verdict(outer, end, 1);
+		return why ? drop(port, why, len) : XDP_PASS;
 	}
 	/* MRC on the fabric is tunnelled (IPv6-in-IPv6). UDP 4791 straight to the host is not its fabric's,
 	 * but addressed to the MRC address it reaches the MRC socket all the same: it is checked as MRC,
@@ -108,20 +114,9 @@ int host_ingress(struct xdp_md *ctx)
 			return drop(port, MRC_DROP_TRUNCATED, len);
 		if (mrc_ip6_version(inner) != 6)
 			return drop(port, MRC_DROP_BAD_IP, len);
-		if (mrc_ip6_is_ext(inner[6])) {
-			/* likewise inside the tunnel: UDP 4791 behind extension headers would reach the socket
-			 * unchecked; anything else (an ICMPv6 probe with options) passes */
-			__u8 *p = inner + MRC_IP6_HLEN;
-			int last = mrc_ip6_skip_ext(&p, inner[6], end);
-			if (last < 0)
-				return drop(port, MRC_DROP_BAD_IP, len);
-			if (last == MRC_NH_UDP) {
-				if (p + MRC_UDP_HLEN > end)
-					return drop(port, MRC_DROP_TRUNCATED, len);
-				if (mrc_be16(p + 2) == MRC_UDP_PORT)
-					return drop(port, MRC_DROP_BAD_IP, len);
-			}
-			return XDP_PASS;
+		if (mrc_ip6_is_ext(inner[6])) { /* likewise inside the tunnel */
+			__u32 why = ext_verdict(inner, end, 0);
+			return why ? drop(port, why, len) : XDP_PASS;
 		}
 	}
 	if (inner[6] != MRC_NH_UDP)
