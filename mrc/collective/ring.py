@@ -74,6 +74,14 @@ NONFINITE: bytes = b"MRC-NONFINITE\x00\x00\x00"
 #: depends only on the length, the world size and the budget, so every rank takes the same one.
 MEASURED_MAX_PREFIX = 1 / 16
 
+
+def _ieee_sum() -> np.errstate:
+    """An uncompressed sum is IEEE's, as NCCL's and Gloo's: inf + -inf is NaN and a sum past float32's
+    range is inf, which reach every rank (GradScaler looks for them); numpy's RuntimeWarning for each
+    is no news to anyone."""
+    return np.errstate(invalid="ignore", over="ignore")
+
+
 _TAG_RS = 1 << 20
 _TAG_AG = 2 << 20
 _TAG_ONESHOT = 3 << 20
@@ -281,7 +289,8 @@ class _Chunks:
     def advance(self, c: int, i: int, msg: bytes, own: F32, k: int,
                 want_sum: bool) -> tuple[Message, F32 | None]:
         work = self.unpack(c, i, msg, k - 1)
-        work += own
+        with _ieee_sum():
+            work += own
         return self.pack(c, i, work, k), work
 
     def bits(self, n: int) -> tuple[float, ...]:
@@ -309,7 +318,8 @@ class _RawChunks(_Chunks):
                 want_sum: bool) -> tuple[Message, F32 | None]:
         if not ZERO_COPY:
             return super().advance(c, i, msg, own, k, want_sum)
-        work = np.add(self.unpack(c, i, msg, k - 1), own)  # the one new array of the hop
+        with _ieee_sum():
+            work = np.add(self.unpack(c, i, msg, k - 1), own)  # the one new array of the hop
         return self.pack(c, i, work, k), work
 
 

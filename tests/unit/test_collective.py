@@ -341,6 +341,28 @@ def test_a_non_finite_value_on_one_rank_reaches_every_rank_as_nan(partial: str, 
     assert ring._is_nonfinite(ring.NONFINITE) and not ring._is_nonfinite(frame.join([b"x" * 12]))
 
 
+@pytest.mark.parametrize("zero_copy", [True, False])
+def test_an_uncompressed_sum_of_opposite_infinities_is_nan_without_a_warning(
+        zero_copy: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """inf + -inf is NaN and 3e38 + 3e38 is inf in the uncompressed ring, as in NCCL and Gloo, on every
+    rank; numpy's RuntimeWarning for each (which a job running with warnings as errors turned into a
+    failed collective) is not raised."""
+    import warnings
+
+    from mrc.collective import ring
+
+    monkeypatch.setattr(ring, "ZERO_COPY", zero_copy)
+    n, size = 2, 1000
+    xs = [np.full(size, 1.0, np.float32) for _ in range(n)]
+    xs[0][3], xs[1][3] = np.inf, -np.inf
+    xs[0][5] = xs[1][5] = 3e38
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = run_inproc(n, lambda t: allreduce(t, xs[t.rank], Config("none", average=False)))
+    for r in res:
+        assert np.isnan(r.out[3]) and r.out[5] == np.inf and r.out[0] == 2.0
+
+
 def test_measured_on_segments_too_small_for_its_prefix_uses_awares_schedule() -> None:
     """4 ranks x 64 elements at 2 bits: measured's 16-byte prefixes took most of each hop's budget (a
     quarter bit per coordinate left), for a vNMSE of ~80 and more bytes than aware. Below
