@@ -86,7 +86,9 @@ class MrcBackendError(MrcError, RuntimeError):
 
 class MrcBackendRefused(MrcBackendError):
     """A collective refused before any message (an op, dtype or device this backend does not do, sizes
-    that do not add up): on every rank alike, so the group stays usable."""
+    that do not add up), so the group stays usable when every rank made the same call. A rank that alone
+    passes, say, an output of the wrong size is refused alone: the others go on into the collective and
+    fail at their next exchange with it (a broken group), as with NCCL and Gloo, which check no more."""
 
 
 def _env_int(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
