@@ -219,6 +219,8 @@ def loopback_cmd(
     out.progress(f"loopback: {nbytes} bytes over {planes} planes x {evs // planes} EVs ...")
     doc = loopback(cfg)
     out.emit(doc, _render)
+    if not (doc["completed"] and doc["bit_exact"]):  # the document says why; the status says that it failed
+        raise click.exceptions.Exit(1)
 
 
 def _render(doc: dict[str, Any]) -> str:

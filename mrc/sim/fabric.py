@@ -41,7 +41,7 @@ from typing import Any, Final, Protocol
 
 from mrc.topology import ROLE_HOST, ROLE_LEAF, ROLE_SPINE, Topology
 from mrc.transport.qp import NEVER
-from mrc.wire.packet import trim_in_place
+from mrc.wire.packet import header_len, trim_in_place
 
 #: Bytes on the wire around the UDP payload the engine produces: outer IPv6 (40) + inner IPv6 (40) +
 #: UDP (8) + Ethernet header and FCS (18) + preamble and inter-frame gap (20).
@@ -584,7 +584,7 @@ class Fabric:
                     ecn = True
                     self.ecn_marks += 1
                 w = n + ovh
-                trim = x >= trim_1 and type(data) is bytearray and data[0] < 0x10
+                trim = x >= trim_1 and type(data) is bytearray and data[0] < 0x10 and n > header_len(data[0])
                 if trim or n <= PRIO_BYTES:
                     if trim:
                         # trimmed: headers only, served from the priority queue ahead of the backlog
@@ -809,8 +809,9 @@ class Fabric:
             ecn = True
             self.ecn_marks += 1
         w = n + self.ovh
+        # a data packet not trimmed yet (a header trimmed at an earlier hop is served as a control packet)
         trim = (p.trim_bytes is not None and x >= p.trim_bytes + 1 and type(data) is bytearray
-                and data[0] < 0x10)
+                and data[0] < 0x10 and n > header_len(data[0]))
         delay = p.delay_ns if m is None else p.delay_ns + m[1]
         if trim or n <= PRIO_BYTES:
             if trim:

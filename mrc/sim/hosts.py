@@ -249,7 +249,7 @@ class Traffic:
         if self.variant == "ecmp":
             cs = [c for conns in self.conns for c in conns]
             retx = sum(c.retx_packets for c in cs)
-            return {"retx_packets": retx, "retx_bytes": retx * self.mtu,
+            return {"retx_packets": retx, "retx_bytes": sum(c.retx_bytes for c in cs),
                     "rto_count": sum(c.timeouts for c in cs), "naks": sum(c.naks for c in cs)}
         tot: dict[str, int] = {}
         for qa, _ in self.qps:
@@ -259,7 +259,8 @@ class Traffic:
                 tot[k] = tot.get(k, 0) + st[k]
             tot["evs_marked_bad"] = tot.get("evs_marked_bad", 0) + qa.paths.marked_bad
         retx = sum(tot[k] for k in ("retx_sack", "retx_trim", "retx_timeout", "retx_nack"))
-        return {"retx_packets": retx, "retx_bytes": retx * self.mtu, "rto_count": tot["rto"], **tot}
+        return {"retx_packets": retx, "retx_bytes": sum(qa.retx_bytes for qa, _ in self.qps),
+                "rto_count": tot["rto"], **tot}
 
 
 class EcmpRouting:

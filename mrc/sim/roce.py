@@ -88,6 +88,7 @@ class RoceConn:
         # counters
         self.tx_packets = 0
         self.retx_packets = 0
+        self.retx_bytes = 0  # payload bytes sent again
         self.timeouts = 0
         self.naks = 0
         self.acked_bytes = 0
@@ -273,6 +274,7 @@ class RoceHost:
             c.tx_packets += end - nxt
             if nxt < c.high:
                 c.retx_packets += min(end, c.high) - nxt
+                c.retx_bytes += sum(c.pkt_size(p) for p in range(nxt, min(end, c.high)))
             c.nxt = end
             if end > c.high:
                 c.high = end

@@ -287,6 +287,7 @@ class QueuePair(Requester, Responder):
         d.update(
             data_tx=self.serial,
             data_tx_bytes=self.tx_bytes,
+            data_retx_bytes=self.retx_bytes,
             data_rx=self.rx_packets,
             data_rx_bytes=self.rx_bytes,
             qpn=self.qpn,

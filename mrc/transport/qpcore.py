@@ -93,7 +93,8 @@ class QpCore:
         "paths", "c", "rx_icrc", "rcv_cum", "W", "rbits", "mrs", "msgs", "rx_packets", "rx_bytes",
         "unacked", "ack_coalesce", "ack_coalesce_sum", "last_rx", "attr", "tx_icrc", "peer_qpn", "peer_gid",
         "inflight",
-        "snd_nxt", "snd_una", "mtu", "cc", "serial", "tx_bytes", "max_outstanding", "ack_floor", "sacked",
+        "snd_nxt", "snd_una", "mtu", "cc", "serial", "tx_bytes", "retx_bytes", "max_outstanding", "ack_floor",
+        "sacked",
         "latest_acked_serial", "tx_state", "tx_len", "tx_ev", "tx_time", "tx_serial", "tx_wr", "tx_off",
         "tx_retx", "rack_next", "rtxq", "port_thr", "ack_timeout", "retries", "wrs_out", "send_cq", "srtt",
         "rttvar", "min_rtt", "port_srtt", "port_rttvar", "port_min_rtt", "reo_extra", "ctx", "qpn", "recv_cq",
@@ -192,6 +193,7 @@ class QpCore:
         self.tx_off = [0] * W
         self.serial = 0  # transmissions so far (first sends and retransmissions)
         self.tx_bytes = 0
+        self.retx_bytes = 0  # payload bytes sent again (of tx_bytes)
         self.latest_acked_serial = 0
         self.tx_retx = [False] * W  # this PSN has been retransmitted (watched through rtxq)
         # PSN -> times of its earlier transmissions, for PSNs sent more than once (feedback may echo any)

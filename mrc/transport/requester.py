@@ -275,6 +275,7 @@ class Requester(Recovery):
         port = paths.ev_port[ev]
         paths.port_bytes[port] += n
         self.tx_bytes += n
+        self.retx_bytes += n
         if self.rto_deadline == NEVER:
             self.rto_deadline = now + self._rto_interval()
         out.append(Datagram(buf, port, ev, self.peer_gid))

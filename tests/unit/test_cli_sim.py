@@ -51,3 +51,13 @@ def test_loopback_bad_input(capsys: pytest.CaptureFixture[str], args: list[str],
     rc = main(["sim", "loopback", *args, "-j"])
     out, _ = capsys.readouterr()
     assert rc != 0 and needle in json.loads(out)["error"]
+
+
+def test_a_failed_loopback_transfer_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every plane blackholed for good: the QP ends in RETRY_EXC_ERR. The document says so, and the exit
+    status now too (it was 0, so a script could not tell a failed transfer from a good one)."""
+    rc = main(["sim", "loopback", "--size", "64K", "--planes", "1", "--evs", "4", "--blackhole-plane", "0@0",
+               "-j"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 1 and not doc["completed"] and doc["status"] == ["RETRY_EXC_ERR"]
+    assert main(["sim", "loopback", "--size", "64K", "-j"]) == 0
