@@ -466,6 +466,7 @@ def degraded_cmd(
     if not 0 <= wu < dur:
         raise UsageError("warmup must be shorter than the duration")
     _library(lambda: exps.check_run(spec, dur, spec.fabric.hosts))
+    _library(lambda: exps.degraded_link(spec, link, factor))
     doc = exps.degraded(spec, link, factor, dur, wu, progress=out.progress, run_all=_runner(jobs))
     _finish(out, doc, None, _render_degraded)
 

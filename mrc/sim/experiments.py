@@ -377,6 +377,28 @@ def permutation(spec: RunSpec, duration_ns: int = 200_000, warmup_ns: int = 50_0
 # ============================================================================================ degraded
 
 
+def degraded_link(spec: RunSpec, link: tuple[str, str] | None,
+                  factor: float) -> tuple[str, str, int, int | None]:
+    """The leaf-spine link `degraded` slows (default: the first of leaf 0 in plane 0) and what it becomes:
+    the link as the topology has it (a file's `[[link_override]]` included) at `factor` of its rate, its
+    own delay kept. ValueError for a factor outside (0, 1], another kind of link, or less than 1 bit/s."""
+    limits.number("factor", factor, 0.0, 1.0, lo_open=True)
+    fs = spec.fabric
+    topo = fs.topology()
+    a, b = link or (topo.leaf_name(0, 0), topo.spine_name(0, 0))
+    lk = topo.link_between(a, b)
+    if lk.kind != "leaf-spine":
+        raise ValueError("degrade a leaf-spine link")
+    own = next((o for o in topo.link_overrides if {o.a, o.b} == {a, b}), None)
+    base_bps = own.rate_bps if own is not None and own.rate_bps is not None else fs.rate_gbps * 1e9
+    slow_bps = int(base_bps * factor)
+    if slow_bps < 1:
+        raise ValueError(f"factor {factor:g} of link {a}-{b}'s {base_bps:g} bit/s leaves it "
+                         f"{base_bps * factor:g} bit/s: at least 1 bit/s")
+    slow_delay = own.delay_us * 1000 if own is not None and own.delay_us is not None else None
+    return a, b, slow_bps, slow_delay
+
+
 def degraded(spec: RunSpec, link: tuple[str, str] | None = None, factor: float = 0.1,
              duration_ns: int = 200_000, warmup_ns: int = 50_000, progress: Progress | None = None,
              run_all: VariantMap = in_process) -> dict[str, Any]:
@@ -390,15 +412,9 @@ def degraded(spec: RunSpec, link: tuple[str, str] | None = None, factor: float =
     leaf-spine links')."""
     check_run(spec, duration_ns, spec.fabric.hosts)
     _check_warmup(warmup_ns, duration_ns)
-    limits.number("factor", factor, 0.0, 1.0, lo_open=True)
     fs = spec.fabric
     topo = fs.topology()
-    a, b = link or (topo.leaf_name(0, 0), topo.spine_name(0, 0))
-    lk = topo.link_between(a, b)
-    if lk.kind != "leaf-spine":
-        raise ValueError("degrade a leaf-spine link")
-    if not 0 < factor <= 1:
-        raise ValueError("factor must be in (0, 1]")
+    a, b, slow_bps, slow_delay = degraded_link(spec, link, factor)
     rng = random.Random(spec.seed)
     n = fs.hosts
     perm = derangement(n, rng)
@@ -449,7 +465,7 @@ def degraded(spec: RunSpec, link: tuple[str, str] | None = None, factor: float =
     def one(variant: str) -> dict[str, Any]:
         fab = Fabric(topo, fs.params(trimming=variant != "mrc-notrim"))
         li = fab.link(a, b)
-        fab.set_link_rate(li, int(fs.rate_gbps * 1e9 * factor))
+        fab.set_link_rate(li, slow_bps, slow_delay)
         tr, goodput, wall = _long_flows(
             fab, spec, variant, flows, duration_ns, warmup_ns,
             f"degraded {variant}: {n} hosts, link {a}-{b} at {factor:g} of its rate ...", progress)

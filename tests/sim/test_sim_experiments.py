@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -19,6 +21,8 @@ from mrc.sim.experiments import (
 from mrc.sim.fabric import Fabric, FabricParams, spine_of_ev
 from mrc.sim.hosts import Flow, HostParams, Traffic
 from mrc.transport import EvState
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(variant: str, flows: list[Flow], until: int, topo: topology.Topology | None = None,
@@ -192,3 +196,21 @@ def test_retransmitted_bytes_are_the_bytes_sent_again() -> None:
     for v, r in doc["results"].items():
         assert r["retx_packets"] > 0, v
         assert r["retx_bytes"] == r["retx_packets"], v  # every packet carries the message's one byte
+
+
+def test_degraded_slows_the_link_as_the_topology_has_it(tmp_path: Path) -> None:
+    """The degraded link was set to the fabric's rate x factor: a file's [[link_override]] slowing it to
+    1 Mbit/s came back at 5 Gbit/s with factor 0.5, and a product below 1 bit/s (both options within
+    their ranges) ended in a worker's traceback. It is the link's own rate x factor, its own delay kept,
+    and too slow a product is refused before any run."""
+    from mrc.sim.experiments import degraded_link
+
+    text = (ROOT / "deploy" / "topologies" / "default.toml").read_text()
+    f = tmp_path / "slow.toml"
+    f.write_text(text + '\n[[link_override]]\na = "p0l0"\nb = "p0s0"\nrate = "1mbit"\ndelay = "3us"\n')
+    spec = RunSpec(fabric=FabricSpec.from_file(str(f)), variants=("mrc",))
+    assert degraded_link(spec, None, 0.5) == ("p0l0", "p0s0", 500_000, 3_000)
+    assert degraded_link(spec, ("p0l0", "p0s1"), 0.5)[2:] == (int(spec.fabric.rate_gbps * 1e9 * 0.5), None)
+    tiny = RunSpec(fabric=FabricSpec(rate_gbps=0.000001), variants=("mrc",))
+    with pytest.raises(ValueError, match="at least 1 bit/s"):
+        degraded_link(tiny, None, 0.000001)
