@@ -471,6 +471,11 @@ def degraded_cmd(
     _finish(out, doc, None, _render_degraded)
 
 
+def _us(seconds: float | None) -> str:
+    """A time in microseconds, or "not recovered" (a connection still stalled when the run ended)."""
+    return "not recovered" if seconds is None else f"{seconds * 1e6:.1f}"
+
+
 def _render_degraded(doc: dict[str, Any]) -> str:
     c = doc["config"]
     def f3(x: float | None) -> str:
@@ -610,7 +615,7 @@ def _render_failover(doc: dict[str, Any]) -> str:
         rows.append({"variant": v, "before": f"{r['goodput_fraction_before']:.1%}",
                      "during": f"{r['goodput_fraction_during_failure']:.1%}",
                      "min": f"{r['goodput_fraction_min_bin']:.1%}",
-                     "reroute": f"{r['reroute_s'] * 1e6:.1f}", "stall": f"{r['max_stall_s'] * 1e6:.0f}",
+                     "reroute": _us(r['reroute_s']), "stall": f"{r['max_stall_s'] * 1e6:.0f}",
                      "retx": r["retx_bytes"], "rto": r["rto_count"]})
     req = next(iter(doc["results"].values()))["required_fraction"]
     lines = [
@@ -639,7 +644,7 @@ def _render_failover_sweep(doc: dict[str, Any]) -> str:
                          "during": f"{r['goodput_fraction_during_failure']:.1%}",
                          "required": f"{r['required_fraction']:.1%}",
                          "min": f"{r['goodput_fraction_min_bin']:.1%}", "zero": run["zero_bins"][v],
-                         "reroute": f"{r['reroute_s'] * 1e6:.1f}", "stall": f"{r['max_stall_s'] * 1e6:.0f}"})
+                         "reroute": _us(r['reroute_s']), "stall": f"{r['max_stall_s'] * 1e6:.0f}"})
     cols = [("link", "LINK"), ("variant", "VARIANT"), ("during", "DURING FAILURE"), ("required", "REQUIRED"),
             ("min", "MIN BIN"), ("zero", "ZERO BINS"), ("reroute", "REROUTE US"), ("stall", "MAX STALL US")]
     worst = []
@@ -649,7 +654,7 @@ def _render_failover_sweep(doc: dict[str, Any]) -> str:
                                 f"({w['goodput_fraction_during_failure']['link']})",
                       "required": "all met" if w["all_meet_required"] else "NOT MET",
                       "min": f"{w['goodput_fraction_min_bin']['value']:.1%}", "zero": w["zero_bins"],
-                      "reroute": f"{w['reroute_s']['value'] * 1e6:.1f} ({w['reroute_s']['link']})",
+                      "reroute": f"{_us(w['reroute_s']['value'])} ({w['reroute_s']['link']})",
                       "stall": f"{w['max_stall_s']['value'] * 1e6:.0f}"})
     return "\n".join([f"failover on each of {len(doc['runs'])} links, one run each", "",
                       table(rows + worst, cols),

@@ -5,6 +5,7 @@ set-ups, the derivations and the measured figures."""
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -586,6 +587,7 @@ def failover(spec: RunSpec, duration_ns: int = 2_000_000, fail_ns: int = 500_000
         nconns = len(rows[0]) if rows else 0
         stall = 0
         resumed = i0  # the bin in which the last connection that had stalled delivered again
+        unrecovered = 0  # connections still stalled when the run ended
         for k in range(nconns):
             run_ = best = 0
             for i in range(i0, len(rows) - 1):
@@ -597,9 +599,12 @@ def failover(spec: RunSpec, duration_ns: int = 2_000_000, fail_ns: int = 500_000
                         resumed = max(resumed, i)
                     run_ = 0
             stall = max(stall, best)
+            unrecovered += run_ > 0
         last = fab.last_down_drop.get(li)
         into_dead = (last - fail_ns) / 1e9 if last is not None else 0.0
-        recovered = (resumed - i0) * bin_ns / 1e9
+        # None while a connection is still stalled at the end: it did not recover within the run (this
+        # was the time another connection resumed, or 0.0: the best value for the worst case)
+        recovered = (resumed - i0) * bin_ns / 1e9 if not unrecovered else None
         res: dict[str, Any] = {
             "goodput_fraction_before": round(sum(pre) / len(pre), 4) if pre else None,
             "goodput_fraction_during_failure": round(sum(during) / len(during), 4) if during else None,
@@ -610,6 +615,7 @@ def failover(spec: RunSpec, duration_ns: int = 2_000_000, fail_ns: int = 500_000
             "reroute_s": recovered if variant == "ecmp" else into_dead,
             "last_into_dead_link_s": into_dead,
             "recovered_s": recovered,
+            "connections_not_recovered": unrecovered,
             "max_stall_s": stall * bin_ns / 1e9,
             "lost_on_failed_link": fab.lost_on_link[li],
             "dropped_at_failed_link": fab.down_data_drops.get(li, 0),
@@ -665,7 +671,10 @@ def failover_sweep(spec: RunSpec, links: list[tuple[str, str]], duration_ns: int
         rs = [(r["link"], r["results"][v], r["zero_bins"][v]) for r in runs]
 
         def pick(key: str, low: bool, rs: list[Any] = rs) -> dict[str, Any]:
-            lk, r, _ = (min if low else max)(rs, key=lambda x: x[1][key] if x[1][key] is not None else 0.0)
+            # None is the worst: no goodput measured (low), or not recovered within the run (high)
+            worst_none = 0.0 if low else math.inf
+            lk, r, _ = (min if low else max)(
+                rs, key=lambda x: x[1][key] if x[1][key] is not None else worst_none)
             return {"value": r[key], "link": "-".join(lk)}
 
         worst[v] = {

@@ -214,3 +214,17 @@ def test_degraded_slows_the_link_as_the_topology_has_it(tmp_path: Path) -> None:
     tiny = RunSpec(fabric=FabricSpec(rate_gbps=0.000001), variants=("mrc",))
     with pytest.raises(ValueError, match="at least 1 bit/s"):
         degraded_link(tiny, None, 0.000001)
+
+
+def test_a_connection_still_stalled_at_the_end_has_not_recovered() -> None:
+    """One plane, two spines, spine 0's link of leaf 0 down: an ECMP connection hashed onto it stalls to
+    the end of the run. Its reroute and recovery times were reported as 0.0 (the best value); they are
+    None, with the connections still stalled counted. MRC sprays around the link and recovers."""
+    fs = FabricSpec(planes=1, leaves=2, spines=2, hosts_per_leaf=2)
+    doc = failover(RunSpec(fabric=fs, variants=("ecmp", "mrc")), duration_ns=400_000, fail_ns=100_000,
+                   link=("p0l0", "p0s0"))
+    ecmp, mrc = doc["results"]["ecmp"], doc["results"]["mrc"]
+    assert ecmp["connections_not_recovered"] >= 1
+    assert ecmp["recovered_s"] is None and ecmp["reroute_s"] is None
+    assert ecmp["max_stall_s"] >= 250e-6
+    assert mrc["connections_not_recovered"] == 0 and mrc["recovered_s"] is not None
