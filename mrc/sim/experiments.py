@@ -136,8 +136,13 @@ class RunSpec:
         L.integer("mtu", self.mtu, 64, MAX_PAYLOAD, " bytes")
         packet = self.mtu + DATA_HDR + WIRE_OVERHEAD
         if self.fabric.buffer_bytes < packet:
-            raise ValueError(f"buffer_bytes {self.fabric.buffer_bytes} cannot hold one {packet}-byte "
-                             "data packet")
+            why = (f"buffer_bytes {self.fabric.buffer_bytes} cannot hold one {packet}-byte data packet of "
+                   f"the simulator's {self.mtu}-byte payload")
+            f = self.fabric.file
+            if f is not None:  # the file's buffer: named where it is written, as every file error is
+                lines = topology.key_lines(topology.read_text(Path(f)))
+                raise topology.TopologyError(f, "link.buffer", why, topology.key_line(lines, "link.buffer"))
+            raise ValueError(why)
         L.nanoseconds("reconverge_ns", self.reconverge_ns, L.MAX_DELAY_NS)
 
 
