@@ -554,7 +554,12 @@ def failover(spec: RunSpec, duration_ns: int = 2_000_000, fail_ns: int = 500_000
     eff = efficiency(spec.mtu)
     # the demand (H hosts at full NIC rate) equals the core's capacity when H = spines
     cap = min(H * fs.planes, fs.planes * fs.spines) * fs.rate_gbps * 1e9 / 8 * eff
-    failed_share = 1 / (fs.planes * fs.spines)
+    # the share of the flows' leaf-spine paths the link carries: one of planes x spines when it is an
+    # uplink of leaf 0 or of leaf 1 (the flows' leaves), none otherwise (a link elsewhere in the fabric
+    # was charged as one of theirs, lowering the required fraction for a failure they never see)
+    lk = topo.link_between(a, b)
+    leaf = topo.node(a if topo.node(a).kind == "leaf" else b).index
+    failed_share = 1 / (fs.planes * fs.spines) if lk.kind == "leaf-spine" and leaf in (0, 1) else 0.0
 
     def one(variant: str) -> dict[str, Any]:
         topo = fs.topology()

@@ -228,3 +228,18 @@ def test_a_connection_still_stalled_at_the_end_has_not_recovered() -> None:
     assert ecmp["recovered_s"] is None and ecmp["reroute_s"] is None
     assert ecmp["max_stall_s"] >= 250e-6
     assert mrc["connections_not_recovered"] == 0 and mrc["recovered_s"] is not None
+
+
+def test_a_failed_link_off_the_flows_paths_takes_no_share_of_them() -> None:
+    """Failover's flows run from leaf 0 to leaf 1; a link of leaf 2 carries none of them. It used to be
+    charged 1 / (planes x spines) of their paths all the same (0.5 here), lowering the required fraction
+    to 0.45 for a failure the flows never see. Its share is 0; a link of leaf 1's is still one path's."""
+    fs = FabricSpec(planes=1, leaves=3, spines=2, hosts_per_leaf=2)
+    off = failover(RunSpec(fabric=fs, variants=("mrc",)), duration_ns=200_000, fail_ns=100_000,
+                   link=("p0l2", "p0s0"))
+    assert off["config"]["failed_share_of_paths"] == 0.0
+    assert off["results"]["mrc"]["required_fraction"] == 0.9
+    assert off["results"]["mrc"]["lost_on_failed_link"] == 0
+    on = failover(RunSpec(fabric=fs, variants=("mrc",)), duration_ns=200_000, fail_ns=100_000,
+                  link=("p0l1", "p0s0"))
+    assert on["config"]["failed_share_of_paths"] == 0.5
