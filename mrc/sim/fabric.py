@@ -52,6 +52,11 @@ _HOST_PORT_BUFFER: Final = 1 << 62
 #: trimmed headers) use every port's priority queue: they leave after the packet in service, ahead of
 #: the data backlog, as an ACK/trim class does in a real fabric.
 PRIO_BYTES: Final = 255
+#: The priority queue's own buffer, as a share of the port's (data) buffer: a control packet or a trimmed
+#: header that finds the port's backlog beyond buffer x (1 + this) is dropped ("prio_buffer"). Without a
+#: bound an incast of 128 senders onto one spine kept trimming every retransmission while the headers
+#: alone filled the line: a queue of 12x the buffer and no transfer completing in 1 ms.
+PRIO_BUFFER_SHARE: Final = 1
 _SER_LIST: Final = 16384
 
 #: Calendar queue: events fall into buckets of 2^_SHIFT ns, plain lists; when a bucket's time comes it is
@@ -592,7 +597,11 @@ class Fabric:
                         del data[n:]
                         w = n + ovh
                         self.trims += 1
-                    # control packets and trimmed headers: the priority queue
+                    # control packets and trimmed headers: the priority queue, with a buffer of its own
+                    # (PRIO_BUFFER_SHARE)
+                    if x >= (1 + PRIO_BUFFER_SHARE) * port_buffer[port] - w + 1:
+                        self._drop("prio_buffer")
+                        continue
                     s = ser_l[w] if w < _SER_LIST else serf(w)
                     if m is not None:
                         s = int(s * m[0])
@@ -819,6 +828,9 @@ class Fabric:
                 del data[n:]
                 w = n + self.ovh
                 self.trims += 1
+            if x >= (1 + PRIO_BUFFER_SHARE) * self.port_buffer[port] - w + 1:  # (the reference loop's)
+                self._drop("prio_buffer")
+                return False
             s = self.ser(w)
             if m is not None:
                 s = int(s * m[0])
