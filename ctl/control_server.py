@@ -16,6 +16,7 @@ import mmap
 import os
 import selectors
 import socket
+import stat
 import struct
 import sys
 import time
@@ -134,6 +135,32 @@ def push(c: Client, doc: dict[str, Any]) -> None:
     c.wbuf += (json.dumps(doc, separators=(",", ":")) + "\n").encode()
 
 
+def _clear_stale_socket(path: Path) -> None:
+    """Remove `path` when it is a unix socket nobody accepts on (what a killed mrcd leaves); MrcError when
+    it is anything else (a file, a directory, a live socket: another mrcd)."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise MrcError(f"control socket {path}: {e.strerror or e}") from None
+    if not stat.S_ISSOCK(st.st_mode):
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a file that is not a socket"
+        raise MrcError(f"control socket {path}: {kind} is there; mrcd replaces only a socket (name another "
+                       "path, or remove it)")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(str(path))
+    except OSError:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # nobody listens: a dead mrcd's
+        return
+    finally:
+        probe.close()
+    raise MrcError(f"control socket {path}: another process listens on it (another mrcd?)")
+
+
 class ControlServer:
     """The listening socket and its clients, in the daemon's selector (`listen` registers the socket with
     this server as its key data, each client with its `Client`)."""
@@ -144,6 +171,7 @@ class ControlServer:
         self.log = log
         self.sock: socket.socket | None = None
         self.path: Path | None = None
+        self._inode = -1  # of the socket file we bound (close removes only that one)
         self.clients: dict[int, Client] = {}
         self.rejected: dict[str, int] = {}  # requests refused, by reason (mrc_control_rejected_total)
         self.paused_total = 0  # times a client's reading stopped because its replies piled up
@@ -158,18 +186,26 @@ class ControlServer:
 
     def listen(self, path: Path) -> None:
         """Bind `path` (mode 0600 from the start: root only) and listen without blocking; a path too long
-        for a unix socket is an MrcError naming it and the limit."""
+        for a unix socket is an MrcError naming it and the limit. Only a socket nobody listens on (a
+        crashed mrcd's) is replaced: anything else at the path is refused, since mrcd runs as root and
+        used to unlink whatever was there (a configured `/etc/passwd` went, and so did a live socket)."""
         check_socket_path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise MrcError(f"control socket {path}: cannot create {path.parent}: {e.strerror or e}") from None
+        _clear_stale_socket(path)
         srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177)
         try:
             srv.bind(str(path))
+        except OSError as e:
+            srv.close()
+            raise MrcError(f"control socket {path}: {e.strerror or e}") from None
         finally:
             os.umask(old)
         os.chmod(path, 0o600)
+        self._inode = path.stat().st_ino
         srv.listen(64)
         srv.setblocking(False)
         self.sock, self.path = srv, path
@@ -186,9 +222,10 @@ class ControlServer:
         if self.sock is not None:
             self.sock.close()
             self.sock = None
-            if self.path is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    self.path.unlink()
+            if self.path is not None:  # ours only: not what replaced it since (another mrcd's socket)
+                with contextlib.suppress(OSError):
+                    if self.path.stat().st_ino == self._inode:
+                        self.path.unlink()
 
     def accept(self) -> None:
         assert self.sock is not None

@@ -441,11 +441,16 @@ class MetricsServer:
         self.srv = cls((addr, port), handler)
         self.srv.daemon_threads = True
         self.addr = (addr, port)
+        self.serving = False
 
     def start(self, d: MetricsSource) -> None:
         self.collector.d = d
+        self.serving = True
         threading.Thread(target=self.srv.serve_forever, name="mrcd-metrics", daemon=True).start()
 
     def shutdown(self) -> None:
-        self.srv.shutdown()
+        # socketserver's shutdown() waits for serve_forever to stop: never started (mrcd failed before
+        # `start`, e.g. at its control socket), it waited for ever, the dataplane still installed
+        if self.serving:
+            self.srv.shutdown()
         self.srv.server_close()

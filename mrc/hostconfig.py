@@ -995,6 +995,13 @@ def _control(d: _Doc, doc: Mapping[str, Any]) -> FsPath:
     if len(text.encode()) > MAX_SOCKET_PATH:
         raise d.fail("control.socket", f"{len(text.encode())} bytes: a socket path holds at most "
                                        f"{MAX_SOCKET_PATH}")
+    try:  # mrcd (root) replaces a stale socket there, nothing else: refused now, not at start
+        mode = os.lstat(text).st_mode
+    except OSError:
+        mode = None
+    if mode is not None and not stat.S_ISSOCK(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "a file that is not a socket"
+        raise d.fail("control.socket", f"{text!r} is {kind}; mrcd replaces only a socket there")
     return FsPath(text)
 
 

@@ -370,3 +370,56 @@ def test_slow_readers_together_are_bounded_and_readers_are_still_served(
     finally:
         for s in [*slow, reader]:
             s.close()
+
+
+def test_the_socket_path_replaces_only_a_dead_socket(mrcd_ops: Operations, tmp_path: Path) -> None:
+    """mrcd runs as root and used to unlink whatever was at its socket path, and again at exit: a file
+    named there was lost, a live mrcd's socket taken over. Only a socket nobody listens on is replaced;
+    a file, a directory or a live socket is an MrcError and stays; and at exit mrcd removes its own
+    socket only, not one that replaced it since."""
+    from mrc.errors import MrcError
+
+    f = tmp_path / "precious"
+    f.write_text("keep me")
+    for target, says in ((f, "not a socket"), (tmp_path, "a directory")):
+        srv = ControlServer(selectors.DefaultSelector(), mrcd_ops)
+        with pytest.raises(MrcError, match=says):
+            srv.listen(target)
+        srv.close()
+    assert f.read_text() == "keep me"
+    live = ControlServer(selectors.DefaultSelector(), mrcd_ops)
+    live.listen(tmp_path / "live.sock")
+    try:
+        other = ControlServer(selectors.DefaultSelector(), mrcd_ops)
+        with pytest.raises(MrcError, match="another process listens"):
+            other.listen(tmp_path / "live.sock")
+        other.close()
+        assert (tmp_path / "live.sock").exists()
+    finally:
+        live.close()
+    assert not (tmp_path / "live.sock").exists()
+    dead = tmp_path / "dead.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.bind(str(dead))  # a killed mrcd's: bound, nobody accepting
+    first = ControlServer(selectors.DefaultSelector(), mrcd_ops)
+    first.listen(dead)
+    dead.unlink()  # replaced by another's socket while it runs ...
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.bind(str(dead))
+        first.close()
+        assert dead.exists()  # ... which its exit leaves alone
+
+
+def test_metrics_that_never_started_shut_down_at_once() -> None:
+    """mrcd binds /metrics first and serves it once it has started; when the start failed in between
+    (its control socket, say), closing waited for ever for a server loop that never ran, the dataplane
+    still installed and SIGTERM without effect."""
+    import threading
+
+    from mrc.ctl.metrics import MetricsServer
+
+    m = MetricsServer("127.0.0.1", 0)
+    t = threading.Thread(target=m.shutdown, daemon=True)
+    t.start()
+    t.join(timeout=10)
+    assert not t.is_alive()

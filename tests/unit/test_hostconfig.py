@@ -386,6 +386,27 @@ def test_errors_name_file_line_key_problem(tmp_path: Path, text: str, key: str, 
     assert problem in msg, msg
 
 
+def test_a_control_socket_path_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    """mrcd (root) used to unlink whatever the configured socket path named and bind there: a file of
+    the operator's went (`socket = "/etc/passwd"` passed --check-config). A file or a directory there is
+    refused with the key and line; a socket (a stale one of a killed mrcd) is accepted."""
+    import socket as so
+
+    precious = tmp_path / "precious"
+    precious.write_text("keep me")
+    for target, kind in ((precious, "a file that is not a socket"), (tmp_path, "a directory")):
+        msg = _error(BASE + f'[control]\nsocket = "{target}"\n', tmp_path)
+        assert msg.startswith(f"{tmp_path / 'mrcd.toml'}:24: control.socket: "), msg
+        assert kind in msg, msg
+    assert precious.read_text() == "keep me"
+    stale = tmp_path / "stale.sock"
+    with so.socket(so.AF_UNIX, so.SOCK_STREAM) as s:
+        s.bind(str(stale))
+    f = tmp_path / "ok.toml"
+    f.write_text(BASE + f'[control]\nsocket = "{stale}"\n')
+    assert hostconfig.load(f).socket == stale
+
+
 def test_syntax_encoding_and_unreadable_files(tmp_path: Path) -> None:
     f = tmp_path / "mrcd.toml"
     assert re.fullmatch(rf"{re.escape(str(f))}:3: not valid TOML: .* \(column \d+\)",
