@@ -47,6 +47,7 @@ MIN_PIECE = 1 << 8
 
 _U32 = struct.Struct("<I")
 STATS = struct.Struct("<4f")
+_F32_MAX = 3.4028234663852886e38
 
 
 def segments(length: int) -> list[int]:
@@ -106,8 +107,11 @@ def split(message: bytes | memoryview, count: int) -> list[memoryview]:
 
 
 def join_stats(stats: tuple[float, float, float, float], frames: list[bytes]) -> bytes:
-    """A message with the statistics prefix (module doc) before the frames."""
-    return STATS.pack(*stats) + join(frames)
+    """A message with the statistics prefix (module doc) before the frames. A statistic beyond float32's
+    range (energies summed in float64 over ranks whose chunks each fit: 4 x 2e38) is packed at the range's
+    edge: it only steers the bit allocation, which then errs, where packing it raised OverflowError and
+    the all-reduce failed on one rank."""
+    return STATS.pack(*(min(max(v, -_F32_MAX), _F32_MAX) for v in stats)) + join(frames)
 
 
 def split_stats(

@@ -324,8 +324,14 @@ def _finish_grouped(
                               "(at most 65535)")
     blocks = y.reshape(nblocks, group).astype(np.float64)
     e2 = np.einsum("ij,ij->i", blocks, blocks)
-    if not np.all(np.isfinite(e2)) or (cdt == np.float32 and float(e2.sum()) > _F32_MAX):
+    if not np.all(np.isfinite(e2)):
         raise CodecError("input has non-finite values (or overflows the compute precision)")
+    factor = 1.0
+    if cdt == np.float32 and float(e2.sum()) > _F32_MAX:  # finite but beyond float32: as `_rescale`
+        e = math.frexp(float(np.max(np.abs(blocks))))[1]
+        blocks = np.ldexp(blocks, -e)
+        e2 = np.einsum("ij,ij->i", blocks, blocks)
+        factor = math.ldexp(1.0, e)
     sig = np.sqrt(e2 / group)
     inv = np.divide(1.0, sig, out=np.zeros_like(sig), where=sig > 0)
     z = (blocks * inv[:, None]).reshape(-1).astype(cdt)
@@ -345,7 +351,7 @@ def _finish_grouped(
         scales = np.divide(yc, cc, out=np.zeros_like(yc), where=cc > 0)
     else:
         scales = np.divide(e2, yc, out=np.zeros_like(yc), where=yc > 0)
-    scales = np.maximum(scales, 0.0)  # a block with <y, c> <= 0 sends S = 0, as version 1 does
+    scales = np.maximum(scales, 0.0) * factor  # a block with <y, c> <= 0 sends S = 0, as version 1 does
     payload = b"".join(p.tobytes() for p in sections)
     head = _FIXED.pack(
         MAGIC, VERSION_GROUPED, SCHEMES[scheme], DTYPE_CODES[dtype], rot, FLAG_AUTO if auto else 0,
@@ -413,13 +419,16 @@ def finish(
 def _rescale(y: FloatArray, ny2: float | None, kern: ModuleType | None) -> tuple[FloatArray, float, float]:
     """(y', ||y'||^2, factor) with y = factor * y': y itself (factor 1) unless its mean square is below
     `_TINY_SIGMA2` (then the squares the quantizer sums underflow or lose their precision: float32 input
-    of magnitude 1e-25 quantized to all zeros); then y' = y * 2^-e with 2^e the order of max |y|, exact
-    since a power of two changes no rounding of normal numbers. `ny2`: ||y||^2 when the caller has it
-    (the numba rotation sums it in float64); for numpy it is computed here as eden.quantize would."""
+    of magnitude 1e-25 quantized to all zeros) or, for float32, ||y||^2 is finite but beyond float32's
+    range (one coordinate of 2e19: the quantizer refused it as "non-finite", and a compressed all-reduce
+    of a finite gradient failed); then y' = y * 2^-e with 2^e the order of max |y|, exact since a power of
+    two changes no rounding of normal numbers. `ny2`: ||y||^2 when the caller has it (the numba rotation
+    sums it in float64); for numpy it is computed here as eden.quantize would."""
     given = ny2
     if ny2 is None:
         ny2 = sumsq64(y)
-    if not ny2 < _TINY_SIGMA2[y.dtype] * y.size:  # also NaN/inf: eden.quantize reports those
+    huge = y.dtype == np.float32 and _F32_MAX < ny2 < math.inf
+    if not huge and not ny2 < _TINY_SIGMA2[y.dtype] * y.size:  # also NaN/inf: eden.quantize reports those
         return y, ny2, 1.0
     peak = float(np.max(np.abs(y))) if y.size else 0.0
     if peak == 0.0:

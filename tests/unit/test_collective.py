@@ -363,6 +363,31 @@ def test_an_uncompressed_sum_of_opposite_infinities_is_nan_without_a_warning(
         assert np.isnan(r.out[3]) and r.out[5] == np.inf and r.out[0] == 2.0
 
 
+@pytest.mark.parametrize("partial", ["naive", "aware", "measured"])
+@pytest.mark.parametrize("algorithm", ["ring", "oneshot"])
+def test_finite_values_beyond_float32_energy_are_reduced(partial: str, algorithm: str) -> None:
+    """One coordinate of 2e19 is finite, but its square is not in float32: the codec refused the segment
+    as "non-finite" and the compressed all-reduce failed on that rank (the others waited for it). The
+    codec scales such a vector by a power of two, as it does tiny ones; and measured's statistics of
+    partial sums beyond float32 (chunks of energy 2e38 each) no longer overflow its prefix."""
+    n, size = 2, 1024
+    xs = [np.random.default_rng(r).standard_normal(size).astype(np.float32) for r in range(n)]
+    xs[0][0] = np.float32(2e19)
+    cfg = Config("eden-unbiased", 4.0, partial, algorithm)
+    res = run_inproc(n, lambda t: allreduce(t, xs[t.rank], cfg))
+    want = (xs[0].astype(np.float64) + xs[1]) / n
+    for r in res:
+        assert np.isfinite(r.out).all() and np.array_equal(r.out, res[0].out)
+    assert abs(res[0].out[0] / want[0] - 1) < 0.05
+    if partial == "measured" and algorithm == "ring":
+        m = 4
+        v = np.random.default_rng(0).standard_normal(4 * 8192)
+        v *= np.sqrt(2e38 / np.sum(v[:8192] ** 2))
+        big = [(v * (-1) ** r).astype(np.float32) for r in range(m)]
+        out = run_inproc(m, lambda t: allreduce(t, big[t.rank], cfg))
+        assert all(np.isfinite(o.out).all() for o in out)
+
+
 def test_measured_on_segments_too_small_for_its_prefix_uses_awares_schedule() -> None:
     """4 ranks x 64 elements at 2 bits: measured's 16-byte prefixes took most of each hop's budget (a
     quarter bit per coordinate left), for a vNMSE of ~80 and more bytes than aware. Below
