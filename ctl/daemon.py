@@ -303,6 +303,16 @@ def _addr(value: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _metrics_server(addr: tuple[str, int], where: str) -> MetricsServer:
+    """/metrics bound at `addr`; a bind that fails (the address in use, not local) is an MrcError naming
+    where the address came from and the address (it was a bare "[Errno 98] Address already in use")."""
+    try:
+        return MetricsServer(*addr)
+    except OSError as e:
+        host = f"[{addr[0]}]" if ":" in addr[0] else addr[0]
+        raise MrcError(f"{where}: cannot serve /metrics on {host}:{addr[1]}: {e.strerror or e}") from None
+
+
 def _positive_us(value: str) -> int:
     """A duration in microseconds, 1 .. 10 s."""
     try:
@@ -429,12 +439,13 @@ def main(argv: list[str] | None = None) -> int:
                 raise MrcError(f"another mrcd (pid {pid}) serves host {cfg.name}: stop it first")
             maddr = args.metrics or cfg.metrics
             if maddr is not None:
-                metrics = MetricsServer(*maddr)
+                source = "--metrics" if args.metrics else f"{args.config}: metrics.address"
+                metrics = _metrics_server(maddr, source)
             site = ConfigSite(cfg, socket_file=args.socket, log=_log)
         else:
             name = tbmod.resolve_name(args.testbed)
             if args.metrics is not None:
-                metrics = MetricsServer(*args.metrics)
+                metrics = _metrics_server(args.metrics, "--metrics")
             if not args.no_netns:
                 netns.enter_for_exec(tbmod.Testbed.load(name).ns(args.host))
             site = TestbedSite(name, args.host, evs=args.evs, socket_file=args.socket,

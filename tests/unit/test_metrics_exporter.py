@@ -439,3 +439,22 @@ def test_every_reason_the_control_server_rejects_with_is_in_the_closed_set() -> 
         assert not literal, f"{f}: free-form reasons {literal}"
         for name in re.findall(r"RejectReason\.([A-Z_]+)", text):
             assert name in RejectReason.__members__, (f, name)
+
+
+def test_a_metrics_address_in_use_names_where_it_came_from() -> None:
+    """mrcd said only "[Errno 98] Address already in use": which option or key, which address?"""
+    import socket
+
+    import pytest
+
+    from mrc.ctl.daemon import _metrics_server
+    from mrc.errors import MrcError
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(MrcError) as e:
+            _metrics_server(("127.0.0.1", port), "/etc/mrc/mrcd.toml: metrics.address")
+    assert str(e.value) == (f"/etc/mrc/mrcd.toml: metrics.address: cannot serve /metrics on "
+                            f"127.0.0.1:{port}: Address already in use")
