@@ -465,8 +465,12 @@ def _show(value: Any) -> str:
 
 
 def _show_path(path: FsPath) -> str:
-    """A path for a message: whole up to 200 characters, else its ends and its length."""
+    """A path for a message: whole up to 200 characters, else its ends and its length; one with a control
+    character (a newline, an escape sequence) as its repr, so that the message stays one line and the
+    terminal is not driven by it."""
     text = str(path)
+    if not text.isprintable():
+        text = repr(text)
     return text if len(text) <= 200 else f"{text[:120]}...{text[-40:]} ({len(text.encode())} bytes)"
 
 

@@ -730,6 +730,9 @@ def read_text(path: FsPath, error: type[FileError] = FileError) -> str:
         raise error(str(path), None, f"cannot read: {e.strerror or e}") from None
     if len(data) > MAX_FILE_BYTES:
         raise error(str(path), None, f"larger than {MAX_FILE_BYTES >> 20} MiB: not a configuration file")
+    if data.startswith(b"\xef\xbb\xbf"):  # some Windows editors write one: tomllib's error named nothing
+        raise error(str(path), None, "starts with a UTF-8 byte-order mark (EF BB BF): save it as UTF-8 "
+                    "without one", 1)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -407,6 +407,18 @@ def test_a_control_socket_path_that_is_a_file_is_refused(tmp_path: Path) -> None
     assert hostconfig.load(f).socket == stale
 
 
+def test_a_byte_order_mark_and_control_characters_are_named(tmp_path: Path) -> None:
+    """A file that starts with a UTF-8 byte-order mark (some Windows editors write one) was "not valid
+    TOML: Invalid statement (column 1)", naming nothing one could see; a path with a newline or an escape
+    sequence was printed raw, splitting the one-line error (or driving the terminal)."""
+    msg = _error(b"\xef\xbb\xbf" + BASE.encode(), tmp_path)
+    assert msg == (f"{tmp_path / 'mrcd.toml'}:1: starts with a UTF-8 byte-order mark (EF BB BF): save it as "
+                   "UTF-8 without one")
+    msg = _error(BASE.replace('shape = "back-to-back"', 'topology = "x\\ny\\u001b[31m.toml"'), tmp_path)
+    assert "\n" not in msg and "\x1b" not in msg and "fabric.topology" in msg, msg
+    assert "'" + str(tmp_path) + "/x\\ny\\x1b[31m.toml'" in msg, msg
+
+
 def test_syntax_encoding_and_unreadable_files(tmp_path: Path) -> None:
     f = tmp_path / "mrcd.toml"
     assert re.fullmatch(rf"{re.escape(str(f))}:3: not valid TOML: .* \(column \d+\)",
