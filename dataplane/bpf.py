@@ -587,7 +587,11 @@ def detach_everything(testbed: str | None = None) -> dict[str, Any]:
     claimed: set[str] = set()
     for rec in records():
         atts = rec.get("attachments", [])
-        if testbed is not None and not any(a.get("testbed") == testbed for a in atts):
+        # a record of no attachment whose process is gone is an orphan of any testbed's: its loader was
+        # killed between loading and attaching, and nothing else would ever remove its record and pins
+        pid = int(rec.get("pid", 0))
+        orphan = not atts and pid > 0 and not pid_alive(pid)
+        if testbed is not None and not orphan and not any(a.get("testbed") == testbed for a in atts):
             claimed.add(rec.get("pin_dir", ""))
             continue
         for att in atts:

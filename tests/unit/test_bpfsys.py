@@ -5,6 +5,7 @@ whatever syscall 321 is there."""
 from __future__ import annotations
 
 import ctypes as ct
+import os
 import platform
 import re
 import sysconfig
@@ -81,3 +82,38 @@ def test_unknown_architecture_is_refused_before_any_syscall(fake_libc: FakeLibc,
     with pytest.raises(MrcError, match="unsupported architecture"):
         bpfsys.syscall_number(machine, 64)
     assert fake_libc.calls == []
+
+
+def test_a_loader_killed_before_attaching_leaves_nothing_behind(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """mrcd killed between loading a program and attaching it leaves a record that names no attachment
+    (and, on a real host, its pinned maps). Cleaning up one testbed's or host's records skipped it, as
+    belonging to none, so no later mrcd ever removed it. A record of no attachment whose process is gone
+    is now taken by every clean-up; a live loader's, and another testbed's, are left alone."""
+    import json
+    import subprocess
+
+    from mrc.dataplane import bpf
+
+    monkeypatch.setenv("MRC_RUN_DIR", str(tmp_path / "run"))
+    monkeypatch.setenv("MRC_BPF_PIN_ROOT", str(tmp_path / "pins"))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    rd = bpf.record_dir()
+    rd.mkdir(parents=True)
+
+    def record(name: str, pid: int, atts: list[dict[str, str]]) -> Path:
+        pins = bpf.pin_root() / name
+        pins.mkdir(parents=True)
+        (pins / "mrc_map").write_text("")
+        (rd / f"{name}.json").write_text(json.dumps({"name": name, "kind": "host_ingress", "pid": pid,
+                                                     "pin_dir": str(pins), "attachments": atts}))
+        return pins
+
+    orphan = record("host_ingress-orphan", dead.pid, [])
+    loading = record("host_ingress-loading", os.getpid(), [])
+    other = record("switch_port-other", dead.pid, [{"testbed": "elsewhere", "kind": "none"}])
+    done = bpf.detach_everything(testbed="mine")
+    assert done["records_removed"] == 1
+    assert not orphan.exists() and not (rd / "host_ingress-orphan.json").exists()
+    assert loading.exists() and other.exists()
