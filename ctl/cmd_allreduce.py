@@ -32,7 +32,7 @@ import click
 from mrc import units
 from mrc.collective import ALGORITHMS, COMPRESSIONS, PARTIAL_SUMS, Config
 from mrc.collective import bench as cbench
-from mrc.collective.hier import LAYOUTS
+from mrc.collective.hier import LAYOUTS, intra_bits_for
 from mrc.errors import UsageError
 
 from .output import Output, json_option, output_file, table
@@ -169,10 +169,12 @@ def allreduce(
             raise UsageError("--fail-link, --heal-after, --sample-ms, --rendezvous, --ranks-per-host and "
                              "--layout need --transport mrc (in process: --hosts H for the hierarchy)")
         runner: cbench.Runner = cbench.InProcRunner()
+        if hier_hosts is None and intra != "none":
+            raise UsageError("--intra is how ranks send to their host's leader: with --hosts H in process")
         if hier_hosts is not None:
             if ranks % hier_hosts or algorithm != "ring":
                 raise UsageError(f"--hosts {hier_hosts} needs --ranks a multiple of it and --algorithm ring")
-            runner = cbench.HierInProcRunner(hier_hosts, intra)
+            runner = cbench.HierInProcRunner(hier_hosts, intra, intra_bits_for(intra))
         out.progress(f"allreduce: {ranks} ranks, {size} B, {scheme}, {iters} iterations ({runner.name})")
         doc = cbench.run(runner, ranks, size, cfg, iters, dist=dist, seed=seed, progress=out.progress)
     else:
@@ -219,7 +221,7 @@ def _run_mrc(out: Output, ranks: int, size: int, cfg: Config, iters: int, dist: 
         with MrcRunner(testbed, ranks, size, cfg.algorithm, fail_link=fl, heal_after=heal_after,
                        sample_s=sample_ms / 1e3, timeout_s=timeout_s, rendezvous=rendezvous,
                        ranks_per_host=ranks_per_host, layout=layout, intra=intra,
-                       progress=out.progress) as runner:
+                       intra_bits=intra_bits_for(intra), progress=out.progress) as runner:
             doc = cbench.run(runner, ranks, size, cfg, iters, dist=dist, seed=seed, progress=out.progress)
             extra = runner.extra()
     finally:

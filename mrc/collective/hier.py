@@ -58,6 +58,12 @@ class HierResult:
     messages: int = 0  # messages this rank posted, both kinds
 
 
+def intra_bits_for(scheme: str) -> float:
+    """The bit budget of a host's intra-host messages with codec `scheme` (the CLI has no option for
+    it): 8 bits, or DRIVE's one, the only budget it takes (`--intra drive` always failed at 8)."""
+    return 1.0 if scheme == "drive" else 8.0
+
+
 def _bounds(length: int) -> list[tuple[int, int]]:
     """The intra-host messages' element ranges: the buffer cut as the ring cuts a chunk."""
     out = []

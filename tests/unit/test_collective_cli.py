@@ -225,3 +225,17 @@ def test_split_bytes_in_the_report() -> None:
     assert doc["summary"]["mean_wire_bytes_mrc"] == 10
     text = render(doc)
     assert "MRC_B" in text and "ranks per host: 2" in text
+
+
+def test_intra_drive_runs_and_intra_without_a_hierarchy_is_refused(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`--intra drive` always failed ("drive is the 1-bit scheme, got bits=8.0": the intra-host codec was
+    built at 8 bits, an option the CLI does not have); in process without --hosts, --intra was ignored."""
+    from mrc.ctl.cli import main
+
+    rc = main(["-j", "allreduce", "--ranks", "4", "--hosts", "2", "--intra", "drive", "--size", "64K",
+               "--iters", "1"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and doc["summary"]["errors"] == 0, doc
+    rc = main(["-j", "allreduce", "--ranks", "4", "--intra", "drive", "--size", "64K", "--iters", "1"])
+    assert rc == 2 and "--hosts H" in json.loads(capsys.readouterr().out)["error"]
