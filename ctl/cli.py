@@ -333,6 +333,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as e:
         out.error(f"{e.strerror or e}{': ' + str(e.filename) if e.filename else ''}")
         return 1
+    except MemoryError:  # sizes the options allow beyond this machine's memory: one line, not a traceback
+        out.error("out of memory: this machine cannot hold what the options ask for (smaller sizes, fewer "
+                  "ranks or dimensions)")
+        return 1
     except KeyboardInterrupt:
         return 130
     return 0

@@ -117,3 +117,21 @@ def test_bench_mean_estimation_holds_one_client_at_a_time() -> None:
         tracemalloc.stop()
     assert peak < 64 * dim * 8, peak  # was > clients x dim x 12 = 19.7 MB
     assert 0.5 < row["mean_nmse"] / row["mean_theory"] < 1.5
+
+
+def test_out_of_memory_is_one_json_error() -> None:
+    """Sizes the options allow (--dim up to 2^28) beyond what the machine holds ended in numpy's
+    _ArrayMemoryError traceback, and under -j with no document at all. Here the address space is capped
+    at 3 GB to make the allocation fail."""
+    import resource
+    import subprocess
+    import sys
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (3 * 10**9, 3 * 10**9))
+
+    r = subprocess.run([sys.executable, "-m", "mrc.ctl.cli", "-j", "quant", "bench", "--dim", "268435456",
+                        "--trials", "1", "--bits", "1", "--schemes", "drive"], capture_output=True, text=True,
+                       timeout=300, preexec_fn=cap)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert json.loads(r.stdout)["error"].startswith("out of memory"), r.stdout
