@@ -19,7 +19,7 @@ SIZE_UNITS: Final = {
     "": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
     "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30,
 }
-DELAY_UNITS_US: Final = {"": 1, "us": 1, "ms": 10**3, "s": 10**6}
+DELAY_UNITS_US: Final = {"": 1, "ns": 1e-3, "us": 1, "ms": 10**3, "s": 10**6}
 
 #: larger than any rate, size or delay mrc takes (each caller checks its own range), small enough that
 #: int() of it is exact enough and never meets a float's infinity
@@ -27,7 +27,7 @@ MAX_QUANTITY: Final = 1e30
 _NUMBER_UNIT: Final = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*")
 
 
-def _quantity(value: Any, what: str, units: Mapping[str, int], examples: str) -> float:
+def _quantity(value: Any, what: str, units: Mapping[str, float], examples: str) -> float:
     """value (an int, or a number with an optional unit from `units`) times its unit."""
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise ValueError(f"not a {what}: {value!r} (examples: {examples})")
@@ -65,8 +65,14 @@ def parse_size(value: Any) -> int:
 
 
 def parse_delay_us(value: Any) -> int:
-    """A delay in microseconds: an integer (µs) or a string (``"0"``, ``"50us"``, ``"2ms"``)."""
-    us = round(_quantity(value, "delay", DELAY_UNITS_US, "0, 50us, 2ms"))
-    if us < 0:
+    """A delay in whole microseconds: an integer (µs) or a string (``"0"``, ``"50us"``, ``"2ms"``,
+    ``"3000ns"``). A fraction of a microsecond is refused: it was rounded away ("0.5us" became 0, and
+    "500ns", the simulator's default link delay, was refused as an unknown unit)."""
+    q = _quantity(value, "delay", DELAY_UNITS_US, "0, 50us, 2ms")
+    if q < 0:
         raise ValueError(f"delay must not be negative, got {value!r}")
+    us = round(q)
+    if abs(q - us) > 1e-9 * max(1.0, q):
+        raise ValueError(f"delay must be whole microseconds (a topology keeps them in us), got {value!r} "
+                         f"= {q:g} us")
     return us

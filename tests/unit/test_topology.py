@@ -106,6 +106,16 @@ def test_units() -> None:
             units.parse_rate(bad)
 
 
+def test_a_delay_is_whole_microseconds_and_says_so() -> None:
+    """A topology keeps delays in whole microseconds: "0.5us" was rounded to 0 without a word, and
+    "500ns" (the simulator's default link delay) was an unknown unit. Nanoseconds are a unit now; a
+    fraction of a microsecond is refused, naming the value."""
+    assert units.parse_delay_us("3000ns") == 3 and units.parse_delay_us("1.5ms") == 1500
+    for bad in ("0.5us", "500ns", "1.0001ms"):
+        with pytest.raises(ValueError, match="whole microseconds"):
+            units.parse_delay_us(bad)
+
+
 BASE = """
 [topology]
 planes = 2
