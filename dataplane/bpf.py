@@ -338,7 +338,7 @@ class Program:
                         _set_xdp(ipr, idx, self.prog_fd, XDP_MODES[xdp_mode] | XDP_FLAGS_UPDATE_IF_NOEXIST)
                     except Exception as e:
                         if getattr(e, "code", None) == errno.EBUSY:
-                            raise MrcError(f"{ns}/{ifname} already has an XDP program "
+                            raise MrcError(f"{ns + '/' if ns else ''}{ifname} already has an XDP program "
                                            "(mrcctl prog show)") from None
                         raise
                     ours = True

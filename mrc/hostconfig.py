@@ -63,6 +63,9 @@ DEFAULT_SOCKET: Final = "/run/mrc/mrcd.sock"
 DEFAULT_METRICS: Final = "127.0.0.1:9470"
 DEFAULT_EVS: Final = 64  # as mrcd --evs
 MAX_EVS: Final = 1 << 14  # an EV profile's 14-bit index
+#: the shortest prefix of a port's address: mrcd installs the address and with it an on-link route for
+#: its prefix, which at /0 would be a default route through that port (an outside audit's find)
+MIN_PORT_PREFIX: Final = 16
 MAX_US: Final = 10_000_000  # reorder / probe / base RTT: at most 10 s, as mrcd's options
 MAX_WINDOW: Final = 1 << 30
 MIN_WINDOW: Final = 8192
@@ -731,6 +734,10 @@ def _plane(d: _Doc, key: str, p: Mapping[str, Any], index: int, fabric: Fabric) 
         except ValueError:
             raise d.fail(f"{key}.address", f"not an IPv6 address or address/prefix: {text!r}") from None
         d.address(f"{key}.address", str(addr.ip))
+        if addr.network.prefixlen < MIN_PORT_PREFIX:  # its on-link route: at /0 a default route
+            raise d.fail(f"{key}.address", f"{text!r}: a port's prefix is /{MIN_PORT_PREFIX}../128 (mrcd "
+                                           f"installs an on-link route for it; /{addr.network.prefixlen} "
+                                           "would take over other traffic)")
         if link is not None and addr.ip != link.a_addr:
             raise d.fail(f"{key}.address", f"{addr.ip} is not {fabric.host}'s plane-{index} port address in "
                                            f"the topology ({link.a_addr})")

@@ -372,6 +372,8 @@ ERRORS = [
     (BASE + '[metrics]\naddress = "127.0.0.1:\uff19\uff14\uff17\uff10"\n', "metrics.address", 24,
      "must be ADDRESS:PORT"),
     (BASE + '[control]\nsocket = "/run/a\\u0000b"\n', "control.socket", 24, "printable"),
+    (BASE.replace('address = "fc00:2::a/64"', 'address = "fc00:2::a/0"'), "plane[1].address", 11,
+     "a port's prefix is /16../128"),
     (BASE.replace('address = "fc00:2::a/64"', 'address = "fc00:2::a/64"\nrate = "' + "9" * 400 + '"'),
      "plane[1].rate", 12, "out of range"),
 ]
