@@ -565,6 +565,8 @@ def load(path: str | FsPath) -> HostConfig:
     """Load a host configuration file (docs/deploy.md). Every error is a `HostConfigError` (a
     ConfigError) reading ``FILE:LINE: key: problem``; syntax errors and bytes that are not UTF-8 give
     their line; a referenced topology file's errors keep its own name and line."""
+    if not str(path):  # FsPath("") is "." : "cannot read: Is a directory" named no file at all
+        raise HostConfigError("''", None, "no configuration file named (an empty path)")
     p = FsPath(path)
     return loads(topology.read_text(p, HostConfigError), str(p), base=p.parent)
 

@@ -421,6 +421,12 @@ def test_a_byte_order_mark_and_control_characters_are_named(tmp_path: Path) -> N
     assert "'" + str(tmp_path) + "/x\\ny\\x1b[31m.toml'" in msg, msg
 
 
+def test_an_empty_path_names_no_directory() -> None:
+    """`mrcd --check-config ""` said ".: cannot read: Is a directory"."""
+    with pytest.raises(hostconfig.HostConfigError, match="no configuration file named"):
+        hostconfig.load("")
+
+
 def test_syntax_encoding_and_unreadable_files(tmp_path: Path) -> None:
     f = tmp_path / "mrcd.toml"
     assert re.fullmatch(rf"{re.escape(str(f))}:3: not valid TOML: .* \(column \d+\)",
