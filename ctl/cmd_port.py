@@ -73,6 +73,12 @@ def _queue(cfg: dict[str, int]) -> str:
 @click.pass_obj
 def stats(out: Output, node: str | None, name: str | None, ev_buckets: bool) -> None:
     """Counters of every host (per plane, drops per reason) and switch port (per action), or of NODE."""
+    from . import api
+
+    if name is None and not tbmod.names() and api.local_socket() is not None:
+        # a real host: its dataplane's counters are the local mrcd's (it said "no testbed is up")
+        raise MrcError("port stats reads a testbed's dataplane; on this host ask its mrcd: 'mrcctl port "
+                       "show' (its ports) or 'mrcctl stats' (per-plane counters and drops)")
     with FabricDataplane.open(tbmod.resolve_name(name)) as fd:
         out.emit(fd.stats(node, ev_buckets=ev_buckets), _render_stats)
 

@@ -309,8 +309,8 @@ def _metrics_server(addr: tuple[str, int], where: str) -> MetricsServer:
     try:
         return MetricsServer(*addr)
     except OSError as e:
-        host = f"[{addr[0]}]" if ":" in addr[0] else addr[0]
-        raise MrcError(f"{where}: cannot serve /metrics on {host}:{addr[1]}: {e.strerror or e}") from None
+        raise MrcError(f"{where}: cannot serve /metrics on {hostconfig.host_port(*addr)}: "
+                       f"{e.strerror or e}") from None
 
 
 def _positive_us(value: str) -> int:
@@ -475,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
     def ready() -> None:
         maddr = metrics.addr if metrics is not None else None
         _log(f"{daemon.host} serving {daemon.socket_file}"
-             + (f", metrics on {maddr[0]}:{maddr[1]}" if maddr else ""))
+             + (f", metrics on {hostconfig.host_port(*maddr)}" if maddr else ""))
         if args.ready_fd is not None:
             with contextlib.suppress(OSError):
                 os.write(args.ready_fd, b"ready\n")

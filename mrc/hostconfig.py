@@ -405,6 +405,11 @@ def _spread(n: int, parts: int) -> str:
     return f"{lo} EVs each" if lo == hi else f"{lo}-{hi} EVs each"
 
 
+def host_port(host: str, port: int) -> str:
+    """ADDRESS:PORT as a URL writes it: an IPv6 address in brackets ("[::1]:9471", not "::1:9471")."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def describe(cfg: HostConfig) -> list[str]:
     """What mrcd would install from `cfg`, one line each, changing nothing: `mrcd --check-config`'s
     output. Per plane the port, its address, next hop and XDP intent; the MRC device with its address,
@@ -454,7 +459,7 @@ def describe(cfg: HostConfig) -> list[str]:
         out.append("metrics: off")
     else:
         host, port = cfg.metrics
-        out.append(f"metrics: http://{f'[{host}]' if ':' in host else host}:{port}/metrics")
+        out.append(f"metrics: http://{host_port(host, port)}/metrics")
     out.append(f"control socket: {cfg.socket} (mode 0600, root only)")
     return out
 

@@ -154,3 +154,12 @@ def test_hosts_include_those_whose_mrcd_was_started(tmp_path: Path, monkeypatch:
     daemons.record_path("tb").parent.mkdir(parents=True)
     daemons.record_path("tb").write_text(json.dumps({"testbed": "tb", "daemons": {"h1": {"pid": 1}}}))
     assert api.hosts(None, None) == ("tb", ["h0", "h1"])
+
+
+def test_port_stats_on_a_real_host_points_at_its_mrcd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """On a host whose mrcd runs from its configuration (no testbed), `mrcctl port` said "no testbed is
+    up; bring one up", which is no help there: it names what does answer, the local mrcd's commands."""
+    monkeypatch.setenv("MRC_SOCKET", str(tmp_path / "mrcd.sock"))
+    assert main(["-j", "port"]) == 1
+    assert "'mrcctl port show'" in json.loads(capsys.readouterr().out)["error"]

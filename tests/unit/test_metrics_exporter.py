@@ -458,3 +458,6 @@ def test_a_metrics_address_in_use_names_where_it_came_from() -> None:
             _metrics_server(("127.0.0.1", port), "/etc/mrc/mrcd.toml: metrics.address")
     assert str(e.value) == (f"/etc/mrc/mrcd.toml: metrics.address: cannot serve /metrics on "
                             f"127.0.0.1:{port}: Address already in use")
+    from mrc.hostconfig import host_port
+
+    assert host_port("::1", 9471) == "[::1]:9471" and host_port("127.0.0.1", 1) == "127.0.0.1:1"
