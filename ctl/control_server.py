@@ -152,10 +152,13 @@ def _clear_stale_socket(path: Path) -> None:
     try:
         probe.settimeout(1.0)
         probe.connect(str(path))
-    except OSError:
+    except (ConnectionRefusedError, FileNotFoundError):
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # nobody listens: a dead mrcd's
         return
+    except OSError as e:  # a timeout (a full backlog) or worse: a live listener may be there, kept
+        raise MrcError(f"control socket {path}: cannot tell whether another process listens on it "
+                       f"({e.strerror or e}); stop it or name another path") from None
     finally:
         probe.close()
     raise MrcError(f"control socket {path}: another process listens on it (another mrcd?)")

@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 import struct
 
-from mrc.quant.codec import CodecError
+from mrc.quant.codec import F32_MAX, CodecError
 
 MAX_SEGMENT = 1 << 20
 MIN_SPLIT = 1 << 12
@@ -47,7 +47,6 @@ MIN_PIECE = 1 << 8
 
 _U32 = struct.Struct("<I")
 STATS = struct.Struct("<4f")
-_F32_MAX = 3.4028234663852886e38
 
 
 def segments(length: int) -> list[int]:
@@ -111,7 +110,7 @@ def join_stats(stats: tuple[float, float, float, float], frames: list[bytes]) ->
     range (energies summed in float64 over ranks whose chunks each fit: 4 x 2e38) is packed at the range's
     edge: it only steers the bit allocation, which then errs, where packing it raised OverflowError and
     the all-reduce failed on one rank."""
-    return STATS.pack(*(min(max(v, -_F32_MAX), _F32_MAX) for v in stats)) + join(frames)
+    return STATS.pack(*(min(max(v, -F32_MAX), F32_MAX) for v in stats)) + join(frames)
 
 
 def split_stats(

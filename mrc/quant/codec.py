@@ -106,7 +106,8 @@ _SPIKE_RHO = 0.99  # rho(x) of an input with one non-zero coordinate is 1 (up to
 # |G_ij| of the QJL Gaussian is at most sqrt(-2 ln 2^-53) (Box-Muller from 53-bit uniforms)
 _QJL_COEF = math.sqrt(math.pi / 2.0) * math.sqrt(-2.0 * math.log(2.0**-53))
 
-_F32_MAX = float(np.finfo(np.float32).max)
+#: the largest float32 (float): energies above it do not fit the compute precision
+F32_MAX = float(np.finfo(np.float32).max)
 _FIXED = struct.Struct("<4sBBBBBBHdQQQ")
 _U64 = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
@@ -327,7 +328,7 @@ def _finish_grouped(
     if not np.all(np.isfinite(e2)):
         raise CodecError("input has non-finite values (or overflows the compute precision)")
     factor = 1.0
-    if cdt == np.float32 and float(e2.sum()) > _F32_MAX:  # finite but beyond float32: as `_rescale`
+    if cdt == np.float32 and float(e2.sum()) > F32_MAX:  # finite but beyond float32: as `_rescale`
         e = math.frexp(float(np.max(np.abs(blocks))))[1]
         blocks = np.ldexp(blocks, -e)
         e2 = np.einsum("ij,ij->i", blocks, blocks)
@@ -427,7 +428,7 @@ def _rescale(y: FloatArray, ny2: float | None, kern: ModuleType | None) -> tuple
     given = ny2
     if ny2 is None:
         ny2 = sumsq64(y)
-    huge = y.dtype == np.float32 and _F32_MAX < ny2 < math.inf
+    huge = y.dtype == np.float32 and F32_MAX < ny2 < math.inf
     if not huge and not ny2 < _TINY_SIGMA2[y.dtype] * y.size:  # also NaN/inf: eden.quantize reports those
         return y, ny2, 1.0
     peak = float(np.max(np.abs(y))) if y.size else 0.0

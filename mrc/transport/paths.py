@@ -276,9 +276,9 @@ class PathSet:
         # where events go while the context has no EV event CQ, and the probe results, until polled
         # (`Context.poll_ev_events`, `poll_probe_results`); at MAX_UNPOLLED each, a newer one is dropped
         # and counted (`events_dropped`, `probe_results_dropped`), as an EV event CQ drops what finds it
-        # full: a harness or
-        # application that never polls (the simulator, a QP probing a dead plane for hours) must not
-        # grow them without end (~15,000 probe results per virtual second with a plane down)
+        # full: a harness or application that never polls (the simulator, a QP probing a dead plane for
+        # hours) must not grow them without end (~15,000 probe results per virtual second with a plane
+        # down)
         self.events: list[EvEvent] = []
         self.ev_cqs: list[EvEventCq] = []  # the context's EV event CQs (the QP shares the context's list)
         self.probe_results: list[ProbeResult] = []
