@@ -15,7 +15,8 @@ How each signal moves the window (queuing delay d = RTT - service time - base_rt
   preference), not the window;
 * increases accumulate and are applied every `adjust_bytes_threshold` acknowledged bytes or
   `adjust_period_threshold` ns, plus `eta` bytes;
-* quick adapt (unless `disable_qa`): every base_rtt + target_delay, if a trim or loss was seen or d exceeded
+* quick adapt (unless `disable_qa`): every base_rtt + target_delay (the period ends at the first SACK
+  or trim after it), if a trim or loss was seen or d exceeded
   `qa_threshold`, and the bytes acknowledged in that period are below max_cwnd >> qa_gate, the window drops
   to what was achieved, and feedback is ignored for one period. When loss was the period's only signal the
   window drops no lower than max_cwnd >> qa_gate: losses retire paths in MRC, and under heavy random loss
@@ -223,11 +224,25 @@ class Nscc:
     def on_trim(self, now: int) -> None:
         self.qa_signal = True
         self.qa_loss_only = False
+        self._qa_due(now)
 
     def on_loss(self, now: int) -> None:
         if not self.qa_signal:
             self.qa_loss_only = True
         self.qa_signal = True
+
+    def _qa_due(self, now: int) -> None:
+        """Quick adapt's period also ends on a trim, not only on a SACK: a sender all of whose packets
+        are trimmed gets no SACK, and its window would stay where it was for as long as that lasts. An
+        incast of 128 senders onto one port, each keeping its whole window cycling through trim, NACK
+        and an immediate retransmission, never completed (docs/sim.md, "Trimming under a deep
+        incast"). A trim before any SACK starts the first period. (Losses need no such rule: a sender
+        that hears nothing at all backs off by its retransmission timer.)"""
+        if self.qa_end < 0:
+            self.qa_end = now + self.qa_period
+            self.last_adjust = now
+        elif now >= self.qa_end:
+            self._quick_adapt(now)
 
     def stats(self) -> dict[str, Any]:
         return {

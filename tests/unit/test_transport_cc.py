@@ -83,6 +83,32 @@ def test_quick_adapt_after_trims_when_little_gets_through() -> None:
     assert cc2.qa_count == 0
 
 
+def test_trims_alone_end_the_quick_adapt_period() -> None:
+    """A sender all of whose packets are trimmed gets NACKs and no SACK: quick adapt must still act at the
+    end of its period, or the window stays at max_cwnd for as long as the trims last (an incast of 128
+    such senders never completed: docs/sim.md)."""
+    c = cfg()
+    cc = Nscc(c, MTU)
+    period = c.base_rtt + c.target_delay
+    cc.on_trim(5_000)  # the first feedback of the QP: it starts the period
+    cc.on_trim(5_000 + period - 1)
+    assert cc.qa_count == 0 and cc.cwnd == c.max_cwnd
+    cc.on_trim(5_000 + period)
+    assert cc.qa_count == 1 and cc.cwnd == cc.min_cwnd == MTU
+    # ... and losses keep their rule: the period ends at a SACK, the window no lower than the gate
+    cc2 = Nscc(c, MTU)
+    cc2.on_ack(0, MTU, c.base_rtt, False)
+    cc2.on_loss(period + 1)
+    assert cc2.qa_count == 0
+    cc2.on_ack(period + 2, MTU, c.base_rtt, False)
+    assert cc2.qa_count == 1 and cc2.cwnd == c.max_cwnd >> c.qa_gate
+    # disable_qa: no cut
+    cc3 = Nscc(cfg(disable_qa=1), MTU)
+    cc3.on_trim(0)
+    cc3.on_trim(10 * period)
+    assert cc3.qa_count == 0 and cc3.cwnd == c.max_cwnd
+
+
 def test_null_cc_never_limits() -> None:
     cc = NullCC(MTU)
     w = cc.cwnd
