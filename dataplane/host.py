@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Any, Final
 
 from mrc.errors import MrcError
-from mrc.hostconfig import HostConfig, Plane, next_hop
+from mrc.hostconfig import HostConfig, HostConfigError, Plane, next_hop
 from mrc.topology import Path as TopoPath
+from mrc.topology import key_line
 from mrc.wire.ip import mac6
 
 from . import abi, bpf, counters, netns
@@ -119,8 +120,11 @@ def find_ports(cfg: HostConfig, ipr: Any, log: Callable[[str], None]) -> list[Po
             found = next((x for x in links if x[2] == pl.mac), None)
         if found is None:
             have = ", ".join(sorted(x[1] for x in links if x[1] != "lo"))
-            raise MrcError(f"{cfg.source}: plane[{pl.index}] ({pl.selector}): no such network interface "
-                           f"here (interfaces: {have or 'none'})")
+            problem = f"{pl.selector}: no such network interface here (interfaces: {have or 'none'})"
+            if not pl.selector_key:
+                raise MrcError(f"{cfg.source}: plane {pl.index}: {problem}")
+            raise HostConfigError(cfg.source, pl.selector_key, problem,
+                                  key_line(cfg.source_lines, pl.selector_key))
         idx, ifname, mac = found
         rate = pl.rate_bps or _speed_bps(ifname)
         if rate is None:

@@ -121,6 +121,17 @@ class Plane:
     gateway: ipaddress.IPv6Address | None = None  # next hop behind switches (None: back to back)
     xdp: XdpMode = "auto"
     rate_bps: int | None = None  # None: the interface's own speed (mrcd reads it at start)
+    #: the file's key of this plane's table (``plane[2]``: its position, which errors and lines name;
+    #: the index may differ); "" for a plane built in code
+    key: str = field(default="", compare=False)
+
+    @property
+    def selector_key(self) -> str:
+        """The file's key of the selector (``plane[2].interface``); "" for a plane built in code."""
+        if not self.key:
+            return ""
+        kind = "interface" if self.interface is not None else "pci" if self.pci is not None else "mac"
+        return f"{self.key}.{kind}"
 
     @property
     def selector(self) -> str:
@@ -776,7 +787,7 @@ def _plane(d: _Doc, key: str, p: Mapping[str, Any], index: int, fabric: Fabric) 
             raise d.fail(f"{key}.rate", problem)
     elif link is not None and topo is not None:
         rate = topo.link_rate_bps(link.a, link.b)
-    return Plane(index, addr, interface, pci, mac, gateway, xdp, rate)
+    return Plane(index, addr, interface, pci, mac, gateway, xdp, rate, key)
 
 
 def _planes(d: _Doc, raw: Any, fabric: Fabric) -> tuple[tuple[Plane, ...], dict[int, int]]:
