@@ -16,11 +16,12 @@ How each signal moves the window (queuing delay d = RTT - service time - base_rt
 * increases accumulate and are applied every `adjust_bytes_threshold` acknowledged bytes or
   `adjust_period_threshold` ns, plus `eta` bytes;
 * quick adapt (unless `disable_qa`): every base_rtt + target_delay (the period ends at the first SACK
-  or trim after it), if a trim or loss was seen or d exceeded
-  `qa_threshold`, and the bytes acknowledged in that period are below max_cwnd >> qa_gate, the window drops
-  to what was achieved, and feedback is ignored for one period. When loss was the period's only signal the
-  window drops no lower than max_cwnd >> qa_gate: losses retire paths in MRC, and under heavy random loss
-  (SACKs lost too) cutting to the bytes acknowledged in one period would end in stop-and-wait.
+  after it, or at a trim once a window's worth of trims, at least TRIMS_WITHOUT_ACK, came with no SACK),
+  if a trim or loss was seen or d exceeded `qa_threshold`, and the bytes acknowledged in that period are
+  below max_cwnd >> qa_gate, the window drops to what was achieved, and feedback is ignored for one
+  period. When loss was the period's only signal the window drops no lower than max_cwnd >> qa_gate:
+  losses retire paths in MRC, and under heavy random loss (SACKs lost too) cutting to the bytes
+  acknowledged in one period would end in stop-and-wait.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ from typing import Any, Protocol
 from mrc.wire.consts import DEFAULT_PAYLOAD
 
 _NEVER = 1 << 62
+#: trims with no SACK among them that end quick adapt's period even when the window is smaller
+#: (`Nscc._qa_due`)
+TRIMS_WITHOUT_ACK = 8
 
 
 @dataclass(slots=True)
@@ -136,6 +140,8 @@ class Nscc:
         self.qa_signal = False
         self.qa_loss_only = False
         self.hold_until = -1
+        #: bytes trimmed (an MTU per TRIMMED NACK) since the last SACK (`on_trim`)
+        self.trimmed_since_ack = 0
         # counters
         self.md_count = 0
         self.qa_count = 0
@@ -149,6 +155,7 @@ class Nscc:
             self.qa_end = now + self.qa_period
             self.last_adjust = now
         self.qa_bytes += acked
+        self.trimmed_since_ack = 0
         if now >= self.qa_end:
             self._quick_adapt(now)
         if now < self.hold_until:
@@ -224,7 +231,9 @@ class Nscc:
     def on_trim(self, now: int) -> None:
         self.qa_signal = True
         self.qa_loss_only = False
-        self._qa_due(now)
+        self.trimmed_since_ack += self.mtu
+        if self.trimmed_since_ack >= self.cwnd and self.trimmed_since_ack >= TRIMS_WITHOUT_ACK * self.mtu:
+            self._qa_due(now)
 
     def on_loss(self, now: int) -> None:
         if not self.qa_signal:
@@ -232,12 +241,14 @@ class Nscc:
         self.qa_signal = True
 
     def _qa_due(self, now: int) -> None:
-        """Quick adapt's period also ends on a trim, not only on a SACK: a sender all of whose packets
-        are trimmed gets no SACK, and its window would stay where it was for as long as that lasts. An
-        incast of 128 senders onto one port, each keeping its whole window cycling through trim, NACK
-        and an immediate retransmission, never completed (docs/sim.md, "Trimming under a deep
-        incast"). A trim before any SACK starts the first period. (Losses need no such rule: a sender
-        that hears nothing at all backs off by its retransmission timer.)"""
+        """A window's worth of trims with no SACK among them ends quick adapt's period as a SACK does:
+        a sender all of whose packets are trimmed gets no SACK, and its window would stay where it was
+        for as long as that lasts. An incast of 128 senders onto one port, each keeping its whole
+        window cycling through trim, NACK and an immediate retransmission, never completed
+        (docs/sim.md, "Trimming under a deep incast"). Why not at every trim: under heavy random loss
+        most SACKs are lost, a period often holds a trim and no SACK, and a cut to the bytes it
+        acknowledged (nearly none; the next SACK would have acknowledged many at once) left the QP
+        in stop-and-wait until its retries ran out. A trim before any SACK starts the first period."""
         if self.qa_end < 0:
             self.qa_end = now + self.qa_period
             self.last_adjust = now

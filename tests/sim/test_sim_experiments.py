@@ -263,8 +263,9 @@ def test_the_priority_queue_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_deep_incast_with_trimming_completes() -> None:
-    """The same incast with the engine as it is: a trim ends NSCC's quick-adapt period as a SACK does,
-    so senders whose every packet is trimmed cut their windows to what got through. Before, none of the
+    """The same incast with the engine as it is: a window's worth of trims with no SACK ends NSCC's
+    quick-adapt period as a SACK does, so senders whose every packet is trimmed cut their windows to what
+    got through. Before, none of the
     128 transfers completed in 1 ms (67,761 trims); now all do, near the receiver port's serialization
     time, with far fewer trims and no retransmission timeout, ahead of the same incast without trimming
     (whose drops wait for timeouts)."""
@@ -272,5 +273,5 @@ def test_a_deep_incast_with_trimming_completes() -> None:
     doc = incast(RunSpec(fabric=fs, variants=("mrc", "mrc-notrim")), 128, 16 << 10, 1_000_000)
     r, nt = doc["results"]["mrc"], doc["results"]["mrc-notrim"]
     assert r["completed"] == 128 and nt["completed"] == 128
-    assert r["rto_count"] == 0 and 0 < r["trims"] < 128 * 4 * 8
-    assert r["max_s"] < 1.5 * r["ideal_s"] and r["max_s"] < nt["max_s"]
+    assert r["rto_count"] == 0 and 0 < r["trims"] < 10_000
+    assert r["max_s"] < 2 * r["ideal_s"] and r["max_s"] < nt["max_s"]

@@ -83,30 +83,56 @@ def test_quick_adapt_after_trims_when_little_gets_through() -> None:
     assert cc2.qa_count == 0
 
 
-def test_trims_alone_end_the_quick_adapt_period() -> None:
-    """A sender all of whose packets are trimmed gets NACKs and no SACK: quick adapt must still act at the
-    end of its period, or the window stays at max_cwnd for as long as the trims last (an incast of 128
-    such senders never completed: docs/sim.md)."""
+def test_a_window_of_trims_without_a_sack_ends_the_quick_adapt_period() -> None:
+    """A sender all of whose packets are trimmed gets NACKs and no SACK: quick adapt must still act, or
+    the window stays at max_cwnd for as long as the trims last (an incast of 128 such senders never
+    completed: docs/sim.md). The period ends at a trim once a window's worth of trims, and at least
+    TRIMS_WITHOUT_ACK, came with no SACK among them."""
+    from mrc.transport.cc import TRIMS_WITHOUT_ACK
+
     c = cfg()
     cc = Nscc(c, MTU)
     period = c.base_rtt + c.target_delay
-    cc.on_trim(5_000)  # the first feedback of the QP: it starts the period
-    cc.on_trim(5_000 + period - 1)
-    assert cc.qa_count == 0 and cc.cwnd == c.max_cwnd
-    cc.on_trim(5_000 + period)
+    window = -(-c.max_cwnd // MTU)  # trims that cover the window
+    t = 5_000
+    for _ in range(window - 1):
+        cc.on_trim(t)
+    assert cc.qa_end < 0  # not yet: the first period starts at the window's worth
+    cc.on_trim(t)
+    assert cc.qa_end == t + period and cc.qa_count == 0
+    cc.on_trim(t + period)  # the period is over, and no SACK came
     assert cc.qa_count == 1 and cc.cwnd == cc.min_cwnd == MTU
-    # ... and losses keep their rule: the period ends at a SACK, the window no lower than the gate
+
+    # a SACK starts the count again, and a small window still needs TRIMS_WITHOUT_ACK trims
+    t += 3 * period
+    cc.on_ack(t, MTU, c.base_rtt, False)
+    assert cc.cwnd < 2 * MTU and cc.trimmed_since_ack == 0
+    for _ in range(TRIMS_WITHOUT_ACK - 1):
+        cc.on_trim(t + period)
+    assert cc.qa_count == 1
+    cc.on_trim(t + period)
+    assert cc.qa_count == 2
+
+    # trims among SACKs (random trimming with heavy loss): the period ends at the SACKs, as before
     cc2 = Nscc(c, MTU)
-    cc2.on_ack(0, MTU, c.base_rtt, False)
-    cc2.on_loss(period + 1)
-    assert cc2.qa_count == 0
-    cc2.on_ack(period + 2, MTU, c.base_rtt, False)
-    assert cc2.qa_count == 1 and cc2.cwnd == c.max_cwnd >> c.qa_gate
+    for k in range(4 * window):
+        now = k * 100
+        cc2.on_trim(now)
+        if k % 4 == 0:
+            cc2.on_ack(now, 3 * MTU, c.base_rtt, False)
+    assert cc2.trimmed_since_ack < TRIMS_WITHOUT_ACK * MTU
+    # ... and losses keep their rule: the period ends at a SACK, the window no lower than the gate
+    cc3 = Nscc(c, MTU)
+    cc3.on_ack(0, MTU, c.base_rtt, False)
+    cc3.on_loss(period + 1)
+    assert cc3.qa_count == 0
+    cc3.on_ack(period + 2, MTU, c.base_rtt, False)
+    assert cc3.qa_count == 1 and cc3.cwnd == c.max_cwnd >> c.qa_gate
     # disable_qa: no cut
-    cc3 = Nscc(cfg(disable_qa=1), MTU)
-    cc3.on_trim(0)
-    cc3.on_trim(10 * period)
-    assert cc3.qa_count == 0 and cc3.cwnd == c.max_cwnd
+    cc4 = Nscc(cfg(disable_qa=1), MTU)
+    for k in range(2 * window):
+        cc4.on_trim(k * period)
+    assert cc4.qa_count == 0 and cc4.cwnd == c.max_cwnd
 
 
 def test_null_cc_never_limits() -> None:
