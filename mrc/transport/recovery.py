@@ -246,6 +246,22 @@ class Recovery(QpCore):
             self.paths.loss(self.tx_ev[slot], now, self.tx_time[slot], psn)
         self.cc.on_loss(now)
 
+    def _path_back(self, now: int) -> None:
+        """An EV came back GOOD (its probes were answered): what is overdue by the ACK timeout is lost,
+        and goes again now on the usable EVs instead of at the retransmission timer, which after an
+        outage is a long backoff away (with every EV down, all 4 planes black for 45 ms, the paths were
+        back 6 ms before the last timer, which then ended the QP without a resend: RETRY_EXC_ERR).
+        Not a retry and no blame: the outage that lost these packets is what the probes just saw end.
+        If the resends are lost too, the timer still runs as it was."""
+        base = self.attr.ack_timeout_ns
+        W = self.W
+        tx_state, tx_time = self.tx_state, self.tx_time
+        for psn in range(self.snd_una, self.snd_nxt):
+            slot = psn % W
+            if tx_state[slot] == _INFLIGHT and tx_time[slot] + base <= now:
+                self.c["retx_timeout"] += 1
+                self._lost(psn, slot, now, False)
+
     # ================================================================== ACK timeout
 
     def _rto_interval(self) -> int:

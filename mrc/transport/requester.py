@@ -558,7 +558,10 @@ class Requester(Recovery):
         assert b is not None
         svc = b.service_time_ns if b.flags & _SVC_VALID else 0  # type: ignore[union-attr]
         ts = b.echo_timestamp_ns - self.ts_off  # type: ignore[union-attr]
+        good = self.paths.good_count
         if not self.paths.probe_reply(b.request_id, b.echo_ev_index, ts, now - ts - svc, now):  # type: ignore[union-attr]
             self._unmatched(EngineDrop.PROBE_REPLY_UNMATCHED)
             return
         self.c["probe_reply_rx"] += 1
+        if self.paths.good_count > good and self.state == _RTS:
+            self._path_back(now)

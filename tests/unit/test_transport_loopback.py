@@ -467,3 +467,16 @@ def test_many_writes_survive_heavy_loss_with_trimming(seed: int) -> None:
         done += len(wcs)
     assert all(bytes(r.src[o:o + ln]) == bytes(r.dst[o:o + ln]) for o, ln in placed)
     assert fab.c["lost"] > 1000 and fab.c["trimmed"] > 100
+
+
+@pytest.mark.parametrize("heal_ns, done_by_ns", [(20_020_000, 23_000_000), (45_020_000, 47_000_000)])
+def test_the_transfer_resumes_when_the_probes_see_the_paths_back(heal_ns: int, done_by_ns: int) -> None:
+    """Every plane black from 20 us, then healed. The probes find EVs GOOD again within ~1.5 ms, and what
+    is overdue goes at once on them. Before, the QP waited for its retransmission timer, a long backoff
+    away: healed at 20 ms it resumed at 35 ms; healed at 45 ms its last timer (51.9 ms) ended it with
+    RETRY_EXC_ERR and not one resend, the paths back for 6 ms."""
+    bh = [Blackhole(p, 20_000, heal_ns) for p in range(4)]
+    doc, r = run(8_000_000, seed=3, evs=16, planes=4, blackholes=bh)
+    assert doc["completed"] and doc["bit_exact"], doc["status"]
+    assert heal_ns < doc["sim_time_s"] * 1e9 < done_by_ns
+    assert r.qa.c["rto"] >= 10  # the outage did run the timer through its backoff
