@@ -138,6 +138,10 @@ def parse_blackhole(text: str, planes: int) -> Blackhole:
         raise UsageError(f"blackhole plane {plane} does not exist (planes 0..{planes - 1})")
     start = parse_time(m.group(2))
     end = parse_time(m.group(3)) if m.group(3) else NEVER
+    for t in (start, end):
+        if t != NEVER and t > limits.MAX_SIM_NS:
+            raise UsageError(f"Invalid value for '--blackhole-plane': {text!r}: its times must be "
+                             f"0..{limits.MAX_SIM_NS / 1e9:g}s (the run's time limit)")
     if end <= start:
         raise UsageError(f"blackhole {text!r} heals before it starts")
     return Blackhole(plane, start, end)
@@ -616,6 +620,8 @@ def _render_failover(doc: dict[str, Any]) -> str:
                      "during": f"{r['goodput_fraction_during_failure']:.1%}",
                      "min": f"{r['goodput_fraction_min_bin']:.1%}",
                      "reroute": _us(r['reroute_s']), "stall": f"{r['max_stall_s'] * 1e6:.0f}",
+                     # a connection still stalled at the end: its REROUTE figure is no recovery
+                     "unrec": r.get("connections_not_recovered", 0),
                      "retx": r["retx_bytes"], "rto": r["rto_count"]})
     req = next(iter(doc["results"].values()))["required_fraction"]
     lines = [
@@ -626,7 +632,8 @@ def _render_failover(doc: dict[str, Any]) -> str:
         "",
         table(rows, [("variant", "VARIANT"), ("before", "BEFORE"), ("during", "DURING FAILURE"),
                      ("min", f"MIN {c['bin_ns'] / 1e3:g}us BIN"), ("reroute", "REROUTE US"),
-                     ("stall", "MAX STALL US"), ("retx", "RETX BYTES"), ("rto", "RTOS")]),
+                     ("stall", "MAX STALL US"), ("unrec", "NOT RECOVERED"), ("retx", "RETX BYTES"),
+                     ("rto", "RTOS")]),
         "",
         f"required during failure: (1 - failed share) x 90% = {req:.1%}",
         _speed_line(doc),

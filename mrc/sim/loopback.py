@@ -114,6 +114,8 @@ class LoopbackFabric:
         self.heap: list[tuple[int, int, int, Any, int, bool]] = []
         self.seq = 0
         self.now = 0
+        #: the time of the last event processed (`now` moves on to `until_ns` when a run ends there)
+        self.last_t = 0
         self.timer_at = [NEVER, NEVER]
         planes = cfg.planes
         self.port_free = [[0] * planes, [0] * planes]
@@ -215,11 +217,11 @@ class LoopbackFabric:
                     # run ends at the time of the last event that did something
                     heapq.heappush(heap, ev)
                     break
-                self.now = t
+                self.now = self.last_t = t
                 timer_at[j] = NEVER
                 eng.handle_timer(t)
             else:
-                self.now = t
+                self.now = self.last_t = t
                 eng.receive(data, t, ecn, port)
             out = eng.datagrams_to_send(t)
             if out:
@@ -331,7 +333,7 @@ def run_transfer(run: LoopbackRun) -> dict[str, Any]:
         receiver_done = cfg.imm is None or bool(run.recv_wc) or qa.state.name == "ERROR"
         if sender_done and receiver_done:
             if done_at[0] < 0:
-                done_at[0] = fabric.now
+                done_at[0] = fabric.last_t
             return fabric.now >= done_at[0] + cfg.settle_ns
         return False
 
@@ -399,7 +401,7 @@ def report(run: LoopbackRun, wall: float, done_ns: int, prof: Any = None) -> dic
         "engine_pps": round(data_packets / wall) if wall > 0 else None,
         "wire_floor_pps": round(floor),
         "engine_vs_wire_floor": round(data_packets / wall / floor, 3) if wall > 0 else None,
-        "goodput_gbps": round(run.cfg.size * 8 / done_ns, 2) if done_ns > 0 else None,
+        "goodput_gbps": round(run.cfg.size * 8 / done_ns, 2) if completed and done_ns > 0 else None,
         "retransmits": {
             "sack": sa["retx_sack"],
             "trim": sa["retx_trim"],

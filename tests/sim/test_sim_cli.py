@@ -65,6 +65,18 @@ def test_failover_json_and_text(capsys: pytest.CaptureFixture[str]) -> None:
     assert rc == 0 and "flapping every 40 us" in out and "REROUTE US" in out and "failover mrc" in err
 
 
+def test_failover_text_says_when_a_connection_never_recovered(capsys: pytest.CaptureFixture[str]) -> None:
+    """One plane, one spine: the failed link carries every path, so the connection stays stalled. The
+    table printed a REROUTE time (when the sender last sent into the dead link) and nothing else; its
+    NOT RECOVERED column now counts the connections still stalled at the end."""
+    rc = main(["sim", "run", "failover", "--planes", "1", "--spines", "1", "--hosts-per-leaf", "1",
+               "--leaves", "2", "--duration", "1ms", "--fail-at", "200us", "--variants", "mrc", "--jobs", "1"])
+    out, _ = capsys.readouterr()
+    head, row = [ln for ln in out.splitlines() if ln.startswith(("VARIANT", "mrc "))]
+    assert rc == 0 and "NOT RECOVERED" in head
+    assert row[head.index("NOT RECOVERED"):].split()[0] == "1", row
+
+
 def test_incast_text(capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(["sim", "run", "incast", "--senders", "3", "--size", "64K", *SMALL, "--hosts-per-leaf", "2"])
     out, _ = capsys.readouterr()

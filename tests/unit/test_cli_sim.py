@@ -41,6 +41,7 @@ def test_loopback_text_report(capsys: pytest.CaptureFixture[str]) -> None:
         (["--size", "12Q"], "not a size"),
         (["--blackhole-plane", "9@1us"], "does not exist"),
         (["--blackhole-plane", "1@2ms-1ms"], "heals before"),
+        (["--blackhole-plane", "0@20s"], "its times must be 0..10s"),
         (["--loss", "1.5"], "'--loss': must be in [0, 1), got 1.5"),
         (["--evs", "2"], "evs must be"),
         (["--ecn-plane", "7"], "does not exist"),
