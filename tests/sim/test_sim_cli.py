@@ -70,7 +70,8 @@ def test_failover_text_says_when_a_connection_never_recovered(capsys: pytest.Cap
     table printed a REROUTE time (when the sender last sent into the dead link) and nothing else; its
     NOT RECOVERED column now counts the connections still stalled at the end."""
     rc = main(["sim", "run", "failover", "--planes", "1", "--spines", "1", "--hosts-per-leaf", "1",
-               "--leaves", "2", "--duration", "1ms", "--fail-at", "200us", "--variants", "mrc", "--jobs", "1"])
+               "--leaves", "2", "--duration", "1ms", "--fail-at", "200us", "--variants", "mrc",
+               "--jobs", "1"])
     out, _ = capsys.readouterr()
     head, row = [ln for ln in out.splitlines() if ln.startswith(("VARIANT", "mrc "))]
     assert rc == 0 and "NOT RECOVERED" in head

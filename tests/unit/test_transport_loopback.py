@@ -487,7 +487,7 @@ def test_a_failed_transfer_reports_when_it_failed_and_no_goodput() -> None:
     report gave the run's time limit as `sim_time_s` when that was not the default (the loop had moved
     its clock to the limit before the last check), and a goodput for bytes that never arrived."""
     bh = [Blackhole(p, 0) for p in range(4)]
-    doc, r = run(1 << 20, planes=4, blackholes=bh, time_limit_ns=1_000_000_000)
+    doc, _ = run(1 << 20, planes=4, blackholes=bh, time_limit_ns=1_000_000_000)
     assert not doc["completed"] and doc["status"] == ["RETRY_EXC_ERR"]
     assert doc["goodput_gbps"] is None
     assert 0.045 < doc["sim_time_s"] < 0.06, doc["sim_time_s"]
