@@ -447,10 +447,12 @@ class Requester(Recovery):
                 paths.relieve(e)
         # RTT sample (per transmission timestamps: no retransmission ambiguity)
         rtt = -1
-        if 0 < ts <= now:  # a send time of ours (_own_slot); one at exactly 0 is not sampled (docs: Time)
-            rtt = now - ts - s.service_time_ns  # type: ignore[union-attr]
-            if rtt < 0:
-                rtt = 0
+        svc = s.service_time_ns  # type: ignore[union-attr]
+        # a send time of ours (_own_slot); one at exactly 0 is not sampled (docs: Time); a service time
+        # longer than the whole round trip is a wrong one (a peer's clock or a forged field): no sample,
+        # where a sample clamped to 0 pinned the QP's and the port's minimum RTT to 0 for good
+        if 0 < ts <= now and svc <= now - ts:
+            rtt = now - ts - svc
             if e < paths.n:
                 port = paths.ev_port[e]
                 base = self.port_min_rtt[port]

@@ -92,18 +92,22 @@ class Responder(QpCore):
             if self.attr.trim_nack:
                 self._nack(out, psn, ev, ts, NackCode.TRIMMED, port)
             return
-        mr = self.mrs.get(rkey)
-        if mr is None or not mr.remote_write:
-            c["bad_rkey_rx"] += 1
-            self.ctx.drop(EngineDrop.BAD_RKEY)
-            self._nack(out, psn, ev, ts, NackCode.BAD_RKEY, port)
-            return
-        off = va - mr.addr
-        if off < 0 or off + n > mr.length:
-            c["bad_va_rx"] += 1
-            self.ctx.drop(EngineDrop.BAD_VA)
-            self._nack(out, psn, ev, ts, NackCode.BAD_VA, port)
-            return
+        mr = None
+        off = 0
+        if n:  # as in IB RC, a packet that places nothing has its R_Key and VA unchecked: a zero-length
+            # WRITE-with-immediate (an "immediate only" post, R_Key and VA 0) is ordinary
+            mr = self.mrs.get(rkey)
+            if mr is None or not mr.remote_write:
+                c["bad_rkey_rx"] += 1
+                self.ctx.drop(EngineDrop.BAD_RKEY)
+                self._nack(out, psn, ev, ts, NackCode.BAD_RKEY, port)
+                return
+            off = va - mr.addr
+            if off < 0 or off + n > mr.length:
+                c["bad_va_rx"] += 1
+                self.ctx.drop(EngineDrop.BAD_VA)
+                self._nack(out, psn, ev, ts, NackCode.BAD_VA, port)
+                return
         m = self.msgs.get(msn)
         if imm is not None and (m is None or m[1] is None):  # this message's immediate, first time
             if len(self.recv_q) <= self.imm_reserved or self.imm_reserved >= self.attr.max_wimm_dest:
@@ -114,7 +118,8 @@ class Responder(QpCore):
                 return
             self.imm_reserved += 1
             c["imm_rx"] += 1
-        mr.view[off : off + n] = payload
+        if mr is not None:
+            mr.view[off : off + n] = payload
         # PSN accounting
         rbits |= bit
         if d == 0:

@@ -641,3 +641,32 @@ def test_an_ev_index_beyond_14_bits_is_a_bad_field(fast: bool, monkeypatch: pyte
     assert a.drops == {"bad_field": len(sacks)} and qa.snd_una == 0
     deliver(a, sacks, 3_200)
     assert qa.snd_una == len(dgs) and np.array_equal(dst, src)
+
+
+def test_a_service_time_longer_than_the_round_trip_is_no_rtt_sample() -> None:
+    """A SACK's service time is the peer's word: one longer than the whole round trip (a broken clock, a
+    forged field) was clamped to an RTT of 0, which pinned the QP's and the port's minimum RTT to 0 for
+    good. It is no sample now; the next honest SACKs sample as before."""
+    a, b, qa, _ = pair()
+    smr = a.reg_mr(np.zeros(4 * 4096, dtype=np.uint8))
+    dmr = b.reg_mr(np.zeros(4 * 4096, dtype=np.uint8))
+    for i in range(4):
+        qa.post_send(i, smr, i * 4096, 4096, dmr.addr + i * 4096, dmr.rkey)
+    pk = [parse(dg.data, FROM_A) for dg in a.datagrams_to_send(1000)]
+    assert len(pk) == 4
+
+    def sack(p: Any, svc: int, now: int) -> None:
+        buf = bytearray(128)
+        n = build_sack(buf, FROM_B, dqpn=qa.qpn, psn=p.psn, ev_index=p.ev_index,
+                       cum_psn=(p.psn + 1) & 0xFFFFFF, echo_ev_index=p.ev_index,
+                       echo_timestamp_ns=p.timestamp_ns, service_time_ns=svc)
+        a.receive(bytes(buf[:n]), now, False, qa.paths.ev_port[p.ev_index])
+
+    sack(pk[0], 0, 6_000)
+    port = qa.paths.ev_port[pk[1].ev_index]
+    assert qa.stats()["min_rtt_ns"] == 5_000
+    sack(pk[1], 0xFFFFFFFF, 7_000)
+    assert qa.stats()["min_rtt_ns"] == 5_000 and qa.port_min_rtt[port] >= 5_000
+    assert qa.stats()["snd_una"] == 2  # the acknowledgement itself still counts
+    sack(pk[2], 0, 8_000)
+    assert qa.stats()["min_rtt_ns"] == 5_000 and qa.stats()["srtt_ns"] > 5_000

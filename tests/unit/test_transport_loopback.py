@@ -491,3 +491,28 @@ def test_a_failed_transfer_reports_when_it_failed_and_no_goodput() -> None:
     assert not doc["completed"] and doc["status"] == ["RETRY_EXC_ERR"]
     assert doc["goodput_gbps"] is None
     assert 0.045 < doc["sim_time_s"] < 0.06, doc["sim_time_s"]
+
+
+def test_a_zero_length_write_with_immediate_needs_no_memory_region() -> None:
+    """ibverbs' "immediate only" post: a zero-length WRITE-with-immediate with R_Key and VA 0. As in IB
+    RC, a packet that places nothing has its R_Key and VA unchecked: the immediate is delivered and both
+    sides complete. It was refused with BAD_RKEY, fatal at the requester (REM_ACCESS_ERR), even between
+    two engines. A zero-length plain WRITE likewise; a WRITE that places bytes is still checked."""
+    import numpy as np
+
+    r = build(LoopbackConfig(size=4096, seed=1))
+    a, qa, qb, fab = r.a, r.qa, r.qb, r.fabric
+    smr = a.reg_mr(np.zeros(64, dtype=np.uint8))
+    qb.post_recv(7)
+    qa.post_send(1, smr, 0, 0, 0, 0, imm=0x1234)
+    qa.post_send(2, smr, 0, 0, 0xDEAD, 99)
+    fab.kick(0)
+    fab.run(until_ns=5_000_000, stop=lambda: False)
+    assert [(w.wr_id, w.status) for w in qa.send_cq.poll()] == [(1, WcStatus.SUCCESS), (2, WcStatus.SUCCESS)]
+    assert [(w.wr_id, w.status, w.imm_data, w.byte_len) for w in qb.recv_cq.poll()] == [
+        (7, WcStatus.SUCCESS, 0x1234, 0)]
+    assert qa.state == QpState.RTS and not r.b.drops
+    qa.post_send(3, smr, 0, 1, 0, 0)  # one byte to R_Key 0: refused, as before
+    fab.kick(fab.now)
+    fab.run(until_ns=fab.now + 5_000_000, stop=lambda: False)
+    assert [(w.wr_id, w.status) for w in qa.send_cq.poll()] == [(3, WcStatus.REM_ACCESS_ERR)]
