@@ -104,7 +104,7 @@ class QpCore:
         "max_trim_recovery_ns", "trim_recoveries", "aux_deadline", "tx_old", "tx_old_ev", "first_psn",
         "wimm_out",
         "rnr", "gc_at", "max_rx_msgs", "ts_off", "steer_delay", "cc_spec", "ackreq_since", "ackreq_div",
-        "Wd", "hint", "fast",
+        "Wd", "hint", "fast", "nack_retx_mark",
     )
 
     def _reset_rack(self, nports: int) -> None:
@@ -226,6 +226,8 @@ class QpCore:
         self.port_thr = [attr.ack_timeout_ns] * nports  # reordering threshold; before any sample: RTO
         self._reset_rack(nports)
         self.retries = 0
+        #: retx_trim + retx_nack at the last progress or timeout (`Recovery._on_rto`)
+        self.nack_retx_mark = 0
         self.rto_deadline = NEVER
         self.loss_deadline = NEVER
         self.aux_deadline = NEVER  # the earlier of an RNR resend and the responder's message sweep

@@ -270,8 +270,11 @@ class Recovery(QpCore):
     def _on_rto(self, now: int) -> None:
         """ACK timeout: linear stage (timeout x 1, linear_cnt times), then exponential backoff (x2 per
         retry up to x 2^backoff_cap, exp_cnt times; 25 = forever), then ERROR. A timeout counts as a
-        retry when a transmission is overdue or when work waits for want of a usable EV (every EV
-        denied: the probes run meanwhile); one that finds only RNR waits does not."""
+        retry when a transmission is overdue, when work waits for want of a usable EV (every EV
+        denied: the probes run meanwhile), or when PSNs were resent on TRIMMED or OUT_OF_WINDOW NACKs
+        since the last progress or timeout (a PSN trimmed or refused on every send was resent once per
+        RTT for ever, never overdue: 250,000 times in 500 ms, the QP neither done nor failed); one that
+        finds only RNR waits does not."""
         c = self.c
         c["rto"] += 1
         a = self.attr
@@ -285,8 +288,11 @@ class Recovery(QpCore):
         no_path = not self.paths.good_count and (
             self.retx_q or self.cur is not None or bool(self.send_q)
         )
-        if not overdue and not no_path:
-            busy = self.snd_nxt != self.snd_una
+        busy = self.snd_nxt != self.snd_una
+        resent = c["retx_trim"] + c["retx_nack"]
+        refused = busy and resent != self.nack_retx_mark
+        self.nack_retx_mark = resent
+        if not overdue and not no_path and not refused:
             self.rto_deadline = now + self._rto_interval() if busy else NEVER
             return
         if no_path:

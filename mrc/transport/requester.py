@@ -434,6 +434,7 @@ class Requester(Recovery):
                             now,
                         )
                 self.retries = 0
+                self.nack_retx_mark = c["retx_trim"] + c["retx_nack"]
                 self.rto_deadline = now + self.ack_timeout if self.snd_nxt != una else NEVER
         # per-EV steering from the echo of the triggering packet
         ecn = bool(s.echo_flags & _CE)  # type: ignore[union-attr]

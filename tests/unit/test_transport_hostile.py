@@ -670,3 +670,34 @@ def test_a_service_time_longer_than_the_round_trip_is_no_rtt_sample() -> None:
     assert qa.stats()["snd_una"] == 2  # the acknowledgement itself still counts
     sack(pk[2], 0, 8_000)
     assert qa.stats()["min_rtt_ns"] == 5_000 and qa.stats()["srtt_ns"] > 5_000
+
+
+@pytest.mark.parametrize("code", [NackCode.TRIMMED, NackCode.OUT_OF_WINDOW])
+def test_a_psn_refused_on_every_send_ends_after_the_retry_budget(code: NackCode) -> None:
+    """A responder (or a fabric) that trims, or refuses as out of window, every copy of a PSN: each NACK
+    resends it at once, so no transmission is ever overdue at the timeout, which re-armed without
+    counting. The PSN went out once per RTT for ever (250,000 times in 500 ms, the QP neither done nor
+    failed). A timeout after such resends without progress is a retry: RETRY_EXC_ERR after the budget."""
+    a, _, qa, _ = pair()
+    smr = a.reg_mr(np.zeros(4096, dtype=np.uint8))
+    qa.post_send(1, smr, 0, 4096, 0x1000, 0xABCD)
+    now, sent = 0, 0
+    pending = [(2_000, dg.data) for dg in a.datagrams_to_send(0)]
+    while qa.state == QpState.RTS and now < 500_000_000:
+        d = a.next_deadline()
+        now = min(x for x in (d, pending[0][0] if pending else None) if x is not None)
+        while pending and pending[0][0] <= now:
+            _, data = pending.pop(0)
+            p = parse(data, FROM_A)
+            if p.opcode < 0x10:  # a data packet: refused
+                sent += 1
+                buf = bytearray(64)
+                n = build_nack(buf, FROM_B, dqpn=qa.qpn, psn=p.psn, ev_index=p.ev_index, code=code,
+                               echo_ev_index=p.ev_index, cum_psn=0, echo_timestamp_ns=p.timestamp_ns)
+                a.receive(bytes(buf[:n]), now, False, qa.paths.ev_port[p.ev_index])
+        if d is not None and d <= now:
+            a.handle_timer(now)
+        pending += [(now + 2_000, dg.data) for dg in a.datagrams_to_send(now)]
+    assert qa.state == QpState.ERROR
+    assert [w.status for w in qa.send_cq.poll()] == [WcStatus.RETRY_EXC_ERR]
+    assert now <= qa.attr.retry_budget_ns + 1_000_000 and sent > 1000
