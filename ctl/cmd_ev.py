@@ -22,6 +22,15 @@ from .output import Output, json_option, table
 STATES = ("good", "assumed_bad", "denied", "unknown")
 
 
+def _link_arg(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """--link A-B: two node names joined by '-' (a usage error otherwise, e.g. bench's A:B)."""
+    if value is not None:
+        a, sep, b = value.partition("-")
+        if not sep or not a or not b:
+            raise click.BadParameter(f"{value!r}: a link is two nodes joined by '-', e.g. p0l0-p0s0")
+    return value
+
+
 @click.group(invoke_without_command=True)
 def ev() -> None:
     """EVs per host and peer: state, plane, path; deny and restore."""
@@ -57,7 +66,8 @@ def show(out: Output, host: str | None, peer: str | None, state: str | None, nam
 
 
 def _select(f: Any) -> Any:
-    f = click.option("--link", default=None, metavar="A-B", help="Every EV whose path crosses link A-B.")(f)
+    f = click.option("--link", default=None, metavar="A-B", callback=_link_arg,
+                     help="Every EV whose path crosses link A-B.")(f)
     f = click.option("--plane", type=int, default=None, help="Every EV of this plane.")(f)
     f = click.option("--ev", "evs", type=int, multiple=True, help="EV index (repeatable).")(f)
     f = click.option("--peer", required=True, help="Toward this peer.")(f)

@@ -2,7 +2,7 @@
 
     mrcctl prog [show]                              what is loaded, attached where, in which namespace
     mrcctl prog attach [--name TB] [--decap M]      load the three programs onto testbed TB and leave them
-    mrcctl prog detach --all | --name TB            detach, unpin, forget (also what a crash left behind)
+    mrcctl prog detach [--all | --name TB]          detach, unpin, forget (also what a crash left behind)
 
 ``show`` reads the pinned-state records (/run/mrc/dataplane) and asks the kernel what is really attached
 at each hook. Programs attached by ``attach`` stay after the command ends; ``port`` and ``fault`` use
@@ -111,9 +111,10 @@ def attach(out: Output, name: str | None, decap: str, evs: int, qp_filter: bool,
 @json_option
 @click.pass_obj
 def detach(out: Output, all_: bool, name: str | None) -> None:
-    """Detach programs, delete what was made for them (mrc0, rules), unpin maps, remove records."""
-    if all_ == (name is not None):
-        raise click.UsageError("give exactly one of --all or --name TESTBED")
-    doc = bpf.detach_everything(None if all_ else name)
+    """Detach programs, delete what was made for them (mrc0, rules), unpin maps, remove records: of the
+    testbed named (or the only one up), or with --all of every testbed and real host."""
+    if all_ and name is not None:
+        raise click.UsageError("give --all or --name TESTBED, not both")
+    doc = bpf.detach_everything(None if all_ else tbmod.resolve_name(name))
     out.emit(doc, lambda d: f"removed {d['attachments_removed']} attachments, "
              f"{d['pins_removed']} pinned maps, {d['records_removed']} records")

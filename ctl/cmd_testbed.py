@@ -85,7 +85,7 @@ def up(out: Output, file: Path | None, name: str, with_daemons: bool, metrics_ba
         s = (f"testbed {d['name']} up in {d['build_seconds']:.2f} s: {d['namespaces']} "
              f"namespaces, {d['links']} links, {d['paths']} micro-SID paths")
         for h, r in d.get("daemons", {}).items():
-            s += f"\n  mrcd {h}: pid {r['pid']}, {r['socket']}, metrics {r['metrics']}"
+            s += f"\n  mrcd {h}: pid {r['pid']}, {r['socket']}, metrics {r['metrics']}, log {r['log']}"
         return s
 
     out.emit(doc, render)
@@ -106,13 +106,21 @@ def down(out: Output, name: str | None, all_: bool) -> None:
         out.progress(f"removing testbed {n}")
         from . import daemons
 
+        stopped: list[str] = []
         if daemons.record_path(n).exists():
-            daemons.stop(n)
-        reports.append(tbmod.teardown(n))
+            stopped = daemons.stop(n)["stopped"]
+        rep = tbmod.teardown(n)
+        # the mrcds are stopped before the namespaces go (by their recorded PIDs); what teardown finds
+        # still running in the namespaces comes on top
+        rep["mrcds_stopped"] = stopped
+        rep["processes_killed"] += len(stopped)
+        reports.append(rep)
     doc: dict[str, Any] = {"removed": reports}
     out.emit(doc, lambda d: "\n".join(
         f"testbed {r['name']} down: {r['namespaces_removed']} namespaces removed, "
-        f"{r['processes_killed']} processes stopped" for r in d["removed"]) or "no testbed was up")
+        f"{r['processes_killed']} processes stopped"
+        + (f" (mrcd {', '.join(r['mrcds_stopped'])})" if r["mrcds_stopped"] else "")
+        for r in d["removed"]) or "no testbed was up")
 
 
 @testbed.command()
@@ -194,6 +202,15 @@ def _render_show(d: dict[str, Any]) -> str:
     lines.append(table(rows, [("a", "A"), ("b", "B"), ("plane", "PLANE"), ("state", "STATE"),
                               ("oper", "OPER A/B"), ("rate", "RATE"), ("drops", "TBF DROPS A/B"),
                               ("addrs", "ADDRESSES (A B)")]))
+    daemons = d.get("daemons") or {}
+    lines.append("")
+    if daemons:
+        lines.append(table([{"host": h, **r, "running": "yes" if r["running"] else "NO",
+                             "metrics": r.get("metrics") or "-"} for h, r in daemons.items()],
+                           [("host", "MRCD"), ("pid", "PID"), ("running", "RUNNING"), ("socket", "SOCKET"),
+                            ("metrics", "METRICS"), ("log", "LOG")]))
+    else:
+        lines.append("no mrcd was started for this testbed ('mrcctl testbed start' starts them)")
     return "\n".join(lines)
 
 
@@ -202,8 +219,14 @@ def _render_show(d: dict[str, Any]) -> str:
 @json_option
 @click.pass_obj
 def show(out: Output, name: str | None) -> None:
-    """Nodes, links with state and rate, addresses and micro-SIDs of a running testbed."""
-    out.emit(tbmod.show(tbmod.resolve_name(name)), _render_show)
+    """Nodes, links with state and rate, addresses and micro-SIDs of a running testbed, and its mrcds
+    (pid, whether it runs, control socket, metrics address, log)."""
+    from . import daemons
+
+    tb = tbmod.resolve_name(name)
+    doc = tbmod.show(tb)
+    doc["daemons"] = daemons.status(tb)
+    out.emit(doc, _render_show)
 
 
 @testbed.command()

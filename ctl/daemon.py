@@ -417,11 +417,14 @@ def main(argv: list[str] | None = None) -> int:
     site: Site | None = None
     stopping = False
 
+    got_signal: list[int] = []  # printed after the loop: a print inside the handler may re-enter stderr
+
     def _stop(signum: int, _frame: Any) -> None:
         nonlocal stopping
         if not stopping:
             stopping = True
             sdnotify.stopping()
+            got_signal.append(signum)
         if d is not None:
             d.stop = True
         else:  # still setting up: end the setup (its cleanup runs on the way out)
@@ -487,6 +490,8 @@ def main(argv: list[str] | None = None) -> int:
         daemon.run(ready)
     finally:
         daemon.close()
+    # the log says why mrcd ended (the runbook reads it): a signal, not a crash
+    _log(f"{daemon.host}: stopped" + (f" on {signal.Signals(got_signal[0]).name}" if got_signal else ""))
     return 0
 
 

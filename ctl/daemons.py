@@ -133,6 +133,14 @@ def start(name: str, hosts: list[str] | None = None, *, metrics_base: int | None
     return doc
 
 
+def status(name: str) -> dict[str, dict[str, Any]]:
+    """The testbed's recorded mrcds, each with `running` (its PID is a live mrcd now): host -> {pid,
+    running, socket, metrics, log}; {} when none was started."""
+    return {h: {"pid": int(d["pid"]), "running": _is_mrcd(int(d["pid"])), "socket": d.get("socket"),
+                "metrics": d.get("metrics"), "log": d.get("log")}
+            for h, d in records(name).get("daemons", {}).items()}
+
+
 def start_missing(name: str, host: str | None = None) -> dict[str, Any]:
     """Start an mrcd for each host of the testbed that has none running (`host`: that one only), as
     `testbed up --with-daemons` did: after one exited or was killed. Its metrics address is the one

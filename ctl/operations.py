@@ -230,8 +230,13 @@ class Operations:
         if req.get("plane") is not None:
             idx += [i for i, p in enumerate(t.paths) if p.plane == int(req["plane"])]
         if req.get("link"):
-            a, b = str(req["link"]).split("-", 1) if "-" in str(req["link"]) else (req["link"], "")
-            idx += t.by_link.get(frozenset((a, b)), [])
+            link = str(req["link"])
+            a, b = link.split("-", 1) if "-" in link else (link, "")
+            on_link = t.by_link.get(frozenset((a, b)), [])
+            if not on_link:
+                raise MrcError(f"link {link!r}: no path to {peer} crosses it (a link is written A-B, as "
+                               "'mrcctl ev show' prints the hops, e.g. p0l0-p0s0)")
+            idx += on_link
         if not idx:
             raise MrcError("nothing selected: give EV indices, a plane or a link A-B")
         for i in idx:

@@ -98,9 +98,13 @@ def bring_up_testbed(tmp_path_factory: pytest.TempPathFactory, extra_env: dict[s
             assert Path(d["socket"]).exists()
         yield {"name": name, "metrics_base": base, "daemons": doc["daemons"],
                "tb": tbmod.Testbed.load(name)}
+        running = sorted(h for h, st in daemons.status(name).items() if st["running"])
         r = subprocess.run([sys.executable, "-m", "mrc.ctl.cli", "-j", "testbed", "down", "--name", name],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stdout + r.stderr
+        # the mrcds it stopped are named and counted (it said "0 processes stopped" after stopping them)
+        rep = json.loads(r.stdout)["removed"][0]
+        assert sorted(rep["mrcds_stopped"]) == running and rep["processes_killed"] >= len(running)
         assert not daemons.record_path(name).exists()
         assert not any(a.get("testbed") == name for rec in bpf.records() for a in rec.get("attachments", []))
         pins = Path(env["MRC_BPF_PIN_ROOT"])
@@ -530,6 +534,21 @@ def test_operator_commands_json(tb: dict[str, Any]) -> None:
     assert [p["enabled"] for p in doc["ports"]] == [True, True, True, False]
     rc, doc = mrcctl("port", "set", "h1", "p3l0", "--admin", "up")
     assert rc == 0 and doc["enabled"] is True
+    # PORT as `port show` prints it (the plane), as well as the interface
+    rc, doc = mrcctl("port", "set", "h1", "2", "--admin", "down")
+    assert rc == 0 and doc["enabled"] is False and doc["ifname"] == "p2l0"
+    rc, doc = mrcctl("port", "set", "h1", "2", "--admin", "up")
+    assert rc == 0 and doc["enabled"] is True
+    # a link written as bench's A:B is a usage error naming the value, before any mrcd is asked
+    rc, doc = mrcctl("ev", "deny", "--host", "h0", "--peer", "h3", "--link", "p0l0:p0s0")
+    assert rc == 2 and "p0l0:p0s0" in doc["error"]
+    rc, doc = mrcctl("ev", "deny", "--host", "h0", "--peer", "h3", "--link", "p0l0-p9s9")
+    assert rc == 1 and "no path to h3 crosses it" in doc["error"]
+    # `testbed show` lists the mrcds: what an operator needs when an alert fires
+    rc, doc = mrcctl("testbed", "show")
+    assert rc == 0 and sorted(doc["daemons"]) == ["h0", "h1", "h2", "h3"]
+    for h, d in doc["daemons"].items():
+        assert d["running"] and d["pid"] == tb["daemons"][h]["pid"] and d["log"] == tb["daemons"][h]["log"]
     rc, doc = mrcctl("bench", "write", "--src", "h1", "--dst", "h0", "--size", "1M", "--iters", "2")
     assert rc == 0 and doc["bit_exact"] and {"config", "capacity_gbps", "goodput_gbps", "goodput_fraction",
                                              "rows"} <= set(doc)
@@ -567,6 +586,8 @@ def test_sigterm_removes_entries_and_socket(tb: dict[str, Any]) -> None:
     with pytest.raises(MrcError, match="no mrcd is listening"):
         MrcClient(path)
     assert netns.exists(tb["tb"].ns("h3"))
+    # its log says why it ended (the runbook reads it): a signal, not a crash
+    assert "mrcd: h3: stopped on SIGTERM" in Path(tb["daemons"]["h3"]["log"]).read_text()
 
 
 def test_sigkill_leaves_only_what_detach_removes(tb: dict[str, Any]) -> None:

@@ -25,8 +25,12 @@ def test_prog_show_empty(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_prog_detach_needs_one_scope(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["prog", "detach"]) == 2
-    assert "exactly one of --all or --name" in capsys.readouterr().err
+    """Without --all or --name: the only testbed up, as every command's --name help says (it was a usage
+    error, against that help); both at once is a usage error."""
+    assert main(["prog", "detach"]) == 1
+    assert "no testbed is up" in capsys.readouterr().err
+    assert main(["prog", "detach", "--all", "--name", "x"]) == 2
+    assert "--all or --name TESTBED, not both" in capsys.readouterr().err
     assert main(["-j", "prog", "detach", "--all"]) == 0
     assert json.loads(capsys.readouterr().out) == {"records_removed": 0, "attachments_removed": 0,
                                                    "pins_removed": 0}
