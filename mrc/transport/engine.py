@@ -515,7 +515,7 @@ class Context:
         for qp in self._active:
             if qp.parked:  # still window-full since its last send: what send would find (and count)
                 qp.c["cwnd_limited"] += 1
-            elif qp.state == _RTS and (qp.retx_q or qp.cur is not None or qp.send_q):
+            elif qp.state == _RTS and (qp.retx_q or qp.cur is not None or qp.send_q or qp.oow_q):
                 qp.send(now, out)
         self._out = []
         return out

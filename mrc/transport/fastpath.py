@@ -254,7 +254,7 @@ def send_new(self: Requester, wr: SendWr, now: int, out: list[Datagram]) -> bool
     mtu = self.mtu
     psn = self.snd_nxt
     una = self.snd_una
-    limit = una + W
+    limit = una + self.wlim
     cwnd = self.cc.cwnd
     inflight = self.inflight
     ack_floor = self.ack_floor

@@ -104,7 +104,7 @@ class QpCore:
         "max_trim_recovery_ns", "trim_recoveries", "aux_deadline", "tx_old", "tx_old_ev", "first_psn",
         "wimm_out",
         "rnr", "gc_at", "max_rx_msgs", "ts_off", "steer_delay", "cc_spec", "ackreq_since", "ackreq_div",
-        "Wd", "hint", "fast", "nack_retx_mark",
+        "Wd", "hint", "fast", "nack_retx_mark", "wlim", "oow_q",
     )
 
     def _reset_rack(self, nports: int) -> None:
@@ -177,6 +177,11 @@ class QpCore:
         self.mrs = ctx.mrs
         self.W = W = attr.window
         self.Wd = attr.dest_window  # the responder's window (mpr_dest)
+        #: the PSN window new transmissions keep to: W, narrowed by OUT_OF_WINDOW NACKs to the peer's
+        #: responder window where that is smaller (`Requester.on_nack`); W stays the slots' modulus
+        self.wlim = W
+        #: PSNs refused OUT_OF_WINDOW, resent once they are inside `wlim` again (`Requester.send`)
+        self.oow_q: deque[int] = deque()
         self.peer_gid = b""
         self.peer_qpn = 0
         self.error_status: WcStatus | None = None
@@ -311,6 +316,7 @@ class QpCore:
             self._complete(self.recv_cq, wc, now)
         self.recv_q.clear()
         self.retx_q.clear()
+        self.oow_q.clear()
         self.rtxq.clear()
         self.rnr.clear()
         self.tx_old.clear()

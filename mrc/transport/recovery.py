@@ -242,7 +242,9 @@ class Recovery(QpCore):
         self.tx_state[slot] = _LOST
         self.inflight -= self.tx_len[slot]
         self.retx_q.append(psn)
-        if blame_ev:
+        # a PSN past the responder's window as learnt since (`wlim` < W) was most likely refused, its
+        # NACK late or lost, not lost on its path
+        if blame_ev and psn - self.snd_una < self.wlim:
             self.paths.loss(self.tx_ev[slot], now, self.tx_time[slot], psn)
         self.cc.on_loss(now)
 

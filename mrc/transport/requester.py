@@ -21,7 +21,7 @@ from .fastpath import send_new as _fast_send_new
 from .paths import ASSUMED_BAD as _ASSUMED_BAD
 from .qpcore import _ACKED, _CE, _HALF, _INFLIGHT, _LOST, _RETX, _RTS, _S_DUP, _SVC_VALID, NEVER, Datagram
 from .recovery import Recovery
-from .verbs import SendWr, WcStatus, WorkCompletion
+from .verbs import MPR_UNIT, SendWr, WcStatus, WorkCompletion
 
 _ACKED_RUNS: Final = [[_ACKED] * k for k in range(8 * 128 + 1)]
 _FIRST: Final = int(MxhFlag.FIRST)
@@ -47,7 +47,7 @@ class Requester(Recovery):
             # this after every event, so most calls of a busy QP end here.
             sent = wr.sent
             inflight = self.inflight
-            if sent and inflight and self.snd_nxt < self.snd_una + self.W:
+            if sent and inflight and self.snd_nxt < self.snd_una + self.wlim:
                 n = wr.length - sent
                 if n > self.mtu:
                     n = self.mtu
@@ -61,6 +61,8 @@ class Requester(Recovery):
         W = self.W
         cc = self.cc
         tx_state = self.tx_state
+        if self.oow_q:
+            self._release_refused()
         while True:
             if retx_q:
                 psn = retx_q[0]
@@ -90,7 +92,7 @@ class Requester(Recovery):
                     self.wimm_out += 1
                 wr = self.cur = send_q.popleft()
             sent = wr.sent
-            if sent and self.inflight and self.snd_nxt < self.snd_una + W:
+            if sent and self.inflight and self.snd_nxt < self.snd_una + self.wlim:
                 # The congestion window is full: exactly what _send_new would find first (same counter,
                 # same timer), without its set-up. A driver calls this after every event, so most calls
                 # of a busy QP end here.
@@ -111,7 +113,7 @@ class Requester(Recovery):
         mtu = self.mtu
         psn = self.snd_nxt
         una = self.snd_una
-        limit = una + W
+        limit = una + self.wlim
         cwnd = self.cc.cwnd
         inflight = self.inflight
         ack_floor = self.ack_floor
@@ -531,9 +533,32 @@ class Requester(Recovery):
             if e < self.paths.n:
                 self.paths.penalise(e)
             self.cc.on_trim(now)
-        else:  # OUT_OF_WINDOW: resend later, no path blame
+        else:  # OUT_OF_WINDOW: resend once it is inside the peer's window, no path blame
             c["retx_nack"] += 1
-            self._lost(psn, slot, now, False)
+            self._refused(psn, slot, (pkt.psn - b.cum_psn) & PSN_MASK)  # type: ignore[union-attr]
+
+    def _refused(self, psn: int, slot: int, ahead: int) -> None:
+        """PSN `psn` was refused as out of the responder's window, `ahead` PSNs past the responder's
+        cumulative point: its window is at most that, a multiple of MPR_UNIT (a peer whose mpr_dest is
+        below our mpr). New transmissions keep to it from now on (`wlim`), and the PSN waits in
+        `oow_q` until it is inside it. Resending at once, as before, was refused again and again: a
+        responder window of 128 against 1,024 gave 3,530 NACKs and 101 EVs retired for one 4 MiB
+        WRITE (the refusals ended as SACK holes, blamed on the paths)."""
+        if MPR_UNIT <= ahead < self.wlim:
+            self.wlim = ahead - ahead % MPR_UNIT
+        self.tx_state[slot] = _LOST
+        self.inflight -= self.tx_len[slot]
+        self.oow_q.append(psn)
+
+    def _release_refused(self) -> None:
+        """Move the refused PSNs now inside the window (the responder's cumulative point moved) to the
+        retransmission queue; those still outside wait."""
+        limit = self.snd_una + self.wlim
+        keep = [p for p in self.oow_q if p >= limit]
+        if len(keep) < len(self.oow_q):
+            self.retx_q.extend(sorted(p for p in self.oow_q if p < limit))
+            self.oow_q.clear()
+            self.oow_q.extend(keep)
 
     def _rnr(self, psn: int, slot: int, now: int) -> None:
         """Receiver not ready (no posted receive for an immediate): hold the PSN and resend it after
