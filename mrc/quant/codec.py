@@ -598,6 +598,10 @@ def _check_payload_bounds(h: Header) -> None:
         raise CodecError(f"payload of {h.payload_length} bytes cannot hold {n} coordinates at b={h.bits:g}")
 
 
+class DecodeOverflow(CodecError):
+    """A frame whose reconstruction overflows the compute dtype (`decode`)."""
+
+
 def decode(
     buf: bytes | bytearray | memoryview, *, backend: str | None = None, dtype: npt.DTypeLike | None = None,
     out: npt.NDArray[np.floating] | None = None, max_elements: int | None = None,
@@ -633,7 +637,16 @@ def decode(
     if out is not None:
         _check_out(out, h.dtype if out_dtype is None else out_dtype, h.d)
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below, not warned about
-        res = _decode(buf, h, kern, out_dtype, out)
+        try:
+            res = _decode(buf, h, kern, out_dtype, out)
+        except DecodeOverflow:
+            if kern is None:
+                raise
+            # the compiled inverse rotation applies 1/sqrt(D) once, at its last stage, so its partial
+            # sums can overflow where the reference's, scaled at every step, do not: a finite float32
+            # gradient with an outlier near float32's maximum / sqrt(D) (1e37 at 2^16) encodes, and
+            # the reference decodes it
+            res = _decode(buf, h, None, out_dtype, out)
     if out is None:
         return res
     flat = out.reshape(-1)
@@ -703,7 +716,7 @@ def _decode(
     # dtype's maximum no overflow is possible and no pass is spent on checking
     limit = float(np.finfo(cdt).max)
     if n * _value_bound(h.scheme, h.bits, h.scales) > limit / 2 and not np.all(np.isfinite(out)):
-        raise CodecError(f"scale field {max(h.scales):g} decodes to non-finite values (overflows {cdt})")
+        raise DecodeOverflow(f"scale field {max(h.scales):g} decodes to non-finite values (overflows {cdt})")
     target = h.dtype if out_dtype is None else out_dtype
     if target.itemsize < out.dtype.itemsize and out.size:
         out = _saturate(out, target)

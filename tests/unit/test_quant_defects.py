@@ -184,6 +184,39 @@ def test_frame_whose_output_overflows_is_refused() -> None:
                 codec.decode(bad, backend=backend)
 
 
+@pytest.mark.parametrize("d, outlier", [(1 << 16, 1e37), (1 << 20, 1e36), (1000, 3e38)])
+def test_a_finite_outlier_near_float32s_maximum_decodes_on_both_paths(d: int, outlier: float) -> None:
+    """A finite float32 gradient with one outlier above float32's maximum / sqrt(D): every frame encodes,
+    but the compiled inverse rotation (1/sqrt(D) applied at its last stage) overflowed in its partial
+    sums and refused its own frames ("decodes to non-finite values"); the reference, scaled at every
+    step, decoded them. Such a frame is now decoded by the reference when the compiled path overflows:
+    both backends give the same, finite, result at the usual error."""
+    x = np.random.default_rng(0).standard_normal(d).astype(np.float32)
+    x[-1] = np.float32(outlier)
+    for enc in BACKENDS:
+        buf = codec.encode(x, "eden-unbiased", 2, seed=3, backend=enc)
+        ys = [codec.decode(buf, backend=dec) for dec in BACKENDS]
+        for y in ys:
+            assert np.all(np.isfinite(y)) and _vnmse(y / outlier, x / outlier) < 0.2
+        assert np.allclose(ys[0] / outlier, ys[1] / outlier, atol=1e-5)
+
+
+def test_a_ring_all_reduce_with_a_huge_finite_outlier_completes() -> None:
+    """The same outlier in one rank's gradient failed the compressed all-reduce with CodecError."""
+    from mrc.collective.ring import Config, allreduce
+    from mrc.collective.transport import run_inproc
+
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal(1 << 18).astype(np.float32) for _ in range(4)]
+    xs[0][5] = np.float32(1e36)
+    res = run_inproc(4, lambda t: allreduce(t, xs[t.rank], Config("eden-unbiased", 2.0, "aware"), step=0),
+                     timeout_s=60)
+    exact = sum(x.astype(np.float64) for x in xs) / 4
+    for r in res:
+        assert np.all(np.isfinite(r.out)) and np.array_equal(r.out, res[0].out)
+        assert _vnmse(r.out, exact) < 1.0
+
+
 def test_negative_scale_is_refused() -> None:
     buf = codec.encode(np.linspace(-1, 1, 64), "eden-unbiased", 2, seed=3)
     with pytest.raises(codec.CodecError, match="negative scale"):
