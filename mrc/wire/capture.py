@@ -40,7 +40,18 @@ from .consts import (
 )
 from .errors import WireError
 from .icrc import IcrcContext
-from .ip import ETH_LEN, ETH_P_IPV6, NH_IPV6, NH_ROUTING, NH_UDP, Frame, Ipv6Header, split_ipv6, unpack_ipv6
+from .ip import (
+    ETH_LEN,
+    ETH_P_IPV6,
+    NH_IPV6,
+    NH_ROUTING,
+    NH_UDP,
+    Frame,
+    Ipv6Header,
+    check_tunnel_length,
+    split_ipv6,
+    unpack_ipv6,
+)
 from .mxh import unpack_mxh
 from .packet import MrcPacket, header_len, parse
 from .pcap import MAGIC_NSEC, MAGIC_USEC, PCAPNG_MAGIC, PcapError, Record, StrPath, read_pcap_records
@@ -185,6 +196,7 @@ def split_captured(rec: Record) -> Captured:
         if cap < pos + IPV6_LEN:
             raise _cut(cap, wire, pos + IPV6_LEN, "the inner IPv6 header")
         inner = unpack_ipv6(data, pos)
+        check_tunnel_length(first.payload_len, pos - off - IPV6_LEN, inner.payload_len)
     if inner.next_header != NH_UDP:
         raise WireError("bad_ip", f"inner next header {inner.next_header}, expected 17 (UDP)")
     udp_off = pos + IPV6_LEN

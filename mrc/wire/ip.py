@@ -137,6 +137,17 @@ class Frame:
     mrc: memoryview
 
 
+def check_tunnel_length(outer_payload: int, srh: int, inner_payload: int) -> None:
+    """The outer header's payload length must be what it carries: `srh` bytes of routing header, then
+    the inner packet (40 + its payload length). The outer header is no part of the ICRC, so a wrong one
+    would pass unseen (Wireshark calls such a frame malformed and shows no MRC packet in it)."""
+    want = srh + IPV6_LEN + inner_payload
+    if outer_payload != want:
+        raise WireError("bad_length", f"outer IPv6 payload length {outer_payload} != the {want} bytes "
+                                      f"it carries (routing header {srh}, inner IPv6 {IPV6_LEN} + "
+                                      f"{inner_payload})")
+
+
 def split_ipv6(buf: bytes | bytearray | memoryview, offset: int = 0) -> Frame:
     """Walk [outer IPv6 [SRH]] inner IPv6 / UDP 4791 from `offset`; lengths are checked, not trusted."""
     mv = memoryview(buf)
@@ -158,6 +169,7 @@ def split_ipv6(buf: bytes | bytearray | memoryview, offset: int = 0) -> Frame:
             if nh != NH_IPV6:
                 raise WireError("bad_ip", f"SRH next header {nh}, expected 41 (IPv6)")
         inner = unpack_ipv6(mv, pos)
+        check_tunnel_length(first.payload_len, pos - offset - IPV6_LEN, inner.payload_len)
     if inner.next_header != NH_UDP:
         raise WireError("bad_ip", f"inner next header {inner.next_header}, expected 17 (UDP)")
     udp_off = pos + IPV6_LEN

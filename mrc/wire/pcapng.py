@@ -132,8 +132,9 @@ def _blocks(name: str, f: BinaryIO) -> Iterator[Record]:
             prefix = b""
         (btype, total) = struct.unpack_from(endian + "II", head)
         what = f"{where} ({_block_name(btype)})"
-        if total < 12 or total % 4:
-            raise PcapError(f"{what}: block length {total} is not a multiple of 4 of at least 12")
+        least = 28 if btype == SHB_TYPE else 12  # a section header: magic, versions, section length
+        if total < least or total % 4:
+            raise PcapError(f"{what}: block length {total} is not a multiple of 4 of at least {least}")
         if total > MAX_BLOCK:
             raise PcapError(f"{what}: block length {total} exceeds the limit {MAX_BLOCK}")
         want = total - 8 - len(prefix)

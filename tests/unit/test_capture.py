@@ -170,6 +170,9 @@ def test_broken_pcapng_files_name_offset_block_and_problem(tmp_path: Path) -> No
         (_shb(e) + _idb(e, 1, 0, _opt(e, 14, b"\x00")), ("if_tsoffset of 1 bytes",)),
         (good + b"\x06\x00\x00", (f"offset {shb_len + idb_len}", "truncated block header (3 of 8 bytes)")),
         (_idb(e, 1) + _epb(e, 0, 0, b""), ("offset 0", "not a pcap or pcapng file")),
+        # a section header of 12 bytes: nothing after its byte-order magic (a struct.error traceback)
+        (b"\x0a\x0d\x0d\x0a\x0c\x00\x00\x00\x4d\x3c\x2b\x1a",
+         ("block 0 (section header)", "block length 12 is not a multiple of 4 of at least 28")),
     ]
     for blob, frags in cases:
         p.write_bytes(blob)
@@ -408,3 +411,19 @@ def test_mutated_pcapng_files_give_records_or_a_pcap_error(tmp_path: Path) -> No
                 assert len(rec.data) <= rec.orig_len
         except PcapError:
             pass
+
+
+def test_an_outer_ipv6_length_that_is_not_what_it_carries_is_bad_length() -> None:
+    """The outer IPv6 header is no part of the ICRC: its payload length must be the routing header plus
+    the inner packet. One of 20 passed (`wire decode` showed the probe inside as ok) where Wireshark
+    calls the frame malformed and shows no MRC packet."""
+    frame = bytearray(sample_frames(1, seed=2)[0])
+    assert split_ether(frame).outer is not None
+    for bad in (20, struct.unpack_from("!H", frame, ETH_LEN + 4)[0] - 8):
+        f = bytearray(frame)
+        struct.pack_into("!H", f, ETH_LEN + 4, bad)  # the outer header's payload length
+        with pytest.raises(WireError, match="outer IPv6 payload length") as e:
+            split_ether(f)
+        assert e.value.reason == "bad_length"
+        with pytest.raises(WireError, match="outer IPv6 payload length"):
+            split_captured(_rec(bytes(f)))
