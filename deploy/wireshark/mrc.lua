@@ -69,7 +69,10 @@
 --                                            capture did not keep the whole packet), 4 not checked
 --                                            (no inner IPv6 header found, or the check is switched off)
 -- Expert infos: mrc.expert.trimmed (note), mrc.expert.malformed (error: a packet shorter on the wire
--- than its headers or lengths say, bad version, ...), mrc.expert.bad_icrc (error). A packet the
+-- than its headers or lengths say, bad version, and every other rejection of mrc.wire.parse: TVer,
+-- EV index, PadCnt on a control packet, DMA length against the packet and the message, a NACK code or
+-- PORT_STATUS state outside its values, a TRIMMED packet longer than its headers), mrc.expert.bad_icrc
+-- (error). A packet the
 -- capture's snaplen cut is not malformed: it gets mrc.truncated and a "[cut by snaplen]" in Info.
 --
 -- UDP checksum 0: RoCEv2 senders put 0 in the UDP checksum over IPv6 (as RFC 6935/6936 allow for
@@ -82,6 +85,7 @@
 
 local MXH_LEN = 24
 local ICRC_LEN = 4
+local MAX_PAYLOAD = 8192 -- mrc.wire.consts.MAX_PAYLOAD: the largest DMA length of a data packet
 local ROCEV2_PORT = 4791
 
 local OPCODES = {
@@ -313,7 +317,10 @@ end
 local function dissect_nack(tvb, tree, off)
     local code = tvb(off, 1):uint()
     local st = tree:add(tvb(off, 16), "NACK body")
-    st:add(pf.nack_code, tvb(off, 1))
+    local ct = st:add(pf.nack_code, tvb(off, 1))
+    if NACK_CODES[code] == nil then
+        ct:add_proto_expert_info(ex_malformed, string.format("NACK code %d is none of 1..7", code))
+    end
     st:add(pf.nack_echo_ev, tvb(off + 2, 2))
     st:add(pf.nack_cum_psn, tvb(off + 4, 4))
     st:add(pf.nack_echo_ts, tvb(off + 8, 8))
@@ -342,9 +349,12 @@ local function dissect_port_status(tvb, tree, off)
     local st = tree:add(tvb(off, 8), "PORT_STATUS body")
     st:add(pf.ps_rid, tvb(off, 2))
     st:add(pf.ps_port, tvb(off + 2, 1))
-    st:add(pf.ps_state, tvb(off + 3, 1))
+    local sti = st:add(pf.ps_state, tvb(off + 3, 1))
     st:add(pf.ps_epoch, tvb(off + 4, 4))
     local state = tvb(off + 3, 1):uint()
+    if PORT_STATES[state] == nil then
+        sti:add_proto_expert_info(ex_malformed, string.format("PORT_STATUS state %d is neither DOWN 0 nor UP 1", state))
+    end
     return string.format(" port=%d %s", tvb(off + 2, 1):uint(), PORT_STATES[state] or tostring(state))
 end
 
@@ -380,6 +390,16 @@ local function dissect_mrc(tvb, pinfo, tree)
         mt:add_proto_expert_info(ex_malformed, string.format("MXH version %d, expected 1", version))
         return
     end
+    -- the rejections of mrc.wire.parse (docs/wire.md), each as an expert Error: a packet the parser
+    -- refuses must not look valid here, its ICRC good or not
+    local b1 = tvb(1, 1):uint()
+    local pad = bit32.band(bit32.rshift(b1, 4), 3)
+    if bit32.band(b1, 0x0F) ~= 0 then
+        t:add_proto_expert_info(ex_malformed, string.format("BTH TVer %d, expected 0", bit32.band(b1, 0x0F)))
+    end
+    if ev > 0x3FFF then
+        t:add_proto_expert_info(ex_malformed, string.format("MXH EV index 0x%04x > 0x3fff", ev))
+    end
     local fnames = flag_names(flags, MXH_FLAG_NAMES)
     local ft = mt:add(pf.flags, tvb(moff + 1, 1))
     if fnames ~= "" then ft:append_text(" (" .. fnames .. ")") end
@@ -403,15 +423,38 @@ local function dissect_mrc(tvb, pinfo, tree)
     -- Lengths come from the packet's length on the wire (`reported`), never from what was captured.
     if opcode == 0x0A or opcode == 0x0B then
         local plen = 0
+        local dma = tvb(12 + 12, 4):uint()
         if trimmed then
-            t:add_proto_expert_info(ex_trimmed,
-                string.format("Payload trimmed: %d bytes lost", tvb(12 + 12, 4):uint()))
+            if reported ~= body then
+                -- a trimmed packet ends right after MXH: anything else is a corrupted full packet
+                -- whose TRIMMED bit flipped (no ICRC vouches for a trimmed packet; its length does)
+                t:add_proto_expert_info(ex_malformed,
+                    string.format("trimmed packet of %d bytes, headers end at %d", reported, body))
+            else
+                t:add_proto_expert_info(ex_trimmed, string.format("Payload trimmed: %d bytes lost", dma))
+            end
         else
-            local pad = bit32.band(bit32.rshift(tvb(1, 1):uint(), 4), 3)
             plen = math.max(reported - body - pad - ICRC_LEN, 0)
+            local moffv, mlen = tvb(moff + 12, 4):uint(), tvb(moff + 8, 4):uint()
+            if dma > MAX_PAYLOAD then
+                t:add_proto_expert_info(ex_malformed, string.format("DMA length %d > %d", dma, MAX_PAYLOAD))
+            elseif (dma + pad) % 4 ~= 0 then
+                t:add_proto_expert_info(ex_malformed,
+                    string.format("DMA length %d + pad %d not a multiple of 4", dma, pad))
+            elseif reported ~= body + dma + pad + ICRC_LEN then
+                t:add_proto_expert_info(ex_malformed, string.format(
+                    "%d bytes, headers and DMA length say %d", reported, body + dma + pad + ICRC_LEN))
+            end
+            if moffv + dma > mlen then
+                t:add_proto_expert_info(ex_malformed,
+                    string.format("offset %d + %d beyond message length %d", moffv, dma, mlen))
+            end
         end
         t:add(pf.payload_len, plen):set_generated()
     else
+        if pad ~= 0 then
+            t:add_proto_expert_info(ex_malformed, "PadCnt set on a control packet")
+        end
         local body_len = reported - body - ICRC_LEN
         if trimmed then
             t:add_proto_expert_info(ex_malformed, "TRIMMED set on a control packet")
@@ -441,7 +484,7 @@ local function dissect_mrc(tvb, pinfo, tree)
     end
 
     local status
-    if trimmed and (opcode == 0x0A or opcode == 0x0B) then
+    if trimmed and (opcode == 0x0A or opcode == 0x0B) and reported == body then
         status = ICRC_TRIMMED
     elseif cut then
         status = ICRC_TRUNCATED

@@ -242,3 +242,49 @@ def test_lua_dissector_flags_malformed_packets_without_failing(tmp_path: Path) -
     ((_, write),) = _decoded(good[:1])
     assert one(rows[3], "mrc.mxh.ev_index") == write.ev_index
     assert [one(r, "infiniband.bth.opcode") for r in rows] == [0xC0, 0xC2, 0xC0, 0x0A]
+
+
+def test_lua_dissector_flags_what_the_parser_refuses_even_with_a_good_icrc(tmp_path: Path) -> None:
+    """Each packet below has a valid ICRC and is refused by `mrc.wire.parse`; the dissector showed every
+    one as a valid packet with "ICRC Good" (and a full WRITE whose TRIMMED bit flipped as a trimmed
+    packet). Each now carries the parser's reason as an expert Error."""
+    from mrc.wire import WireError
+
+    good = sample_frames(1, seed=2)
+    write = bytearray(split_ether(good[0]).mrc)
+    nack = next(bytearray(split_ether(f).mrc) for f in good if split_ether(f).mrc[0] == 0xC1)
+    assert write[0] == 0x0A and nack[0] == 0xC1
+    ctx = IcrcContext(HOST_A.mrc_addr, HOST_B.mrc_addr)
+    back = IcrcContext(HOST_B.mrc_addr, HOST_A.mrc_addr)
+
+    def ev_of(p: bytes | bytearray) -> int:
+        return int.from_bytes(p[14:16] if p[0] >= 0xC0 else p[30:32], "big") & 0x3FFF
+
+    def forged(pkt: bytearray, edit: int, value: int, *, width: int = 1, reply: bool = False) -> bytes:
+        p = bytearray(pkt)
+        p[edit:edit + width] = value.to_bytes(width, "big")
+        (back if reply else ctx).write(p, len(p) - 4, ev_sport(ev_of(p)))
+        return bytes(p)
+
+    # BTH byte 1 low nibble (TVer); WRITE: RETH at 12 (DMA length 24..27), MXH at 28 (flags 29, EV 30..31,
+    # offset 40..43); NACK: MXH at 12, body at 36 (code)
+    cases = [
+        (forged(write, 1, write[1] | 0x01), "BTH TVer 1, expected 0"),
+        (forged(write, 30, 0x4001, width=2), "MXH EV index 0x4001 > 0x3fff"),
+        (forged(write, 24, 100, width=4), "headers and DMA length say"),
+        (forged(write, 40, 1 << 28, width=4), "beyond message length"),
+        (forged(nack, 36, 9, reply=True), "NACK code 9 is none of 1..7"),
+        (forged(write, 29, write[29] | 0x01), "trimmed packet of"),
+    ]
+    for pkt, _ in cases:
+        with pytest.raises(WireError):
+            parse(pkt)
+    frames = [envelope(p, HOST_B if p[0] == 0xC1 else HOST_A, HOST_A if p[0] == 0xC1 else HOST_B, ev_of(p))
+              for p, _ in cases]
+    pcap = tmp_path / "forged.pcap"
+    write_pcap(pcap, [(float(i), f) for i, f in enumerate(frames)])
+    cfg = tmp_path / "cfg"
+    cfg.mkdir()
+    rows = tshark_fields(pcap, ["_ws.expert.message", "mrc.icrc.status"], cfg, lua=True)
+    for row, (_, needle) in zip(rows, cases, strict=True):
+        assert needle in ",".join(row["_ws.expert.message"]), (needle, row)
