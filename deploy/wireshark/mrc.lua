@@ -255,9 +255,14 @@ end
 
 local function flag_names(value, names)
     local out = {}
+    local known = 0
     for _, pair in ipairs(names) do
         if bit32.band(value, pair[1]) ~= 0 then out[#out + 1] = pair[2] end
+        known = bit32.bor(known, pair[1])
     end
+    -- reserved bits set stay visible, as `mrcctl wire decode` shows them (FIRST|0xc0)
+    local rest = bit32.band(value, bit32.bnot(known))
+    if rest ~= 0 then out[#out + 1] = string.format("0x%02x", rest) end
     return table.concat(out, "|")
 end
 

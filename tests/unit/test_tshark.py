@@ -288,3 +288,19 @@ def test_lua_dissector_flags_what_the_parser_refuses_even_with_a_good_icrc(tmp_p
     rows = tshark_fields(pcap, ["_ws.expert.message", "mrc.icrc.status"], cfg, lua=True)
     for row, (_, needle) in zip(rows, cases, strict=True):
         assert needle in ",".join(row["_ws.expert.message"]), (needle, row)
+
+
+def test_lua_dissector_shows_reserved_mxh_flags(tmp_path: Path) -> None:
+    """Reserved MXH flag bits (0xC0) are ignored by the parser and shown by `wire decode` (FIRST|0xc0);
+    the dissector dropped them from its flag text."""
+    write = bytearray(split_ether(sample_frames(1, seed=2)[0]).mrc)
+    write[29] |= 0xC0  # MXH flags (MXH at 28 after BTH + RETH)
+    ev = int.from_bytes(write[30:32], "big") & 0x3FFF
+    IcrcContext(HOST_A.mrc_addr, HOST_B.mrc_addr).write(write, len(write) - 4, ev_sport(ev))
+    assert parse(write).flags & 0xC0 == 0xC0
+    pcap = tmp_path / "reserved.pcap"
+    write_pcap(pcap, [(0.0, envelope(write, HOST_A, HOST_B, ev))])
+    cfg = tmp_path / "cfg"
+    cfg.mkdir()
+    (row,) = tshark_fields(pcap, ["_ws.col.Info", "mrc.icrc.status"], cfg, lua=True)
+    assert "|0xc0]" in ",".join(row["_ws.col.Info"]) and one(row, "mrc.icrc.status") == 0
