@@ -98,6 +98,9 @@ FLOAT16_MAX = float(np.finfo(np.float16).max)  # 65504
 # sigma^2 = ||y||^2 / D below which the encoder rescales y (exactly, by a power of two): the squared
 # residuals the scales and the adaptive check sum must stay normal numbers of the compute dtype
 _TINY_SIGMA2 = {np.dtype(np.float32): 2.0**-80, np.dtype(np.float64): 2.0**-600}
+#: an input whose largest magnitude is below this loses bits in the rotation (1/sqrt(D) with D up to
+#: 2^31 takes 2^-15.5 more; 24 or 53 bits of mantissa must stay normal): rescaled before it (`encode`)
+_SUBNORMAL_RISK = {np.dtype(np.float32): 2.0**(-126 + 16 + 24), np.dtype(np.float64): 2.0**(-1022 + 16 + 53)}
 # one rotation is exact when the realized relative squared error is within the sums' rounding
 _EXACT_ERROR = {np.dtype(np.float32): 64 * float(np.finfo(np.float32).eps),
                 np.dtype(np.float64): 64 * float(np.finfo(np.float64).eps)}
@@ -282,17 +285,32 @@ def encode(
         y[:d] = flat
         y = rotate(y, seed, rot)
         return _finish_grouped(y, rot, auto, scheme, bits, seed, group, a.dtype, a.shape)
-    ny2: float | None = None
+    y, ny2 = _rotated(flat, padded, cdt, seed, rot, kern)
+    pre = 0
+    if not ny2 >= _TINY_SIGMA2[cdt] * padded:  # tiny (or NaN, reported later): are the inputs subnormal?
+        peak = float(np.max(np.abs(flat))) if d else 0.0
+        if 0.0 < peak < _SUBNORMAL_RISK[cdt]:
+            # the rotation's 1/sqrt(D) rounds subnormal inputs before `finish` could rescale y (all-1e-45
+            # float32 decoded to zeros): scale the input by a power of two first, exact for these values
+            pre = math.frexp(peak)[1]
+            y, ny2 = _rotated(np.ldexp(flat.astype(cdt), -pre), padded, cdt, seed, rot, kern)
+    return finish(y, ny2, rot, probe, auto, scheme, bits, seed, kern, a.dtype, a.shape, pre)
+
+
+def _rotated(flat: npt.NDArray[Any], padded: int, cdt: np.dtype[Any], seed: int, rot: int,
+             kern: ModuleType | None) -> tuple[FloatArray, float]:
+    """The input zero-padded to `padded`, in the compute dtype, rotated `rot` times; with ||y||^2."""
     if kern is not None:
         y, ny2 = kern.rotate_from(flat, padded, cdt, seed, rot)  # copy, pad, signs, FWHT: one pass
+        return y, float(ny2)
+    d = flat.size
+    if d == padded:
+        y = flat.astype(cdt, copy=True)
     else:
-        if d == padded:
-            y = flat.astype(cdt, copy=True)
-        else:
-            y = np.zeros(padded, cdt)
-            y[:d] = flat
-        y = rotate(y, seed, rot)
-    return finish(y, ny2, rot, probe, auto, scheme, bits, seed, kern, a.dtype, a.shape)
+        y = np.zeros(padded, cdt)
+        y[:d] = flat
+    y = rotate(y, seed, rot)
+    return y, sumsq64(y)
 
 
 def check_group(scheme: str, group: object) -> None:
@@ -382,7 +400,7 @@ def rotation_count(
 
 def finish(
     y: FloatArray, ny2: float | None, rot: int, probe: bool, auto: bool, scheme: str, bits: float,
-    seed: int, kern: ModuleType | None, dtype: np.dtype[Any], shape: tuple[int, ...],
+    seed: int, kern: ModuleType | None, dtype: np.dtype[Any], shape: tuple[int, ...], pre: int = 0,
 ) -> bytes:
     """The rest of `encode` once the padded input is rotated `rot` times into y (||y||^2 = ny2 when
     known): rescaling, quantization, rule (b), the frame. Shared with the fused ring hop (hop.py), which
@@ -400,6 +418,8 @@ def finish(
             scales, sections, _, _, _ = _encode_rotated(y, scheme, float(bits), seed, False, kern, None)
     except ValueError as e:
         raise CodecError(str(e)) from e
+    if pre:  # the input was scaled by 2^-pre before rotating (`encode`, subnormal inputs)
+        factor = math.ldexp(factor, pre)
     if factor != 1.0:
         scales = [v * factor for v in scales]
     payload = b"".join(packed.tobytes() for packed in sections)
