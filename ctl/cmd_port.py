@@ -155,8 +155,10 @@ def _set_admin(out: Output, host: str, port_name: str, enabled: bool, name: str 
     topo = tbmod.Testbed.load(tb).topo
     planes = {topo.link_between(host, topo.leaf_name(p, topo.host_leaf(host))).a_ifname: p
               for p in range(topo.planes)}
-    if port_name not in planes and port_name.isdigit() and int(port_name) < topo.planes:
-        # the PORT column of `port show` (the plane): the same port as its interface name
+    if port_name not in planes and port_name.isascii() and port_name.isdigit() \
+            and int(port_name) < topo.planes:
+        # the PORT column of `port show` (the plane): the same port as its interface name ('²' is a
+        # digit to isdigit, not to int: isascii first)
         port_name = next(n for n, p in planes.items() if p == int(port_name))
     if port_name not in planes:
         raise MrcError(f"{host} has no plane port {port_name!r} (ports: {', '.join(planes)}, or their "

@@ -539,6 +539,8 @@ def test_operator_commands_json(tb: dict[str, Any]) -> None:
     assert rc == 0 and doc["enabled"] is False and doc["ifname"] == "p2l0"
     rc, doc = mrcctl("port", "set", "h1", "2", "--admin", "up")
     assert rc == 0 and doc["enabled"] is True
+    rc, doc = mrcctl("port", "set", "h1", "\u00b2", "--admin", "up")  # a digit to isdigit, not to int
+    assert rc == 1 and "no plane port" in doc["error"]
     # a link written as bench's A:B is a usage error naming the value, before any mrcd is asked
     rc, doc = mrcctl("ev", "deny", "--host", "h0", "--peer", "h3", "--link", "p0l0:p0s0")
     assert rc == 2 and "p0l0:p0s0" in doc["error"]
