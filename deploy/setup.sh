@@ -19,9 +19,11 @@ SYSPY=/usr/bin/python3
 #   iperf3               kernel TCP baseline in benchmarks
 #   prometheus           metrics scrape and rule checks (promtool)
 #   python3-venv         the virtualenv module for the system Python
+#   gcc python3-dev      build the engine's fast path in C (mrc/transport/_fastc.c; without them the same
+#                        path runs in Python, slower)
 #   systemd              systemd-analyze: the unit's verify and security tests (absent from minimal images
 #                        and containers; installing it starts nothing there)
-APT_PKGS=(python3-bpfcc python3-venv linux-headers-amd64 bpftool iproute2 ethtool tcpdump tshark iperf3 prometheus
+APT_PKGS=(python3-bpfcc python3-venv gcc python3-dev linux-headers-amd64 bpftool iproute2 ethtool tcpdump tshark iperf3 prometheus
           systemd)
 
 say() { printf 'setup: %s\n' "$*"; }
@@ -90,7 +92,9 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$SYSPY" -m venv --system-site-packages "$VENV" || die "venv creation failed: apt-get install python3-venv"
 fi
 stamp="$VENV/.mrc-installed"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+fastc=mrc/transport/_fastc.c
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] || [ $fastc -nt "$stamp" ] \
+   || ! compgen -G "mrc/transport/_fastc*.so" >/dev/null; then
   say "installing mrc (editable, [dev]) into $VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip
   "$VENV/bin/python" -m pip install -q -e '.[dev]' || die "pip install -e .[dev] failed"
@@ -98,6 +102,8 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
 else
   say "$VENV up to date"
 fi
+"$VENV/bin/python" -c 'import mrc.transport._fastc' 2>/dev/null && say "engine fast path: C ($fastc)" \
+  || say "warning: $fastc did not build (apt-get install gcc python3-dev); the fast path runs in Python"
 # torch (CPU) for the DDP communication hook and its test (mrc.collective.ddp; mrc itself never needs it):
 # pinned, because an unpinned `torch` resolves to a multi-GB CUDA build; pip takes the machine's local
 # wheel (find-links) when there is one. Only installed when the venv cannot import it already.

@@ -30,6 +30,7 @@ from mrc.transport import (
     QueuePair,
     WcStatus,
     WorkCompletion,
+    fastpath,
 )
 from mrc.transport.qp import NEVER as NEVER
 from mrc.transport.qp import Datagram
@@ -191,11 +192,32 @@ class LoopbackFabric:
                 self.transmit(j, dg, now)
             self._arm(j, now)
 
+    def _compiled_loop(self) -> Any:
+        """The C module whose `loopback_run` is this loop in C, or None. It runs the loop below event
+        for event (the same order and times) where `transmit` draws nothing at random (no impairment,
+        no jitter) and is not replaced (on the class or on this fabric), and both engines run the fast path in C; MRC_FASTPATH=py or 0
+        keeps this loop in Python, as the pure path's reference figure needs."""
+        if self.impaired or self.jitter or getattr(self.transmit, "__func__", None) is not _TRANSMIT:
+            return None
+        c = fastpath._compiled()
+        if c is None or any(getattr(e, "fast_send", None) is not c.send_new for e in self.engines):
+            return None
+        return c
+
     def run(
         self, until_ns: int = NEVER, stop: Callable[[], bool] | None = None, check_every: int = 64
     ) -> int:
         """Process events until the heap is empty, `until_ns` passes, or `stop()` is true (checked
         every `check_every` events and before every timer). Returns the number of events processed."""
+        c = self._compiled_loop()
+        if c is not None:
+            events: int
+            events, self.seq, self.now, self.last_t = c.loopback_run(
+                self, self.engines, self.heap, self.timer_at, self.port_free, self.plane_delay, self.ev_extra,
+                self.plane_data_bytes, self.ns_per_byte, self.seq, until_ns, self.now, self.last_t, stop,
+                check_every,
+            )
+            return events
         heap = self.heap
         engines = self.engines
         timer_at = self.timer_at
@@ -236,6 +258,10 @@ class LoopbackFabric:
             if stop is not None and not events % check_every and stop():
                 break
         return events
+
+
+#: the `transmit` that `loopback_run` does in C (a replaced one, as a test's recorder, keeps the Python loop)
+_TRANSMIT: Final = LoopbackFabric.transmit
 
 
 # ------------------------------------------------------------------------------------------ scenario

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import struct
+from types import MethodType
 from typing import TYPE_CHECKING, Any, Final
 
 from mrc.wire.consts import (
@@ -48,7 +49,7 @@ from mrc.wire.consts import (
     SackFlag,
 )
 from mrc.wire.control import Sack
-from mrc.wire.crc import crc32
+from mrc.wire.crc import crc32, isal_crc32_address
 from mrc.wire.icrc import _ICRC, CRC32_RESIDUE
 from mrc.wire.packet import _WRITE, _WRITE_IMM, CTRL_HDR_LEN, WRITE_HDR_LEN, WRITE_IMM_HDR_LEN, MrcPacket
 
@@ -65,6 +66,9 @@ if TYPE_CHECKING:
 ENV: Final = "MRC_FASTPATH"
 #: True unless MRC_FASTPATH=0 was set when this module was imported; read by `Context.__init__`.
 ENABLED: bool = os.environ.get(ENV, "1").strip() != "0"
+#: False with MRC_FASTPATH=py: the fast path in Python only, without the C module (`_compiled`); read by
+#: `install`, per context, like `ENABLED`
+C_ENABLED: bool = os.environ.get(ENV, "1").strip() != "py"
 
 _RTR: Final = QpState.RTR
 _TRIMMED: Final = int(MxhFlag.TRIMMED)
@@ -397,11 +401,65 @@ _pure_receive: Any = _unset
 
 def install(ctx: Any) -> None:
     """Set `ctx.fastpath` (a new `Context`) from `ENABLED` and, when it is on, give the context the fast
-    receive path (its QPs' send path follows `QpCore.fast`, taken from `ctx.fastpath`)."""
+    receive path and `ctx.fast_send`, the send function its QPs take (`QpCore.fast`): the C module's
+    when it is built and `C_ENABLED`, else this module's. Without the fast path `fast_send` is None."""
     global _pure_receive
     ctx.fastpath = ENABLED
+    ctx.fast_send = None
     if not ENABLED:
         return
     if _pure_receive is _unset:
         _pure_receive = type(ctx).receive
-    ctx.receive = receive.__get__(ctx)
+    c = _compiled() if C_ENABLED else None
+    if c is not None:
+        ctx.receive = MethodType(c.receive, ctx)
+        ctx.datagrams_to_send = MethodType(c.datagrams_to_send, ctx)
+        ctx.next_deadline = MethodType(c.next_deadline, ctx)
+        ctx.fast_send = c.send_new
+    else:
+        ctx.receive = receive.__get__(ctx)
+        ctx.fast_send = send_new
+
+
+#: the C module once set up (`_compiled`), False when it cannot be used
+_C: Any = None
+
+
+def _compiled() -> Any:
+    """`_fastc` set up for this process, or None: not built, no ISA-L CRC symbol to give it, or a wire
+    constant it was compiled with that differs from mrc.wire.consts'."""
+    global _C
+    if _C is None:
+        _C = _load_compiled() or False
+    return _C or None
+
+
+def _expected_consts() -> dict[str, int]:
+    """What `_fastc.consts()` must return: the wire constants the C code was written against."""
+    return {
+        "WRITE_HDR_LEN": WRITE_HDR_LEN, "WRITE_IMM_HDR_LEN": WRITE_IMM_HDR_LEN, "ICRC_LEN": ICRC_LEN,
+        "OP_WRITE": _OP_WRITE, "OP_WRITE_IMM": _OP_WRITE_IMM, "PKEY_PARTITION": PKEY_PARTITION,
+        "DEFAULT_PKEY": DEFAULT_PKEY, "QPN_MASK": QPN_MASK, "PSN_MASK": PSN_MASK, "HALF": _HALF,
+        "MXH_VERSION": MXH_VERSION, "MAX_PAYLOAD": MAX_PAYLOAD, "EV_INDEX_MAX": EV_INDEX_MAX,
+        "EV_SPORT_BASE": EV_SPORT_BASE, "F_TRIMMED": _TRIMMED, "F_RETX": _RETX, "F_FIRST": _FIRST,
+        "F_LAST": _LAST, "F_ACK_NOW": _ACK_NOW, "S_RETX": _S_RETX, "TX_INFLIGHT": _INFLIGHT,
+        "CRC32_RESIDUE": CRC32_RESIDUE, "ACKREQ_BIT": _ACKREQ_BIT, "ICRC_LEN_": ICRC_LEN, "NEVER": NEVER,
+    }
+
+
+def _load_compiled() -> Any:
+    try:
+        from . import _fastc  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    from mrc.wire.icrc import IcrcContext
+
+    from .qp import QueuePair
+    from .verbs import MemoryRegion, SendWr
+
+    addr = isal_crc32_address()
+    if not addr or _fastc.consts() != _expected_consts():
+        return None
+    _fastc.setup(QueuePair, MemoryRegion, SendWr, IcrcContext, Datagram, _RTS, _RTR, receive, sack, send_new,
+                 addr)
+    return _fastc

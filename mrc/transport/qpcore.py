@@ -24,6 +24,7 @@ acknowledged PSN sets are Python integers used as bitmaps (bit i <=> PSN base + 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from mrc.wire.consts import PSN_MOD, MxhFlag, ProbeReplyFlag, SackFlag
@@ -141,7 +142,8 @@ class QpCore:
     ) -> None:
         attr.check()
         self.ctx = ctx
-        self.fast = bool(getattr(ctx, "fastpath", False))  # the context's MRC_FASTPATH (fastpath.py)
+        #: the fast path's send function (fastpath.install: C or Python), None on the pure path
+        self.fast: Callable[[Any, SendWr, int, list[Datagram]], bool] | None = getattr(ctx, "fast_send", None)
         self.qpn = qpn
         self.send_cq = send_cq
         self.recv_cq = recv_cq

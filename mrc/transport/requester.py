@@ -17,7 +17,6 @@ from mrc.wire.consts import FATAL_NACK_CODES, PSN_MASK, PSN_MOD, MxhFlag, NackCo
 from mrc.wire.packet import MrcPacket, write_packet
 
 from .drops import EngineDrop
-from .fastpath import send_new as _fast_send_new
 from .paths import ASSUMED_BAD as _ASSUMED_BAD
 from .qpcore import _ACKED, _CE, _HALF, _INFLIGHT, _LOST, _RETX, _RTS, _S_DUP, _SVC_VALID, NEVER, Datagram
 from .recovery import Recovery
@@ -104,7 +103,8 @@ class Requester(Recovery):
                     if self.rto_deadline == NEVER and self.snd_nxt != self.snd_una:
                         self.rto_deadline = now + self._rto_interval()
                     return
-            if not (_fast_send_new(self, wr, now, out) if self.fast else self._send_new(wr, now, out)):
+            fast = self.fast
+            if not (fast(self, wr, now, out) if fast is not None else self._send_new(wr, now, out)):
                 return
 
     def _send_new(self, wr: SendWr, now: int, out: list[Datagram]) -> bool:

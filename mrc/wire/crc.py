@@ -33,4 +33,26 @@ def _check(impl: Callable[..., Any]) -> bool:
 if CRC32_IMPL != "zlib" and not _check(crc32):  # never seen; a wrong CRC would drop every packet
     crc32, CRC32_IMPL = zlib.crc32, "zlib"
 
-__all__ = ["CRC32_IMPL", "crc32"]
+
+def isal_crc32_address() -> int:
+    """The address of ISA-L's ``crc32_gzip_refl(init, buf, len)`` in python-isal's extension module, for
+    compiled code to call (the engine's C fast path, the batch receive kernel), or 0 where that build
+    does not export it or its values are not zlib's (checked here, once per call)."""
+    import ctypes
+
+    try:
+        from isal import isal_zlib
+
+        addr = ctypes.cast(ctypes.CDLL(isal_zlib.__file__).crc32_gzip_refl, ctypes.c_void_p).value
+    except (ImportError, OSError, AttributeError):
+        return 0
+    if not addr:
+        return 0
+    f = ctypes.CFUNCTYPE(ctypes.c_uint32, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_uint64)(addr)
+    probe = (ctypes.c_char * 1001).from_buffer_copy(bytes(range(256)) * 3 + bytes(233))
+    if f(0x1234, ctypes.addressof(probe), 1001) != zlib.crc32(bytes(probe), 0x1234):
+        return 0
+    return int(addr)
+
+
+__all__ = ["CRC32_IMPL", "crc32", "isal_crc32_address"]

@@ -1,6 +1,6 @@
-"""The engine's fast path (mrc.transport.fastpath) against the pure path (MRC_FASTPATH=0): the same
-loopback scenarios on both must put the same datagrams on the wire, byte for byte and in the same order,
-and end with the same counters, states and report.
+"""The engine's fast path (mrc.transport.fastpath, in Python and in C: mrc/transport/_fastc.c) against the
+pure path (MRC_FASTPATH=0): the same loopback scenarios on each must put the same datagrams on the wire,
+byte for byte and in the same order, and end with the same counters, states and report.
 
 Memory-region addresses travel in every data packet (RETH VA), so both runs use the same source and
 destination buffers: their addresses, and the R_Keys drawn from the same seeds, are then the same."""
@@ -20,6 +20,7 @@ import pytest
 
 from mrc.transport import fastpath
 from mrc.transport.engine import Context
+from mrc.transport.verbs import QpAttr
 
 L = importlib.import_module("mrc.sim.loopback")
 
@@ -39,11 +40,30 @@ SCENARIOS: dict[str, Callable[[], Any]] = {
     ),
     "null_cc_loss": lambda: L.LoopbackConfig(size=2 << 20, seed=5, cc="null",
                                              fabric=L.FabricConfig(loss=0.05, planes=2)),
+    # a padded payload (1,001 bytes), the smallest PSN window (its slots wrap within one send call) and
+    # a message that is not a multiple of the MTU: the header, pad and slot arithmetic of every path
+    "padded_small_window": lambda: L.LoopbackConfig(
+        size=(1 << 20) + 333, seed=6, attr=QpAttr(mtu=1001, mpr=1),
+        fabric=L.FabricConfig(jitter_ns=2000),
+    ),
 }
 
 
+#: the fast path's two implementations; "c" is skipped where the C module was not built
+MODES = ("py", "c")
+_C_BUILT = fastpath._compiled() is not None
+
+
+def _mode(monkeypatch: pytest.MonkeyPatch, fast: bool, mode: str = "py") -> None:
+    """Contexts built next take the pure path (not `fast`), or the fast path in `mode`."""
+    if fast and mode == "c" and not _C_BUILT:
+        pytest.skip("mrc/transport/_fastc.c is not built here (gcc and python3-dev: make setup)")
+    monkeypatch.setattr(fastpath, "ENABLED", fast)
+    monkeypatch.setattr(fastpath, "C_ENABLED", mode == "c")
+
+
 def _run(cfg: Any, fast: bool, bufs: tuple[np.ndarray, np.ndarray] | None,
-         monkeypatch: pytest.MonkeyPatch, with_src: bool = False,
+         monkeypatch: pytest.MonkeyPatch, with_src: bool = False, mode: str = "py",
          ) -> tuple[list[tuple[Any, ...]], dict[str, Any], Any]:
     wire: list[tuple[Any, ...]] = []
     orig = L.LoopbackFabric.transmit
@@ -53,14 +73,17 @@ def _run(cfg: Any, fast: bool, bufs: tuple[np.ndarray, np.ndarray] | None,
         orig(self, src, dg, now)
 
     monkeypatch.setattr(L.LoopbackFabric, "transmit", transmit)
-    monkeypatch.setattr(fastpath, "ENABLED", fast)
+    _mode(monkeypatch, fast, mode)
     run = L.build(cfg)
     if bufs is not None:
         src, dst = bufs
         assert np.array_equal(src, run.src)
         dst.fill(0)
         run.src, run.dst = src, dst
-    assert run.a.fastpath is fast and run.qa.fast is fast
+    assert run.a.fastpath is fast and (run.qa.fast is not None) is fast
+    if fast:
+        want = fastpath._compiled().send_new if mode == "c" else fastpath.send_new
+        assert run.qa.fast is want
     if with_src:  # as the socket driver calls it: the source address of every datagram checked
         for ctx, peer in ((run.a, L.GID_B), (run.b, L.GID_A)):
             ctx.receive = functools.partial(ctx.receive, src=peer)
@@ -80,24 +103,27 @@ def _run(cfg: Any, fast: bool, bufs: tuple[np.ndarray, np.ndarray] | None,
     return wire, state, run
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("with_src", [False, True], ids=["no_src", "src"])
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
-def test_same_wire_bytes_and_state(name: str, with_src: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_same_wire_bytes_and_state(
+    name: str, with_src: bool, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cfg = SCENARIOS[name]
     wire0, state0, run0 = _run(cfg(), False, None, monkeypatch, with_src)
     assert state0["report"]["bit_exact"], name
-    wire1, state1, _ = _run(cfg(), True, (run0.src, run0.dst), monkeypatch, with_src)
+    wire1, state1, _ = _run(cfg(), True, (run0.src, run0.dst), monkeypatch, with_src, mode)
     assert len(wire1) == len(wire0)
     for i, (a, b) in enumerate(zip(wire0, wire1, strict=True)):
         assert a == b, f"{name}: datagram {i} differs"
     assert state1 == state0
 
 
-@pytest.mark.parametrize("fast", [False, True])
-def test_foreign_source_dropped(fast: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Data packets from an address that is not the QP's peer: dropped as foreign_src by both paths,
+@pytest.mark.parametrize(("fast", "mode"), [(False, "py"), (True, "py"), (True, "c")])
+def test_foreign_source_dropped(fast: bool, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Data packets from an address that is not the QP's peer: dropped as foreign_src by every path,
     nothing placed, nothing acknowledged; from the peer, placed."""
-    monkeypatch.setattr(fastpath, "ENABLED", fast)
+    _mode(monkeypatch, fast, mode)
     run = L.build(L.LoopbackConfig(size=1 << 20, seed=7))
     smr, dmr = run.a.reg_mr(run.src), run.b.reg_mr(run.dst)
     run.qa.post_send(1, smr, 0, 1 << 20, dmr.addr, dmr.rkey)
@@ -133,3 +159,48 @@ def test_switch_read_at_import() -> None:
             [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
         )
         assert out.stdout.strip() == want, value
+
+
+@pytest.mark.parametrize("cfg", [
+    lambda: L.LoopbackConfig(size=4 << 20, seed=1),
+    lambda: L.LoopbackConfig(size=(1 << 20) + 333, seed=6, imm=None, attr=QpAttr(mtu=1001, mpr=1),
+                             fabric=L.FabricConfig(planes=2, ev_spread_ns=5000)),
+    lambda: L.LoopbackConfig(size=2 << 20, seed=8, cc="null", settle_ns=3_000_000),
+], ids=["clean", "padded_small_window", "null_cc_settle"])
+def test_compiled_harness_same_run(cfg: Callable[[], Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loopback's event loop in C (`_fastc.loopback_run`, taken for an unimpaired fabric) against
+    the same loop in Python, both with the C engine: the same report (times, packets, SACKs), the same
+    QP counters and timers, the same bytes placed."""
+    _mode(monkeypatch, True, "c")
+    docs = []
+    for compiled in (True, False):
+        if not compiled:
+            monkeypatch.setattr(L.LoopbackFabric, "_compiled_loop", lambda self: None)
+        run = L.build(cfg())
+        assert (run.fabric._compiled_loop() is not None) is compiled
+        doc = L.run_transfer(run)
+        for k in _TIMING:
+            doc.pop(k)
+        assert doc["bit_exact"]
+        docs.append((doc, run.qa.stats(), run.qb.stats(), run.fabric.seq, run.fabric.now, run.fabric.last_t,
+                     run.fabric.timer_at, run.fabric.port_free, run.fabric.plane_data_bytes,
+                     run.qa.rto_deadline, run.qb.ack_deadline, len(run.fabric.heap)))
+    assert docs[0] == docs[1]
+
+
+def test_replaced_transmit_keeps_the_python_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `transmit` replaced on the fabric (as tests impair one path) is what the loop must call: the C
+    loop, which does `transmit`'s unimpaired branch itself, is not taken then."""
+    _mode(monkeypatch, True, "c")
+    run = L.build(L.LoopbackConfig(size=1 << 20, seed=1))
+    seen: list[int] = []
+    plain = run.fabric.transmit
+
+    def transmit(src: int, dg: Any, now: int) -> None:
+        seen.append(src)
+        plain(src, dg, now)
+
+    run.fabric.transmit = transmit  # type: ignore[method-assign]
+    assert run.fabric._compiled_loop() is None
+    doc = L.run_transfer(run)
+    assert doc["bit_exact"] and seen.count(0) >= doc["data_packets"] and 1 in seen

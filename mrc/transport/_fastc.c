@@ -1,0 +1,1439 @@
+/* The engine's fast path in C: `fastpath.receive` and `fastpath.send_new` for the common data packet,
+ * on the engine's own Python objects.
+ *
+ * Why C and not numba: the per-packet cost left on the fast path is the interpreter's (attribute
+ * loads and stores, calls, int boxing), not arithmetic. The engine's state lives in `__slots__`, so a
+ * slot is a pointer at a fixed offset of its object: this module reads the offsets from the classes'
+ * member descriptors once (`setup`) and then loads and stores the same Python objects the pure path
+ * uses. No state is copied in or out, nothing changes for the pure path, and every case this file does
+ * not handle (any packet but a plain WRITE in the middle of a message, any failed check, an unexpected
+ * type) goes to the Python fast path before any state has changed, which in turn sends the rare cases
+ * to the pure path. So there is one implementation of every rule, and this one is a transcription of
+ * `fastpath.py`'s common case, checked datagram by datagram against the pure path
+ * (tests/unit/test_fastpath.py).
+ *
+ * The CRC-32 is ISA-L's (`crc32_gzip_refl`, from python-isal's extension, its address given to
+ * `setup`): the same function `isal_zlib.crc32` calls. Without it this module is not used.
+ *
+ * MRC_FASTPATH=py keeps the Python fast path (fastpath.py) for side-by-side measurements, and
+ * MRC_FASTPATH=0 the pure path.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <string.h>
+
+/* wire constants (mrc/wire/consts.py): `consts()` returns them and the Python side refuses this module
+ * when one differs */
+#define WRITE_HDR_LEN 52
+#define WRITE_IMM_HDR_LEN 56
+#define ICRC_LEN 4
+#define OP_WRITE 0x0A
+#define OP_WRITE_IMM 0x0B
+#define PKEY_PARTITION 0x7FFF
+#define DEFAULT_PKEY 0xFFFF
+#define QPN_MASK 0xFFFFFFu
+#define PSN_MASK 0xFFFFFFu
+#define HALF 0x800000u
+#define MXH_VERSION 1
+#define MAX_PAYLOAD 8192
+#define EV_INDEX_MAX 0x3FFF
+#define EV_SPORT_BASE 0xC000
+#define F_TRIMMED 0x01
+#define F_RETX 0x02
+#define F_FIRST 0x04
+#define F_LAST 0x08
+#define F_ACK_NOW 0x10
+#define S_RETX 0x02
+#define ACKREQ_BIT 0x80000000u
+#define CRC32_RESIDUE 0x2144DF1Cu
+#define NEVER (1LL << 62)
+/* qpcore's tx_state values */
+#define TX_INFLIGHT 1
+
+typedef uint32_t (*crc_fn)(uint32_t init, const unsigned char *buf, uint64_t len);
+
+static crc_fn crc32 = NULL;
+static PyTypeObject *qp_type = NULL;  /* QueuePair */
+static PyTypeObject *mr_type = NULL;  /* MemoryRegion */
+static PyTypeObject *wr_type = NULL;  /* SendWr */
+static PyTypeObject *icrc_type = NULL;  /* IcrcContext */
+static PyTypeObject *dg_type = NULL;  /* Datagram (a tuple subclass) */
+static PyObject *st_rts = NULL, *st_rtr = NULL;  /* QpState.RTS, QpState.RTR */
+static PyObject *py_receive = NULL;  /* fastpath.receive: every case this file does not take */
+static PyObject *py_sack = NULL;  /* fastpath.sack */
+static PyObject *s_qps, *s_out, *s_ack_delay_ns, *s_cwnd, *s_window_limited, *s_cwnd_limited,
+    *s_next_ev, *s_rto_interval, *s_start;
+
+/* slot offsets */
+static Py_ssize_t
+    o_state, o_peer_gid, o_rx_icrc, o_rcv_cum, o_rbits, o_Wd, o_mrs, o_msgs, o_rx_packets, o_rx_bytes,
+    o_unacked, o_ack_coalesce, o_last_rx, o_ack_deadline, o_attr,
+    /* requester */
+    o_W, o_mtu, o_snd_nxt, o_snd_una, o_wlim, o_cc, o_inflight, o_ack_floor, o_paths, o_tx_state, o_tx_len,
+    o_tx_ev, o_tx_time, o_tx_serial, o_tx_wr, o_tx_off, o_tx_retx, o_tx_icrc, o_peer_qpn, o_serial, o_c,
+    o_rto_deadline, o_ts_off, o_ackreq_since, o_ackreq_div, o_cur, o_tx_bytes, o_max_outstanding,
+    /* MemoryRegion */
+    o_mr_addr, o_mr_length, o_mr_remote_write, o_mr_view,
+    /* SendWr */
+    o_wr_msn, o_wr_mr, o_wr_offset, o_wr_length, o_wr_remote_addr, o_wr_rkey, o_wr_imm, o_wr_sent,
+    o_wr_first_psn, o_wr_last_psn,
+    /* IcrcContext */
+    o_i_start;
+
+#define SLOT(o, off) (*(PyObject **)((char *)(o) + (off)))
+
+static int ready = 0;
+
+/* ------------------------------------------------------------------------------------------ helpers */
+
+static int
+slot_offset(PyTypeObject *tp, const char *name, Py_ssize_t *out)
+{
+    PyObject *d = PyObject_GetAttrString((PyObject *)tp, name);
+    if (d == NULL)
+        return -1;
+    if (!Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+        PyErr_Format(PyExc_TypeError, "%s.%s is not a slot", tp->tp_name, name);
+        Py_DECREF(d);
+        return -1;
+    }
+    PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+    if (m->type != T_OBJECT_EX) {
+        PyErr_Format(PyExc_TypeError, "%s.%s is not an object slot", tp->tp_name, name);
+        Py_DECREF(d);
+        return -1;
+    }
+    *out = m->offset;
+    Py_DECREF(d);
+    return 0;
+}
+
+/* a slot as a C integer: -1 on failure with an exception set (callers before any change of state
+ * clear it and take the Python path) */
+static inline int
+slot_ll(PyObject *o, Py_ssize_t off, long long *v)
+{
+    PyObject *x = SLOT(o, off);
+    if (x == NULL || !PyLong_CheckExact(x)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "slot is not an int");
+        return -1;
+    }
+    *v = PyLong_AsLongLong(x);
+    if (*v == -1 && PyErr_Occurred())
+        return -1;
+    return 0;
+}
+
+/* store a new reference in a slot (steals `v`; NULL: error already set) */
+static inline int
+slot_set(PyObject *o, Py_ssize_t off, PyObject *v)
+{
+    if (v == NULL)
+        return -1;
+    PyObject **p = (PyObject **)((char *)o + off);
+    PyObject *old = *p;
+    *p = v;
+    Py_XDECREF(old);
+    return 0;
+}
+
+static inline int
+slot_set_ll(PyObject *o, Py_ssize_t off, long long v)
+{
+    return slot_set(o, off, PyLong_FromLongLong(v));
+}
+
+static inline uint16_t be16(const unsigned char *p) { return (uint16_t)((p[0] << 8) | p[1]); }
+static inline uint32_t be32(const unsigned char *p)
+{
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+static inline uint64_t be64(const unsigned char *p) { return ((uint64_t)be32(p) << 32) | be32(p + 4); }
+static inline void put16(unsigned char *p, uint32_t v) { p[0] = (unsigned char)(v >> 8); p[1] = (unsigned char)v; }
+static inline void put32(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char)(v >> 24); p[1] = (unsigned char)(v >> 16); p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+}
+static inline void put64(unsigned char *p, uint64_t v) { put32(p, (uint32_t)(v >> 32)); put32(p + 4, (uint32_t)v); }
+
+/* the ICRC start value cached in an IcrcContext for (end, sport), or -1 when absent (or on error:
+ * the caller then asks the Python side, which computes and caches it) */
+static long long
+icrc_start(PyObject *ic, long end, long sport)
+{
+    if (ic == NULL || Py_TYPE(ic) != icrc_type)
+        return -1;
+    PyObject *cache = SLOT(ic, o_i_start);
+    if (cache == NULL || !PyDict_CheckExact(cache))
+        return -1;
+    PyObject *a = PyLong_FromLong(end), *b = PyLong_FromLong(sport);
+    if (a == NULL || b == NULL) {
+        Py_XDECREF(a); Py_XDECREF(b); PyErr_Clear();
+        return -1;
+    }
+    PyObject *key = PyTuple_Pack(2, a, b);
+    Py_DECREF(a); Py_DECREF(b);
+    if (key == NULL) { PyErr_Clear(); return -1; }
+    PyObject *v = PyDict_GetItemWithError(cache, key);  /* borrowed */
+    Py_DECREF(key);
+    if (v == NULL) { PyErr_Clear(); return -1; }
+    long long r = PyLong_AsLongLong(v);
+    if (r == -1 && PyErr_Occurred()) { PyErr_Clear(); return -1; }
+    return r;
+}
+
+/* ---------------------------------------------------------------------------------------- receive */
+
+static PyObject *
+slow_receive(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyErr_Clear();
+    return PyObject_Vectorcall(py_receive, args, nargs, kwnames);
+}
+
+/* rbits with bit d set, shifted past the run of ones at its bottom when d == 0 (the new cumulative
+ * count in *t); *had: the bit was set already. Returns a new reference, NULL on error. */
+static PyObject *
+bitmap_add(PyObject *rbits, long d, int *had, long *t)
+{
+    *t = 0;
+    if (d < 63) {
+        unsigned long long r = PyLong_AsUnsignedLongLong(rbits);
+        if (!(r == (unsigned long long)-1 && PyErr_Occurred())) {
+            unsigned long long bit = 1ULL << d;
+            *had = (r & bit) != 0;
+            if (*had)
+                return Py_NewRef(rbits);
+            r |= bit;
+            if (d == 0) {
+                long k = (~r == 0) ? 64 : __builtin_ctzll(~r);
+                *t = k;
+                r = k >= 64 ? 0 : r >> k;
+            }
+            return PyLong_FromUnsignedLongLong(r);
+        }
+        PyErr_Clear();
+    }
+    PyObject *one = PyLong_FromLong(1), *dd = PyLong_FromLong(d), *bit = NULL, *x = NULL, *res = NULL;
+    if (one == NULL || dd == NULL)
+        goto out;
+    bit = PyNumber_Lshift(one, dd);
+    if (bit == NULL)
+        goto out;
+    x = PyNumber_And(rbits, bit);
+    if (x == NULL)
+        goto out;
+    *had = PyObject_IsTrue(x);
+    Py_CLEAR(x);
+    if (*had < 0)
+        goto out;
+    if (*had) {
+        res = Py_NewRef(rbits);
+        goto out;
+    }
+    res = PyNumber_Or(rbits, bit);
+    if (res == NULL || d != 0)
+        goto out;
+    {
+        PyObject *p1 = PyNumber_Add(res, one);
+        if (p1 == NULL) { Py_CLEAR(res); goto out; }
+        PyObject *xr = PyNumber_Xor(res, p1);
+        Py_DECREF(p1);
+        if (xr == NULL) { Py_CLEAR(res); goto out; }
+        size_t nb = _PyLong_NumBits(xr);
+        Py_DECREF(xr);
+        if (nb == (size_t)-1) { Py_CLEAR(res); goto out; }
+        *t = (long)nb - 1;
+        PyObject *tt = PyLong_FromLong(*t);
+        if (tt == NULL) { Py_CLEAR(res); goto out; }
+        PyObject *sh = PyNumber_Rshift(res, tt);
+        Py_DECREF(tt);
+        Py_DECREF(res);
+        res = sh;
+    }
+out:
+    Py_XDECREF(one); Py_XDECREF(dd); Py_XDECREF(bit);
+    return res;
+}
+
+/* receive(ctx, data, now, ecn=False, port=0, src=None): `fastpath.receive` for the common data packet;
+ * everything else (and keyword calls) to it. */
+static PyObject *
+c_receive(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    if (!ready || nargs < 3 || nargs > 6)
+        return slow_receive(args, nargs, kwnames);
+    /* ctx, data, now, ecn, port, src: positional, or the last three by keyword */
+    PyObject *a[6] = {NULL, NULL, NULL, Py_False, NULL, Py_None};
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        a[i] = args[i];
+    if (kwnames != NULL) {
+        static const char *const names[] = {"ecn", "port", "src"};
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kwnames); i++) {
+            int j = 0;
+            while (j < 3 && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, i), names[j]) != 0)
+                j++;
+            if (j == 3 || 3 + j < nargs)  /* unknown, or given twice: the Python path's error */
+                return slow_receive(args, nargs, kwnames);
+            a[3 + j] = args[nargs + i];
+        }
+    }
+    PyObject *ctx = a[0], *data = a[1], *nowo = a[2];
+    PyObject *porto = a[4];
+    PyObject *src = a[5];
+    if (a[3] != Py_False)  /* ECN (or a non-bool flag): the Python path */
+        return slow_receive(args, nargs, kwnames);
+    const unsigned char *p;
+    Py_ssize_t n;
+    if (PyBytes_CheckExact(data)) {
+        p = (const unsigned char *)PyBytes_AS_STRING(data);
+        n = PyBytes_GET_SIZE(data);
+    } else if (PyByteArray_CheckExact(data)) {
+        p = (const unsigned char *)PyByteArray_AS_STRING(data);
+        n = PyByteArray_GET_SIZE(data);
+    } else
+        return slow_receive(args, nargs, kwnames);
+    if (n < WRITE_HDR_LEN + ICRC_LEN || p[0] != OP_WRITE || !PyLong_CheckExact(nowo))
+        return slow_receive(args, nargs, kwnames);
+    long long now = PyLong_AsLongLong(nowo);
+    if (now < 0)
+        return slow_receive(args, nargs, kwnames);
+    if (porto != NULL && !PyLong_CheckExact(porto))
+        return slow_receive(args, nargs, kwnames);
+
+    /* ---- the QP */
+    PyObject *qps = PyObject_GetAttr(ctx, s_qps);
+    if (qps == NULL || !PyDict_CheckExact(qps)) {
+        Py_XDECREF(qps);
+        return slow_receive(args, nargs, kwnames);
+    }
+    PyObject *qpn = PyLong_FromLong(((long)p[5] << 16) | ((long)p[6] << 8) | p[7]);
+    PyObject *qp = qpn ? PyDict_GetItemWithError(qps, qpn) : NULL;
+    Py_XDECREF(qpn);
+    Py_DECREF(qps);  /* the context holds the dict, and the dict the QP, for the rest of this call */
+    if (qp == NULL || Py_TYPE(qp) != qp_type)
+        return slow_receive(args, nargs, kwnames);
+    PyObject *state = SLOT(qp, o_state);
+    if (state != st_rts && state != st_rtr)
+        return slow_receive(args, nargs, kwnames);
+    if (src != Py_None) {
+        PyObject *gid = SLOT(qp, o_peer_gid);
+        if (gid == NULL || PyObject_RichCompareBool(src, gid, Py_EQ) != 1)
+            return slow_receive(args, nargs, kwnames);
+    }
+
+    /* ---- parse_write */
+    uint32_t b1 = p[1], pkey = be16(p + 2), qw = be32(p + 4), pw = be32(p + 8);
+    uint64_t va = be64(p + 12);
+    uint32_t rkey = be32(p + 20), dlen = be32(p + 24);
+    uint32_t ver = p[28], flags = p[29], ev = be16(p + 30), msn = be32(p + 32), mlen = be32(p + 36),
+             moff = be32(p + 40);
+    uint64_t ts = be64(p + 44);
+    if ((pkey & PKEY_PARTITION) != PKEY_PARTITION || (b1 & 0x0F) || qw > QPN_MASK || ver != MXH_VERSION
+        || (flags & F_TRIMMED) || dlen > MAX_PAYLOAD || ev > EV_INDEX_MAX)
+        return slow_receive(args, nargs, kwnames);
+    uint32_t pad = (b1 >> 4) & 3;
+    Py_ssize_t end = WRITE_HDR_LEN + (Py_ssize_t)dlen + pad;
+    if (((dlen + pad) & 3) || n != end + ICRC_LEN || (uint64_t)moff + dlen > mlen)
+        return slow_receive(args, nargs, kwnames);
+    long long v = icrc_start(SLOT(qp, o_rx_icrc), (long)end, EV_SPORT_BASE | (long)(ev & EV_INDEX_MAX));
+    if (v < 0 || crc32((uint32_t)v, p, (uint64_t)n) != CRC32_RESIDUE)
+        return slow_receive(args, nargs, kwnames);
+
+    /* ---- on_write's common case: every check before any change */
+    long long rcv_cum, Wd, unacked, ack_coalesce, rx_packets, rx_bytes, ack_deadline;
+    if (slot_ll(qp, o_rcv_cum, &rcv_cum) || slot_ll(qp, o_Wd, &Wd) || slot_ll(qp, o_unacked, &unacked)
+        || slot_ll(qp, o_ack_coalesce, &ack_coalesce) || slot_ll(qp, o_rx_packets, &rx_packets)
+        || slot_ll(qp, o_rx_bytes, &rx_bytes) || slot_ll(qp, o_ack_deadline, &ack_deadline))
+        return slow_receive(args, nargs, kwnames);
+    uint32_t psn = pw & PSN_MASK;
+    long d = (long)((psn - (uint32_t)rcv_cum) & PSN_MASK);
+    if (d >= (long)HALF || d >= Wd)
+        return slow_receive(args, nargs, kwnames);
+    PyObject *mrs = SLOT(qp, o_mrs), *msgs = SLOT(qp, o_msgs), *rbits = SLOT(qp, o_rbits);
+    if (mrs == NULL || msgs == NULL || rbits == NULL || !PyDict_CheckExact(mrs) || !PyDict_CheckExact(msgs)
+        || !PyLong_CheckExact(rbits))
+        return slow_receive(args, nargs, kwnames);
+    PyObject *k = PyLong_FromUnsignedLong(rkey);
+    PyObject *mr = k ? PyDict_GetItemWithError(mrs, k) : NULL;
+    Py_XDECREF(k);
+    if (mr == NULL || Py_TYPE(mr) != mr_type || SLOT(mr, o_mr_remote_write) != Py_True)
+        return slow_receive(args, nargs, kwnames);
+    k = PyLong_FromUnsignedLong(msn);
+    PyObject *m = k ? PyDict_GetItemWithError(msgs, k) : NULL;
+    Py_XDECREF(k);
+    if (m == NULL || !PyList_CheckExact(m) || PyList_GET_SIZE(m) < 3)
+        return slow_receive(args, nargs, kwnames);
+    long long addr, length, placed, mtotal;
+    PyObject *m0 = PyList_GET_ITEM(m, 0), *m2 = PyList_GET_ITEM(m, 2);
+    if (slot_ll(mr, o_mr_addr, &addr) || slot_ll(mr, o_mr_length, &length) || !PyLong_CheckExact(m0)
+        || !PyLong_CheckExact(m2))
+        return slow_receive(args, nargs, kwnames);
+    placed = PyLong_AsLongLong(m0);
+    mtotal = PyLong_AsLongLong(m2);
+    if (PyErr_Occurred())
+        return slow_receive(args, nargs, kwnames);
+    /* va - addr: va is a 64-bit field; in Python it is exact, here an address below the MR is < 0 */
+    if (va > (uint64_t)INT64_MAX)
+        return slow_receive(args, nargs, kwnames);
+    long long off = (long long)va - addr;
+    if (off < 0 || off + (long long)dlen > length || placed + (long long)dlen >= mtotal)
+        return slow_receive(args, nargs, kwnames);
+    int had;
+    long t;
+    PyObject *nb = bitmap_add(rbits, d, &had, &t);
+    if (nb == NULL || had) {
+        Py_XDECREF(nb);
+        return slow_receive(args, nargs, kwnames);
+    }
+    PyObject *view = SLOT(mr, o_mr_view);
+    Py_buffer vb;
+    if (view == NULL || PyObject_GetBuffer(view, &vb, PyBUF_WRITABLE) < 0) {
+        Py_DECREF(nb);
+        return slow_receive(args, nargs, kwnames);
+    }
+    if (!PyBuffer_IsContiguous(&vb, 'C') || off + (long long)dlen > (long long)vb.len) {
+        PyBuffer_Release(&vb);
+        Py_DECREF(nb);
+        return slow_receive(args, nargs, kwnames);
+    }
+    /* ---- commit (the same order as fastpath.receive) */
+    memcpy((char *)vb.buf + off, p + WRITE_HDR_LEN, dlen);
+    PyBuffer_Release(&vb);
+    slot_set(qp, o_rbits, nb);
+    if (d == 0 && slot_set_ll(qp, o_rcv_cum, (rcv_cum + t) & PSN_MASK))
+        return NULL;
+    if (slot_set_ll(qp, o_rx_packets, rx_packets + 1) || slot_set_ll(qp, o_rx_bytes, rx_bytes + dlen))
+        return NULL;
+    PyObject *np = PyLong_FromLongLong(placed + dlen);
+    if (np == NULL)
+        return NULL;
+    PyList_SET_ITEM(m, 0, np);
+    Py_DECREF(m0);
+    /* acknowledgement policy (Responder.on_write's) */
+    long long u = unacked + 1;
+    PyObject *port = porto != NULL ? porto : NULL;
+    PyObject *zero = NULL;
+    if (port == NULL) {
+        zero = PyLong_FromLong(0);
+        if (zero == NULL)
+            return NULL;
+        port = zero;
+    }
+    PyObject *res = NULL;
+    if ((pw & ACKREQ_BIT) || u >= ack_coalesce || (flags & (F_ACK_NOW | F_RETX))) {
+        PyObject *out = PyObject_GetAttr(ctx, s_out);
+        if (out == NULL)
+            goto done;
+        PyObject *a[9];
+        a[0] = qp;
+        a[1] = nowo;
+        a[2] = out;
+        a[3] = PyLong_FromUnsignedLong(psn);
+        a[4] = PyLong_FromUnsignedLong(ev);
+        a[5] = PyLong_FromUnsignedLongLong(ts);
+        a[6] = PyLong_FromLong((flags & F_RETX) ? S_RETX : 0);
+        a[7] = PyLong_FromLong(0);
+        a[8] = port;
+        if (a[3] && a[4] && a[5] && a[6] && a[7])
+            res = PyObject_Vectorcall(py_sack, a, 9, NULL);
+        Py_DECREF(out);
+        for (int i = 3; i < 8; i++)
+            Py_XDECREF(a[i]);
+        if (res == NULL)
+            goto done;
+        Py_DECREF(res);
+        res = Py_NewRef(Py_None);
+    } else {
+        if (slot_set_ll(qp, o_unacked, u))
+            goto done;
+        PyObject *lr = PyTuple_New(6);
+        if (lr == NULL)
+            goto done;
+        PyTuple_SET_ITEM(lr, 0, PyLong_FromUnsignedLong(psn));
+        PyTuple_SET_ITEM(lr, 1, PyLong_FromUnsignedLong(ev));
+        PyTuple_SET_ITEM(lr, 2, PyLong_FromUnsignedLongLong(ts));
+        PyTuple_SET_ITEM(lr, 3, PyLong_FromLong(0));
+        PyTuple_SET_ITEM(lr, 4, Py_NewRef(nowo));
+        PyTuple_SET_ITEM(lr, 5, Py_NewRef(port));
+        for (int i = 0; i < 4; i++)
+            if (PyTuple_GET_ITEM(lr, i) == NULL) {
+                Py_DECREF(lr);
+                goto done;
+            }
+        slot_set(qp, o_last_rx, lr);
+        if (ack_deadline == NEVER) {
+            PyObject *attr = SLOT(qp, o_attr);
+            PyObject *adn = attr ? PyObject_GetAttr(attr, s_ack_delay_ns) : NULL;
+            if (adn == NULL)
+                goto done;
+            long long delay = PyLong_AsLongLong(adn);
+            Py_DECREF(adn);
+            if (delay == -1 && PyErr_Occurred())
+                goto done;
+            if (slot_set_ll(qp, o_ack_deadline, now + delay))
+                goto done;
+        }
+        res = Py_NewRef(Py_None);
+    }
+done:
+    Py_XDECREF(zero);
+    return res;
+}
+
+/* ---------------------------------------------------------------------------------------- send */
+
+static PyObject *py_send_new = NULL;  /* fastpath.send_new: every call this file does not take */
+
+/* c[name] += 1 on the QP's counter dict */
+static int
+count(PyObject *c, PyObject *name)
+{
+    PyObject *v = PyDict_GetItemWithError(c, name);
+    if (v == NULL) {
+        if (PyErr_Occurred())
+            return -1;
+        v = PyLong_FromLong(1);
+    } else {
+        long long x = PyLong_AsLongLong(v);
+        if (x == -1 && PyErr_Occurred())
+            return -1;
+        v = PyLong_FromLongLong(x + 1);
+    }
+    if (v == NULL)
+        return -1;
+    int r = PyDict_SetItem(c, name, v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* list[i] = v (steals v) */
+static inline int
+list_set(PyObject *l, Py_ssize_t i, PyObject *v)
+{
+    if (v == NULL)
+        return -1;
+    PyObject *old = PyList_GET_ITEM(l, i);
+    PyList_SET_ITEM(l, i, v);
+    Py_DECREF(old);
+    return 0;
+}
+
+static inline int
+is_list(PyObject *o, Py_ssize_t len)
+{
+    return o != NULL && PyList_CheckExact(o) && (len < 0 || PyList_GET_SIZE(o) == len);
+}
+
+static PyObject *
+attr(PyObject *o, const char *name)
+{
+    return PyObject_GetAttrString(o, name);
+}
+
+/* send_new(qp, wr, now, out) -> bool: `fastpath.send_new` (the same packets, state and counters). */
+static PyObject *
+c_send_new(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!ready || nargs != 4)
+        goto slow;
+    PyObject *self = args[0], *wr = args[1], *nowo = args[2], *out = args[3];
+    if (Py_TYPE(self) != qp_type || Py_TYPE(wr) != wr_type || !PyLong_CheckExact(nowo) || !PyList_CheckExact(out))
+        goto slow;
+    long long now = PyLong_AsLongLong(nowo);
+    if (now == -1 && PyErr_Occurred())
+        goto slow;
+    long long W, mtu, psn, una, wlim, inflight, ack_floor, serial, length, sent, base, va0, rkey, msn,
+        ts_off, since, div, peer_qpn, rto_deadline, tx_bytes0, max_out;
+    if (slot_ll(self, o_W, &W) || slot_ll(self, o_mtu, &mtu) || slot_ll(self, o_snd_nxt, &psn)
+        || slot_ll(self, o_snd_una, &una) || slot_ll(self, o_wlim, &wlim) || slot_ll(self, o_inflight, &inflight)
+        || slot_ll(self, o_ack_floor, &ack_floor) || slot_ll(self, o_serial, &serial)
+        || slot_ll(self, o_ts_off, &ts_off) || slot_ll(self, o_ackreq_since, &since)
+        || slot_ll(self, o_ackreq_div, &div) || slot_ll(self, o_peer_qpn, &peer_qpn)
+        || slot_ll(self, o_rto_deadline, &rto_deadline) || slot_ll(self, o_tx_bytes, &tx_bytes0)
+        || slot_ll(self, o_max_outstanding, &max_out)
+        || slot_ll(wr, o_wr_length, &length) || slot_ll(wr, o_wr_sent, &sent) || slot_ll(wr, o_wr_offset, &base)
+        || slot_ll(wr, o_wr_remote_addr, &va0) || slot_ll(wr, o_wr_rkey, &rkey) || slot_ll(wr, o_wr_msn, &msn))
+        goto slow;
+    /* what struct.pack would refuse, and a payload outside the buffer (a shorter slice in Python):
+     * the Python path, which fails or behaves as it always did */
+    if (W <= 0 || mtu <= 0 || mtu > MAX_PAYLOAD || length < 0 || length > 0xFFFFFFFFLL || sent < 0
+        || sent > length || base < 0 || va0 < 0 || va0 > INT64_MAX - length || rkey < 0 || rkey > 0xFFFFFFFFLL
+        || msn < 0 || msn > 0xFFFFFFFFLL || now + ts_off < 0 || div < 0)
+        goto slow;
+    PyObject *imm = SLOT(wr, o_wr_imm);
+    if (imm == NULL || (imm != Py_None && !PyLong_CheckExact(imm)))
+        goto slow;
+    uint32_t immv = 0;
+    if (imm != Py_None) {
+        immv = (uint32_t)(PyLong_AsUnsignedLongLongMask(imm) & 0xFFFFFFFFu);
+        if (PyErr_Occurred())
+            goto slow;
+    }
+    PyObject *tx_state = SLOT(self, o_tx_state), *tx_len = SLOT(self, o_tx_len), *tx_ev = SLOT(self, o_tx_ev),
+             *tx_time = SLOT(self, o_tx_time), *tx_serial = SLOT(self, o_tx_serial), *tx_wr = SLOT(self, o_tx_wr),
+             *tx_off = SLOT(self, o_tx_off), *tx_retx = SLOT(self, o_tx_retx);
+    if (!is_list(tx_state, W) || !is_list(tx_len, W) || !is_list(tx_ev, W) || !is_list(tx_time, W)
+        || !is_list(tx_serial, W) || !is_list(tx_wr, W) || !is_list(tx_off, W) || !is_list(tx_retx, W))
+        goto slow;
+    PyObject *c = SLOT(self, o_c), *gid = SLOT(self, o_peer_gid), *icrc = SLOT(self, o_tx_icrc),
+             *paths = SLOT(self, o_paths), *cc = SLOT(self, o_cc), *mr = SLOT(wr, o_wr_mr);
+    if (c == NULL || !PyDict_CheckExact(c) || gid == NULL || icrc == NULL || paths == NULL || cc == NULL
+        || mr == NULL || Py_TYPE(mr) != mr_type)
+        goto slow;
+    PyObject *cwndo = PyObject_GetAttr(cc, s_cwnd);
+    if (cwndo == NULL)
+        goto slow;
+    long long cwnd = PyLong_CheckExact(cwndo) ? PyLong_AsLongLong(cwndo) : -1;
+    Py_DECREF(cwndo);
+    if (cwnd < 0) {
+        PyErr_Clear();
+        goto slow;
+    }
+    PyObject *ev_port = attr(paths, "ev_port"), *port_bytes = attr(paths, "port_bytes"), *seq = attr(paths, "seq"),
+             *seq_poso = attr(paths, "seq_pos");
+    Py_buffer vb;
+    vb.obj = NULL;
+    PyObject *view = SLOT(mr, o_mr_view);
+    if (!is_list(ev_port, -1) || !is_list(port_bytes, -1) || !is_list(seq, -1) || seq_poso == NULL
+        || !PyLong_CheckExact(seq_poso) || view == NULL || PyObject_GetBuffer(view, &vb, PyBUF_SIMPLE) < 0
+        || base + length > (long long)vb.len) {
+        if (vb.obj != NULL)
+            PyBuffer_Release(&vb);
+        Py_XDECREF(ev_port); Py_XDECREF(port_bytes); Py_XDECREF(seq); Py_XDECREF(seq_poso);
+        goto slow;
+    }
+    Py_ssize_t seq_len = PyList_GET_SIZE(seq), seq_pos = PyLong_AsSsize_t(seq_poso);
+    Py_DECREF(seq_poso);
+    if (seq_len && (seq_pos < 0 || seq_pos >= seq_len)) {
+        PyBuffer_Release(&vb);
+        Py_DECREF(ev_port); Py_DECREF(port_bytes); Py_DECREF(seq);
+        goto slow;
+    }
+    /* ---- from here on, state changes: errors are raised, as the Python path would raise them */
+    const unsigned char *src = (const unsigned char *)vb.buf;
+    long long limit = una + wlim, inflight0 = inflight;
+    uint64_t stamp = (uint64_t)(now + ts_off);
+    long long every = div ? cwnd / div : 0;
+    if (ack_floor && every >= ack_floor)
+        every = 0;
+    uint32_t dqpn = (uint32_t)(peer_qpn & QPN_MASK);
+    PyObject *res = NULL;
+    int ok = 1;
+    if (sent == 0 && slot_set_ll(wr, o_wr_first_psn, psn))
+        goto done;
+    for (;;) {
+        if (psn >= limit) {
+            if (count(c, s_window_limited))
+                goto done;
+            ok = 0;
+            break;
+        }
+        long long n = length - sent;
+        if (n > mtu)
+            n = mtu;
+        if (inflight && inflight + n > cwnd) {
+            if (count(c, s_cwnd_limited))
+                goto done;
+            ok = 0;
+            break;
+        }
+        long ev;
+        if (seq_len) {
+            PyObject *e = PyList_GET_ITEM(seq, seq_pos);
+            ev = PyLong_AsLong(e);
+            if (ev == -1 && PyErr_Occurred())
+                goto done;
+            if (++seq_pos == seq_len)
+                seq_pos = 0;
+        } else {
+            PyObject *e = PyObject_CallMethodNoArgs(paths, s_next_ev);
+            if (e == NULL)
+                goto done;
+            ev = PyLong_AsLong(e);
+            Py_DECREF(e);
+            if (ev == -1 && PyErr_Occurred())
+                goto done;
+            if (ev < 0) {
+                if (rto_deadline == NEVER) {
+                    PyObject *ri = PyObject_CallMethodNoArgs(self, s_rto_interval);
+                    if (ri == NULL)
+                        goto done;
+                    long long r = PyLong_AsLongLong(ri);
+                    Py_DECREF(ri);
+                    if (r == -1 && PyErr_Occurred())
+                        goto done;
+                    rto_deadline = now + r;
+                    if (slot_set_ll(self, o_rto_deadline, rto_deadline))
+                        goto done;
+                }
+                ok = 0;
+                break;
+            }
+        }
+        if (ev > 0xFFFF || ev >= PyList_GET_SIZE(ev_port)) {
+            PyErr_Format(PyExc_ValueError, "EV %ld outside the QP's profile", ev);
+            goto done;
+        }
+        long long off = sent;
+        sent = off + n;
+        int last = sent == length;
+        uint32_t flags = off == 0 ? F_FIRST : 0;
+        int areq = last || inflight + n < ack_floor;
+        if (every) {
+            since += n;
+            if (areq || since >= every) {
+                areq = 1;
+                since = 0;
+            }
+        }
+        uint32_t pad = (uint32_t)(-n & 3);
+        uint32_t w0 = (areq ? ACKREQ_BIT : 0) | (uint32_t)(psn & PSN_MASK);
+        if (last)
+            flags |= F_LAST;
+        int with_imm = last && imm != Py_None;
+        Py_ssize_t hl = with_imm ? WRITE_IMM_HDR_LEN : WRITE_HDR_LEN;
+        Py_ssize_t end = hl + (Py_ssize_t)n + pad;
+        PyObject *buf = PyByteArray_FromStringAndSize(NULL, end + ICRC_LEN);
+        if (buf == NULL)
+            goto done;
+        unsigned char *b = (unsigned char *)PyByteArray_AS_STRING(buf);
+        b[0] = with_imm ? OP_WRITE_IMM : OP_WRITE;
+        b[1] = (unsigned char)(pad << 4);
+        put16(b + 2, DEFAULT_PKEY);
+        put32(b + 4, dqpn);
+        put32(b + 8, w0);
+        put64(b + 12, (uint64_t)(va0 + off));
+        put32(b + 20, (uint32_t)rkey);
+        put32(b + 24, (uint32_t)n);
+        unsigned char *x = b + 28;
+        if (with_imm) {
+            put32(x, immv);
+            x += 4;
+        }
+        x[0] = MXH_VERSION;
+        x[1] = (unsigned char)flags;
+        put16(x + 2, (uint32_t)ev);
+        put32(x + 4, (uint32_t)msn);
+        put32(x + 8, (uint32_t)length);
+        put32(x + 12, (uint32_t)off);
+        put64(x + 16, stamp);
+        memcpy(b + hl, src + base + off, (size_t)n);
+        memset(b + hl + n, 0, pad + ICRC_LEN);
+        long long v = icrc_start(icrc, (long)end, EV_SPORT_BASE | (ev & EV_INDEX_MAX));
+        if (v < 0) {
+            PyObject *r = PyObject_CallMethod(icrc, "start", "nl", end, EV_SPORT_BASE | (ev & EV_INDEX_MAX));
+            if (r == NULL) {
+                Py_DECREF(buf);
+                goto done;
+            }
+            v = PyLong_AsLongLong(r);
+            Py_DECREF(r);
+            if (v == -1 && PyErr_Occurred()) {
+                Py_DECREF(buf);
+                goto done;
+            }
+        }
+        uint32_t crc = crc32((uint32_t)v, b, (uint64_t)end);
+        b[end] = (unsigned char)crc;
+        b[end + 1] = (unsigned char)(crc >> 8);
+        b[end + 2] = (unsigned char)(crc >> 16);
+        b[end + 3] = (unsigned char)(crc >> 24);
+        /* ---- bookkeeping (as _send_new) */
+        Py_ssize_t slot = (Py_ssize_t)(((psn % W) + W) % W);
+        serial += 1;
+        PyObject *port = PyList_GET_ITEM(ev_port, ev);
+        Py_ssize_t pi = PyLong_AsSsize_t(port);
+        if ((pi == -1 && PyErr_Occurred()) || pi < 0 || pi >= PyList_GET_SIZE(port_bytes)) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_IndexError, "EV's port outside port_bytes");
+            Py_DECREF(buf);
+            goto done;
+        }
+        if (list_set(tx_wr, slot, Py_NewRef(wr)) || list_set(tx_off, slot, PyLong_FromLongLong(off))
+            || list_set(tx_len, slot, PyLong_FromLongLong(n)) || list_set(tx_state, slot, PyLong_FromLong(TX_INFLIGHT))
+            || list_set(tx_ev, slot, PyLong_FromLong(ev)) || list_set(tx_time, slot, Py_NewRef(nowo))
+            || list_set(tx_serial, slot, PyLong_FromLongLong(serial)) || list_set(tx_retx, slot, Py_NewRef(Py_False))
+            || list_set(port_bytes, pi, PyNumber_Add(PyList_GET_ITEM(port_bytes, pi), PyList_GET_ITEM(tx_len, slot)))) {
+            Py_DECREF(buf);
+            goto done;
+        }
+        inflight += n;
+        PyObject *dg = dg_type->tp_alloc(dg_type, 4);
+        if (dg == NULL) {
+            Py_DECREF(buf);
+            goto done;
+        }
+        PyTuple_SET_ITEM(dg, 0, buf);
+        PyTuple_SET_ITEM(dg, 1, Py_NewRef(port));
+        PyTuple_SET_ITEM(dg, 2, PyLong_FromLong(ev));
+        PyTuple_SET_ITEM(dg, 3, Py_NewRef(gid));
+        if (PyTuple_GET_ITEM(dg, 2) == NULL || PyList_Append(out, dg)) {
+            Py_DECREF(dg);
+            goto done;
+        }
+        Py_DECREF(dg);
+        psn += 1;
+        if (last) {
+            if (slot_set_ll(wr, o_wr_last_psn, psn - 1) || slot_set(self, o_cur, Py_NewRef(Py_None)))
+                goto done;
+            break;
+        }
+    }
+    if (seq_len) {
+        PyObject *sp = PyLong_FromSsize_t(seq_pos);
+        if (sp == NULL || PyObject_SetAttrString(paths, "seq_pos", sp)) {
+            Py_XDECREF(sp);
+            goto done;
+        }
+        Py_DECREF(sp);
+    }
+    if (slot_set_ll(self, o_ackreq_since, since) || slot_set_ll(wr, o_wr_sent, sent)
+        || slot_set_ll(self, o_snd_nxt, psn) || slot_set_ll(self, o_serial, serial)
+        || slot_set_ll(self, o_tx_bytes, tx_bytes0 + (inflight - inflight0))
+        || slot_set_ll(self, o_inflight, inflight))
+        goto done;
+    if (psn - una > max_out && slot_set_ll(self, o_max_outstanding, psn - una))
+        goto done;
+    if (slot_ll(self, o_rto_deadline, &rto_deadline))
+        goto done;
+    if (rto_deadline == NEVER && psn != una) {
+        PyObject *ri = PyObject_CallMethodNoArgs(self, s_rto_interval);
+        if (ri == NULL)
+            goto done;
+        long long r = PyLong_AsLongLong(ri);
+        Py_DECREF(ri);
+        if ((r == -1 && PyErr_Occurred()) || slot_set_ll(self, o_rto_deadline, now + r))
+            goto done;
+    }
+    res = Py_NewRef(ok ? Py_True : Py_False);
+done:
+    PyBuffer_Release(&vb);
+    Py_DECREF(ev_port);
+    Py_DECREF(port_bytes);
+    Py_DECREF(seq);
+    return res;
+slow:
+    PyErr_Clear();
+    return PyObject_Vectorcall(py_send_new, args, nargs, NULL);
+}
+
+/* ------------------------------------------------------------------------------ driver calls */
+
+static PyObject *s_active, *s_send, *s_paths, *s_next_probe_deadline, *s_receive, *s_handle_timer,
+    *s_datagrams_to_send, *s_next_deadline_m, *s_now, *s_last_t, *s_seq;
+static Py_ssize_t o_parked, o_retx_q, o_send_q, o_oow_q, o_aux_deadline, o_loss_deadline;
+
+static PyObject *
+negative_time(long long now)
+{
+    PyErr_Format(PyExc_ValueError,
+                 "time %lld ns is negative: the engine's clock is nanoseconds since any origin at or before "
+                 "the driver's start (docs/transport.md, 'Time')", now);
+    return NULL;
+}
+
+static inline int
+truthy(PyObject *o)
+{
+    return o == NULL ? 0 : PyObject_IsTrue(o);
+}
+
+/* datagrams_to_send(ctx, now): `Context.datagrams_to_send` */
+static PyObject *
+c_datagrams_to_send(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "datagrams_to_send(ctx, now)");
+        return NULL;
+    }
+    PyObject *ctx = args[0], *nowo = args[1];
+    long long now = PyLong_AsLongLong(nowo);
+    if (now == -1 && PyErr_Occurred())
+        return NULL;
+    if (now < 0)
+        return negative_time(now);
+    PyObject *out = PyObject_GetAttr(ctx, s_out);
+    PyObject *active = out ? PyObject_GetAttr(ctx, s_active) : NULL;
+    if (active == NULL || !PyList_Check(active)) {
+        if (active != NULL)
+            PyErr_SetString(PyExc_TypeError, "Context._active must be a list");
+        Py_XDECREF(out);
+        Py_XDECREF(active);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(active); i++)
+        if (Py_TYPE(PyList_GET_ITEM(active, i)) != qp_type) {
+            PyErr_SetString(PyExc_TypeError, "Context._active holds an object that is not a QueuePair");
+            Py_DECREF(active);
+            Py_DECREF(out);
+            return NULL;
+        }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(active); i++) {
+        PyObject *qp = Py_NewRef(PyList_GET_ITEM(active, i));
+        int r = 0;
+        if (Py_TYPE(qp) != qp_type) {  /* checked below for all before any is sent */
+            r = -1;
+            PyErr_SetString(PyExc_TypeError, "Context._active holds an object that is not a QueuePair");
+        } else {
+            PyObject *parked = SLOT(qp, o_parked);
+            r = parked == NULL ? -1 : PyObject_IsTrue(parked);
+            if (r > 0) {
+                PyObject *c = SLOT(qp, o_c);
+                r = c && PyDict_Check(c) ? count(c, s_cwnd_limited) : -1;
+            } else if (r == 0) {
+                PyObject *state = SLOT(qp, o_state);
+                int rts = state == st_rts ? 1 : (state ? PyObject_RichCompareBool(state, st_rts, Py_EQ) : -1);
+                r = rts;
+                if (rts > 0) {
+                    PyObject *cur = SLOT(qp, o_cur);
+                    int want = truthy(SLOT(qp, o_retx_q));
+                    if (want == 0)
+                        want = cur != NULL && cur != Py_None;
+                    if (want == 0)
+                        want = truthy(SLOT(qp, o_send_q));
+                    if (want == 0)
+                        want = truthy(SLOT(qp, o_oow_q));
+                    r = want;
+                    if (want > 0) {
+                        PyObject *x = PyObject_CallMethodObjArgs(qp, s_send, nowo, out, NULL);
+                        r = x ? 0 : -1;
+                        Py_XDECREF(x);
+                    }
+                }
+            }
+        }
+        Py_DECREF(qp);
+        if (r < 0) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "a QP slot is unset");
+            Py_DECREF(active);
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    Py_DECREF(active);
+    PyObject *fresh = PyList_New(0);
+    if (fresh == NULL || PyObject_SetAttr(ctx, s_out, fresh)) {
+        Py_XDECREF(fresh);
+        Py_DECREF(out);
+        return NULL;
+    }
+    Py_DECREF(fresh);
+    return out;
+}
+
+/* the earliest armed timer of ctx's active QPs, NEVER when none; -1 on error */
+static long long
+next_deadline(PyObject *ctx)
+{
+    PyObject *active = PyObject_GetAttr(ctx, s_active);
+    if (active == NULL)
+        return -1;
+    if (!PyList_Check(active)) {
+        PyErr_SetString(PyExc_TypeError, "Context._active must be a list");
+        Py_DECREF(active);
+        return -1;
+    }
+    long long d = NEVER, t;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(active); i++) {
+        PyObject *qp = PyList_GET_ITEM(active, i);
+        if (Py_TYPE(qp) != qp_type) {
+            PyErr_SetString(PyExc_TypeError, "Context._active holds a foreign object");
+            goto fail;
+        }
+        if (slot_ll(qp, o_ack_deadline, &t))
+            goto fail;
+        if (t < d)
+            d = t;
+        if (slot_ll(qp, o_aux_deadline, &t))
+            goto fail;
+        if (t < d)
+            d = t;
+        if (SLOT(qp, o_state) != st_rts)  /* the requester's timers wait for RTS (QueuePair.deadline) */
+            continue;
+        if (slot_ll(qp, o_rto_deadline, &t))
+            goto fail;
+        if (t < d)
+            d = t;
+        if (slot_ll(qp, o_loss_deadline, &t))
+            goto fail;
+        if (t < d)
+            d = t;
+        PyObject *paths = SLOT(qp, o_paths);
+        PyObject *x = paths ? PyObject_GetAttr(paths, s_next_probe_deadline) : NULL;
+        if (x == NULL)
+            goto fail;
+        t = PyLong_AsLongLong(x);
+        Py_DECREF(x);
+        if (t == -1 && PyErr_Occurred())
+            goto fail;
+        if (t < d)
+            d = t;
+    }
+    Py_DECREF(active);
+    return d;
+fail:
+    Py_DECREF(active);
+    return -1;
+}
+
+/* next_deadline(ctx): `Context.next_deadline` */
+static PyObject *
+c_next_deadline(PyObject *Py_UNUSED(mod), PyObject *ctx)
+{
+    long long d = next_deadline(ctx);
+    if (d == -1 && PyErr_Occurred())
+        return NULL;
+    if (d >= NEVER)
+        Py_RETURN_NONE;
+    return PyLong_FromLongLong(d);
+}
+
+/* ---------------------------------------------------------------------------------- loopback run */
+
+/* The loopback harness's heap (mrc/sim/loopback.py): a Python list of (t, seq, j, data, port, ecn)
+ * tuples ordered as heapq orders them. (t, seq) is unique, so comparing those two decides. */
+static inline int
+ev_less(PyObject *a, PyObject *b)
+{
+    long long ta = PyLong_AsLongLong(PyTuple_GET_ITEM(a, 0)), tb = PyLong_AsLongLong(PyTuple_GET_ITEM(b, 0));
+    if (ta != tb)
+        return ta < tb;
+    return PyLong_AsLongLong(PyTuple_GET_ITEM(a, 1)) < PyLong_AsLongLong(PyTuple_GET_ITEM(b, 1));
+}
+
+static int
+heap_push(PyObject *heap, PyObject *item)  /* steals item */
+{
+    if (item == NULL)
+        return -1;
+    if (PyList_Append(heap, item)) {
+        Py_DECREF(item);
+        return -1;
+    }
+    Py_DECREF(item);
+    PyObject **v = ((PyListObject *)heap)->ob_item;
+    Py_ssize_t pos = PyList_GET_SIZE(heap) - 1;
+    PyObject *x = v[pos];
+    while (pos > 0) {  /* heapq's _siftdown */
+        Py_ssize_t parent = (pos - 1) >> 1;
+        if (!ev_less(x, v[parent]))
+            break;
+        v[pos] = v[parent];
+        pos = parent;
+    }
+    v[pos] = x;
+    return 0;
+}
+
+static PyObject *
+heap_pop(PyObject *heap)  /* new reference; heap non-empty */
+{
+    Py_ssize_t n = PyList_GET_SIZE(heap);
+    PyObject *last = Py_NewRef(PyList_GET_ITEM(heap, n - 1));
+    if (PyList_SetSlice(heap, n - 1, n, NULL)) {
+        Py_DECREF(last);
+        return NULL;
+    }
+    n -= 1;
+    if (n == 0)
+        return last;
+    PyObject **v = ((PyListObject *)heap)->ob_item;
+    PyObject *ret = v[0];  /* the list's reference becomes ours */
+    /* heapq's _siftup: move the smaller child up until a leaf, then sift `last` down from there */
+    Py_ssize_t pos = 0, child = 1;
+    while (child < n) {
+        Py_ssize_t right = child + 1;
+        if (right < n && !ev_less(v[child], v[right]))
+            child = right;
+        v[pos] = v[child];
+        pos = child;
+        child = 2 * pos + 1;
+    }
+    v[pos] = last;
+    while (pos > 0) {
+        Py_ssize_t parent = (pos - 1) >> 1;
+        if (!ev_less(last, v[parent]))
+            break;
+        v[pos] = v[parent];
+        pos = parent;
+    }
+    v[pos] = last;
+    return ret;
+}
+
+static PyObject *
+event(long long t, long long seq, long j, PyObject *data, long port, PyObject *ecn)
+{
+    PyObject *e = PyTuple_New(6);
+    if (e == NULL)
+        return NULL;
+    PyObject *a = PyLong_FromLongLong(t), *b = PyLong_FromLongLong(seq), *c = PyLong_FromLong(j),
+             *d = PyLong_FromLong(port);
+    if (!a || !b || !c || !d) {
+        Py_XDECREF(a); Py_XDECREF(b); Py_XDECREF(c); Py_XDECREF(d);
+        Py_DECREF(e);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(e, 0, a);
+    PyTuple_SET_ITEM(e, 1, b);
+    PyTuple_SET_ITEM(e, 2, c);
+    PyTuple_SET_ITEM(e, 3, Py_NewRef(data));
+    PyTuple_SET_ITEM(e, 4, d);
+    PyTuple_SET_ITEM(e, 5, Py_NewRef(ecn));
+    return e;
+}
+
+/* loopback_run(fabric, engines, heap, timer_at, port_free, plane_delay, ev_extra, plane_data_bytes,
+ *              ns_per_byte, seq, until_ns, stop, check_every) -> (events, seq, now, last_t)
+ * `LoopbackFabric.run` for an unimpaired fabric without jitter (its `transmit` draws nothing at random),
+ * with the engines' calls made directly: the same events in the same order, the same times. */
+static PyObject *
+c_loopback_run(PyObject *Py_UNUSED(mod), PyObject *args)
+{
+    PyObject *fab, *engines, *heap, *timer_at, *port_free, *plane_delay, *ev_extra, *pdb, *stop;
+    double ns_per_byte;
+    long long seq, until, now, last_t;
+    long check_every;
+    if (!PyArg_ParseTuple(args, "OO!O!O!O!O!O!O!dLLLLOl:loopback_run", &fab, &PyTuple_Type, &engines,
+                          &PyList_Type, &heap, &PyList_Type, &timer_at, &PyList_Type, &port_free, &PyList_Type,
+                          &plane_delay, &PyList_Type, &ev_extra, &PyList_Type, &pdb, &ns_per_byte, &seq, &until,
+                          &now, &last_t, &stop, &check_every))
+        return NULL;
+    if (PyTuple_GET_SIZE(engines) != 2 || PyList_GET_SIZE(timer_at) != 2 || check_every < 1) {
+        PyErr_SetString(PyExc_ValueError, "loopback_run: two engines, two timers, check_every >= 1");
+        return NULL;
+    }
+    long long events = 0;
+    long long tmr[2];
+    for (int j = 0; j < 2; j++) {
+        tmr[j] = PyLong_AsLongLong(PyList_GET_ITEM(timer_at, j));
+        if (tmr[j] == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    PyObject *recv[2] = {NULL, NULL}, *timer[2] = {NULL, NULL};
+    for (int j = 0; j < 2; j++) {
+        recv[j] = PyObject_GetAttr(PyTuple_GET_ITEM(engines, j), s_receive);
+        timer[j] = PyObject_GetAttr(PyTuple_GET_ITEM(engines, j), s_handle_timer);
+        if (!recv[j] || !timer[j])
+            goto fail;
+    }
+    int has_stop = stop != Py_None;
+#define SYNC_TIMES()                                                                         \
+    do {                                                                                     \
+        PyObject *a_ = PyLong_FromLongLong(now), *b_ = PyLong_FromLongLong(last_t);          \
+        int e_ = !a_ || !b_ || PyObject_SetAttr(fab, s_now, a_) || PyObject_SetAttr(fab, s_last_t, b_); \
+        Py_XDECREF(a_); Py_XDECREF(b_);                                                      \
+        if (e_) goto fail;                                                                   \
+    } while (0)
+    while (PyList_GET_SIZE(heap)) {
+        PyObject *top = PyList_GET_ITEM(heap, 0);
+        long long t0 = PyLong_AsLongLong(PyTuple_GET_ITEM(top, 0));
+        if (t0 > until) {
+            now = until;
+            break;
+        }
+        PyObject *ev = heap_pop(heap);
+        if (ev == NULL)
+            goto fail;
+        long long t = t0;
+        long j = PyLong_AsLong(PyTuple_GET_ITEM(ev, 2));
+        PyObject *data = PyTuple_GET_ITEM(ev, 3);
+        PyObject *eng = PyTuple_GET_ITEM(engines, j);
+        PyObject *tobj = PyTuple_GET_ITEM(ev, 0);
+        PyObject *r;
+        if (data == Py_None) {
+            if (tmr[j] != t) {
+                Py_DECREF(ev);
+                continue;
+            }
+            if (has_stop) {
+                SYNC_TIMES();
+                PyObject *x = PyObject_CallNoArgs(stop);
+                int done = x ? PyObject_IsTrue(x) : -1;
+                Py_XDECREF(x);
+                if (done < 0) {
+                    Py_DECREF(ev);
+                    goto fail;
+                }
+                if (done) {
+                    if (heap_push(heap, ev))
+                        goto fail;
+                    break;
+                }
+            }
+            now = last_t = t;
+            tmr[j] = NEVER;
+            r = PyObject_CallOneArg(timer[j], tobj);
+        } else {
+            now = last_t = t;
+            PyObject *a[4] = {data, tobj, PyTuple_GET_ITEM(ev, 5), PyTuple_GET_ITEM(ev, 4)};
+            r = PyObject_Vectorcall(recv[j], a, 4, NULL);
+        }
+        if (r == NULL) {
+            Py_DECREF(ev);
+            goto fail;
+        }
+        Py_DECREF(r);
+        /* the engine's datagrams, through `transmit`'s unimpaired branch */
+        PyObject *dta[2] = {eng, tobj};
+        PyObject *out = c_datagrams_to_send(NULL, dta, 2);
+        if (out == NULL) {
+            Py_DECREF(ev);
+            goto fail;
+        }
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(out); i++) {
+            PyObject *dg = PyList_GET_ITEM(out, i);
+            PyObject *buf = PyTuple_GET_ITEM(dg, 0);
+            long p = PyLong_AsLong(PyTuple_GET_ITEM(dg, 1));
+            long evi = PyLong_AsLong(PyTuple_GET_ITEM(dg, 2));
+            Py_ssize_t n;
+            int first;
+            if (PyByteArray_CheckExact(buf)) {
+                n = PyByteArray_GET_SIZE(buf);
+                first = n ? (unsigned char)PyByteArray_AS_STRING(buf)[0] : 0xFF;
+            } else if (PyBytes_CheckExact(buf)) {
+                n = PyBytes_GET_SIZE(buf);
+                first = n ? (unsigned char)PyBytes_AS_STRING(buf)[0] : 0xFF;
+            } else {
+                PyErr_SetString(PyExc_TypeError, "a datagram's data must be bytes or bytearray");
+                goto fail_out;
+            }
+            if (PyErr_Occurred() || p < 0 || p >= PyList_GET_SIZE(plane_delay) || evi < 0
+                || evi >= PyList_GET_SIZE(ev_extra)) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_IndexError, "datagram port or EV out of range");
+                goto fail_out;
+            }
+            if (first < 0x10) {
+                PyObject *row = PyList_GET_ITEM(pdb, j);
+                PyObject *nn = PyLong_FromSsize_t(n);
+                PyObject *v = nn ? PyNumber_Add(PyList_GET_ITEM(row, p), nn) : NULL;
+                Py_XDECREF(nn);
+                if (v == NULL || list_set(row, p, v))
+                    goto fail_out;
+            }
+            PyObject *free_ = PyList_GET_ITEM(port_free, j);
+            long long tt = PyLong_AsLongLong(PyList_GET_ITEM(free_, p));
+            if (tt < t)
+                tt = t;
+            tt += (long long)((double)n * ns_per_byte);
+            if (list_set(free_, p, PyLong_FromLongLong(tt)))
+                goto fail_out;
+            tt += PyLong_AsLongLong(PyList_GET_ITEM(plane_delay, p)) + PyLong_AsLongLong(PyList_GET_ITEM(ev_extra, evi));
+            if (PyErr_Occurred())
+                goto fail_out;
+            seq += 1;
+            if (heap_push(heap, event(tt, seq, 1 - j, buf, p, Py_False)))
+                goto fail_out;
+            continue;
+        fail_out:
+            Py_DECREF(out);
+            Py_DECREF(ev);
+            goto fail;
+        }
+        Py_DECREF(out);
+        long long dl = next_deadline(eng);
+        if (dl == -1 && PyErr_Occurred()) {
+            Py_DECREF(ev);
+            goto fail;
+        }
+        Py_DECREF(ev);
+        if (dl < NEVER && dl < tmr[j]) {
+            tmr[j] = dl;
+            seq += 1;
+            if (heap_push(heap, event(dl > t ? dl : t, seq, j, Py_None, -1, Py_False)))
+                goto fail;
+        }
+        events += 1;
+        if (has_stop && events % check_every == 0) {
+            SYNC_TIMES();
+            PyObject *x = PyObject_CallNoArgs(stop);
+            int done = x ? PyObject_IsTrue(x) : -1;
+            Py_XDECREF(x);
+            if (done < 0)
+                goto fail;
+            if (done)
+                break;
+        }
+    }
+    for (int j = 0; j < 2; j++) {
+        Py_XDECREF(recv[j]);
+        Py_XDECREF(timer[j]);
+        if (list_set(timer_at, j, PyLong_FromLongLong(tmr[j])))
+            return NULL;
+    }
+    return Py_BuildValue("LLLL", events, seq, now, last_t);
+fail:
+    for (int j = 0; j < 2; j++) {
+        Py_XDECREF(recv[j]);
+        Py_XDECREF(timer[j]);
+        PyObject *x = PyLong_FromLongLong(tmr[j]);
+        if (x != NULL) {
+            PyObject *old = PyList_GET_ITEM(timer_at, j);
+            PyList_SET_ITEM(timer_at, j, x);
+            Py_DECREF(old);
+        }
+    }
+    {
+        /* keep the fabric's counters consistent for a caller that inspects it after the error */
+        PyObject *exc_t, *exc_v, *exc_tb;
+        PyErr_Fetch(&exc_t, &exc_v, &exc_tb);
+        PyObject *x = PyLong_FromLongLong(seq);
+        if (x != NULL) {
+            PyObject_SetAttr(fab, s_seq, x);
+            Py_DECREF(x);
+        }
+        PyErr_Clear();
+        PyErr_Restore(exc_t, exc_v, exc_tb);
+    }
+    return NULL;
+#undef SYNC_TIMES
+}
+
+/* ---------------------------------------------------------------------------------------- setup */
+
+struct slotspec {
+    Py_ssize_t *off;
+    const char *name;
+};
+
+static int
+offsets(PyTypeObject *tp, const struct slotspec *s)
+{
+    for (; s->off != NULL; s++)
+        if (slot_offset(tp, s->name, s->off) < 0)
+            return -1;
+    return 0;
+}
+
+#define S(o, n) {&o, n}
+
+static PyObject *
+c_setup(PyObject *Py_UNUSED(mod), PyObject *args)
+{
+    PyObject *qpt, *mrt, *wrt, *ict, *dgt, *rts, *rtr, *recv, *sack, *send;
+    unsigned long long crc_addr;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!OOOOOK:setup", &PyType_Type, &qpt, &PyType_Type, &mrt,
+                          &PyType_Type, &wrt, &PyType_Type, &ict, &PyType_Type, &dgt,
+                          &rts, &rtr, &recv, &sack, &send, &crc_addr))
+        return NULL;
+    if (crc_addr == 0) {
+        PyErr_SetString(PyExc_ValueError, "no CRC-32 function");
+        return NULL;
+    }
+    if (!PyType_IsSubtype((PyTypeObject *)dgt, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "Datagram must be a tuple type");
+        return NULL;
+    }
+    ready = 0;
+    const struct slotspec qps[] = {
+        S(o_state, "state"), S(o_peer_gid, "peer_gid"), S(o_rx_icrc, "rx_icrc"), S(o_rcv_cum, "rcv_cum"),
+        S(o_rbits, "rbits"), S(o_Wd, "Wd"), S(o_mrs, "mrs"), S(o_msgs, "msgs"), S(o_rx_packets, "rx_packets"),
+        S(o_rx_bytes, "rx_bytes"), S(o_unacked, "unacked"), S(o_ack_coalesce, "ack_coalesce"),
+        S(o_last_rx, "last_rx"), S(o_ack_deadline, "ack_deadline"), S(o_attr, "attr"),
+        S(o_W, "W"), S(o_mtu, "mtu"), S(o_snd_nxt, "snd_nxt"), S(o_snd_una, "snd_una"), S(o_wlim, "wlim"),
+        S(o_cc, "cc"), S(o_inflight, "inflight"), S(o_ack_floor, "ack_floor"), S(o_paths, "paths"),
+        S(o_tx_state, "tx_state"), S(o_tx_len, "tx_len"), S(o_tx_ev, "tx_ev"), S(o_tx_time, "tx_time"),
+        S(o_tx_serial, "tx_serial"), S(o_tx_wr, "tx_wr"), S(o_tx_off, "tx_off"), S(o_tx_retx, "tx_retx"),
+        S(o_tx_icrc, "tx_icrc"), S(o_peer_qpn, "peer_qpn"), S(o_serial, "serial"), S(o_c, "c"),
+        S(o_rto_deadline, "rto_deadline"), S(o_ts_off, "ts_off"), S(o_ackreq_since, "ackreq_since"),
+        S(o_ackreq_div, "ackreq_div"), S(o_cur, "cur"), S(o_tx_bytes, "tx_bytes"),
+        S(o_max_outstanding, "max_outstanding"), S(o_parked, "parked"), S(o_retx_q, "retx_q"),
+        S(o_send_q, "send_q"), S(o_oow_q, "oow_q"), S(o_aux_deadline, "aux_deadline"),
+        S(o_loss_deadline, "loss_deadline"), {NULL, NULL}};
+    const struct slotspec mrs[] = {S(o_mr_addr, "addr"), S(o_mr_length, "length"),
+                                   S(o_mr_remote_write, "remote_write"), S(o_mr_view, "view"), {NULL, NULL}};
+    const struct slotspec wrs[] = {
+        S(o_wr_msn, "msn"), S(o_wr_mr, "mr"), S(o_wr_offset, "offset"), S(o_wr_length, "length"),
+        S(o_wr_remote_addr, "remote_addr"), S(o_wr_rkey, "rkey"), S(o_wr_imm, "imm"), S(o_wr_sent, "sent"),
+        S(o_wr_first_psn, "first_psn"), S(o_wr_last_psn, "last_psn"), {NULL, NULL}};
+    const struct slotspec ics[] = {S(o_i_start, "_start"), {NULL, NULL}};
+    if (offsets((PyTypeObject *)qpt, qps) || offsets((PyTypeObject *)mrt, mrs)
+        || offsets((PyTypeObject *)wrt, wrs)
+        || offsets((PyTypeObject *)ict, ics))
+        return NULL;
+    Py_XSETREF(qp_type, (PyTypeObject *)Py_NewRef(qpt));
+    Py_XSETREF(mr_type, (PyTypeObject *)Py_NewRef(mrt));
+    Py_XSETREF(wr_type, (PyTypeObject *)Py_NewRef(wrt));
+    Py_XSETREF(icrc_type, (PyTypeObject *)Py_NewRef(ict));
+    Py_XSETREF(dg_type, (PyTypeObject *)Py_NewRef(dgt));
+    Py_XSETREF(st_rts, Py_NewRef(rts));
+    Py_XSETREF(st_rtr, Py_NewRef(rtr));
+    Py_XSETREF(py_receive, Py_NewRef(recv));
+    Py_XSETREF(py_sack, Py_NewRef(sack));
+    Py_XSETREF(py_send_new, Py_NewRef(send));
+    crc32 = (crc_fn)(uintptr_t)crc_addr;
+    ready = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+c_consts(PyObject *Py_UNUSED(mod), PyObject *Py_UNUSED(a))
+{
+    return Py_BuildValue(
+        "{sisisisisisisisisisisisisisisisisisisisisisisKsisL}",
+        "WRITE_HDR_LEN", WRITE_HDR_LEN, "WRITE_IMM_HDR_LEN", WRITE_IMM_HDR_LEN, "ICRC_LEN", ICRC_LEN,
+        "OP_WRITE", OP_WRITE, "OP_WRITE_IMM", OP_WRITE_IMM, "PKEY_PARTITION", PKEY_PARTITION,
+        "DEFAULT_PKEY", DEFAULT_PKEY, "QPN_MASK", (int)QPN_MASK, "PSN_MASK", (int)PSN_MASK, "HALF", (int)HALF,
+        "MXH_VERSION", MXH_VERSION, "MAX_PAYLOAD", MAX_PAYLOAD, "EV_INDEX_MAX", EV_INDEX_MAX,
+        "EV_SPORT_BASE", EV_SPORT_BASE, "F_TRIMMED", F_TRIMMED, "F_RETX", F_RETX, "F_FIRST", F_FIRST,
+        "F_LAST", F_LAST, "F_ACK_NOW", F_ACK_NOW, "S_RETX", S_RETX, "TX_INFLIGHT", TX_INFLIGHT,
+        "CRC32_RESIDUE", (int)CRC32_RESIDUE, "ACKREQ_BIT", (unsigned long long)ACKREQ_BIT,
+        "ICRC_LEN_", ICRC_LEN, "NEVER", (long long)NEVER);
+}
+
+static PyMethodDef methods[] = {
+    {"receive", (PyCFunction)(void (*)(void))c_receive, METH_FASTCALL | METH_KEYWORDS,
+     "receive(ctx, data, now, ecn=False, port=0, src=None): fastpath.receive, the common packet in C."},
+    {"send_new", (PyCFunction)(void (*)(void))c_send_new, METH_FASTCALL,
+     "send_new(qp, wr, now, out) -> bool: fastpath.send_new in C."},
+    {"datagrams_to_send", (PyCFunction)(void (*)(void))c_datagrams_to_send, METH_FASTCALL,
+     "datagrams_to_send(ctx, now): Context.datagrams_to_send in C."},
+    {"next_deadline", c_next_deadline, METH_O, "next_deadline(ctx): Context.next_deadline in C."},
+    {"loopback_run", c_loopback_run, METH_VARARGS,
+     "The loopback harness's event loop for an unimpaired fabric (mrc/sim/loopback.py)."},
+    {"setup", c_setup, METH_VARARGS, "Resolve the engine's slot offsets and the Python fallbacks."},
+    {"consts", c_consts, METH_NOARGS, "The wire constants compiled in (checked against mrc.wire.consts)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moddef = {
+    PyModuleDef_HEAD_INIT, "_fastc", "The engine's fast path in C (see fastpath.py).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__fastc(void)
+{
+    PyObject *m = PyModule_Create(&moddef);
+    if (m == NULL)
+        return NULL;
+#define INTERN(var, s) if ((var = PyUnicode_InternFromString(s)) == NULL) return NULL
+    INTERN(s_qps, "qps");
+    INTERN(s_out, "_out");
+    INTERN(s_ack_delay_ns, "ack_delay_ns");
+    INTERN(s_cwnd, "cwnd");
+    INTERN(s_window_limited, "window_limited");
+    INTERN(s_cwnd_limited, "cwnd_limited");
+    INTERN(s_next_ev, "next_ev");
+    INTERN(s_rto_interval, "_rto_interval");
+    INTERN(s_start, "start");
+    INTERN(s_active, "_active");
+    INTERN(s_send, "send");
+    INTERN(s_paths, "paths");
+    INTERN(s_next_probe_deadline, "next_probe_deadline");
+    INTERN(s_receive, "receive");
+    INTERN(s_handle_timer, "handle_timer");
+    INTERN(s_datagrams_to_send, "datagrams_to_send");
+    INTERN(s_next_deadline_m, "next_deadline");
+    INTERN(s_now, "now");
+    INTERN(s_last_t, "last_t");
+    INTERN(s_seq, "seq");
+    return m;
+}
