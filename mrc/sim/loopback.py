@@ -195,8 +195,9 @@ class LoopbackFabric:
     def _compiled_loop(self) -> Any:
         """The C module whose `loopback_run` is this loop in C, or None. It runs the loop below event
         for event (the same order and times) where `transmit` draws nothing at random (no impairment,
-        no jitter) and is not replaced (on the class or on this fabric), and both engines run the fast path in C; MRC_FASTPATH=py or 0
-        keeps this loop in Python, as the pure path's reference figure needs."""
+        no jitter) and is not replaced (on the class or on this fabric), and both engines run the
+        fast path in C; MRC_FASTPATH=py or 0 keeps this loop in Python, as the pure path's reference
+        figure needs."""
         if self.impaired or self.jitter or getattr(self.transmit, "__func__", None) is not _TRANSMIT:
             return None
         c = fastpath._compiled()

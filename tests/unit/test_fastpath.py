@@ -200,7 +200,7 @@ def test_replaced_transmit_keeps_the_python_loop(monkeypatch: pytest.MonkeyPatch
         seen.append(src)
         plain(src, dg, now)
 
-    run.fabric.transmit = transmit  # type: ignore[method-assign]
+    run.fabric.transmit = transmit
     assert run.fabric._compiled_loop() is None
     doc = L.run_transfer(run)
     assert doc["bit_exact"] and seen.count(0) >= doc["data_packets"] and 1 in seen
