@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import zlib
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
@@ -38,6 +37,7 @@ from numba import njit
 from numba.extending import intrinsic
 
 from mrc.wire.consts import EV_INDEX_MAX, EV_SPORT_BASE, ICRC_LEN, MAX_PAYLOAD, MXH_VERSION, PSN_MASK, MxhFlag
+from mrc.wire.crc import isal_crc32_address
 from mrc.wire.icrc import CRC32_RESIDUE
 from mrc.wire.packet import WRITE_HDR_LEN
 
@@ -58,20 +58,10 @@ _CRC_T: Final = ctypes.CFUNCTYPE(ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint
 
 def _isal_crc() -> Any:
     """ISA-L's `crc32_gzip_refl(init, buf, len)` as a ctypes function taking the buffer's address as an
-    integer, or None where python-isal does not export it. The same values as zlib's crc32 (checked)."""
-    try:
-        from isal import isal_zlib
-
-        addr = ctypes.cast(ctypes.CDLL(isal_zlib.__file__).crc32_gzip_refl, ctypes.c_void_p).value
-    except (ImportError, OSError, AttributeError):
-        return None
-    if not addr:
-        return None
-    f = _CRC_T(addr)
-    probe = (ctypes.c_char * 1001).from_buffer_copy(bytes(range(256)) * 3 + bytes(233))
-    if f(0x1234, ctypes.addressof(probe), 1001) != zlib.crc32(bytes(probe), 0x1234):
-        return None
-    return f
+    integer, or None where python-isal does not export it (`isal_crc32_address`, which checks its values
+    against zlib's)."""
+    addr = isal_crc32_address()
+    return _CRC_T(addr) if addr else None
 
 
 def _address(f: Any) -> int:
