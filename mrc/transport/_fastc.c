@@ -85,6 +85,7 @@ static Py_ssize_t
 #define SLOT(o, off) (*(PyObject **)((char *)(o) + (off)))
 
 static int ready = 0;
+static PyObject *receive_fn = NULL;  /* this module's `receive` function object (set at import) */
 
 /* ------------------------------------------------------------------------------------------ helpers */
 
@@ -186,6 +187,28 @@ icrc_start(PyObject *ic, long end, long sport)
     return r;
 }
 
+/* c[name] += 1 on the QP's counter dict */
+static int
+count(PyObject *c, PyObject *name)
+{
+    PyObject *v = PyDict_GetItemWithError(c, name);
+    if (v == NULL) {
+        if (PyErr_Occurred())
+            return -1;
+        v = PyLong_FromLong(1);
+    } else {
+        long long x = PyLong_AsLongLong(v);
+        if (x == -1 && PyErr_Occurred())
+            return -1;
+        v = PyLong_FromLongLong(x + 1);
+    }
+    if (v == NULL)
+        return -1;
+    int r = PyDict_SetItem(c, name, v);
+    Py_DECREF(v);
+    return r;
+}
+
 /* ---------------------------------------------------------------------------------------- receive */
 
 static PyObject *
@@ -258,6 +281,153 @@ bitmap_add(PyObject *rbits, long d, int *had, long *t)
 out:
     Py_XDECREF(one); Py_XDECREF(dd); Py_XDECREF(bit);
     return res;
+}
+
+#define OP_SACK 0xC0
+#define SACK_HDR_LEN 56  /* BTH 12 + MXH 24 + the SACK's fixed body 20 */
+#define S_DUP 0x04
+
+static Py_ssize_t o_ack_coalesce_sum;
+static PyObject *s_ctl_ev, *s_ev_port, *s_sack_tx;
+
+static int
+py_sack_call(PyObject *qp, PyObject *nowo, PyObject *out, uint32_t psn, uint32_t ev, uint64_t ts,
+             uint32_t eflags, PyObject *port)
+{
+    PyErr_Clear();
+    PyObject *a[9];
+    a[0] = qp;
+    a[1] = nowo;
+    a[2] = out;
+    a[3] = PyLong_FromUnsignedLong(psn);
+    a[4] = PyLong_FromUnsignedLong(ev);
+    a[5] = PyLong_FromUnsignedLongLong(ts);
+    a[6] = PyLong_FromUnsignedLong(eflags);
+    a[7] = PyLong_FromLong(0);
+    a[8] = port;
+    PyObject *res = NULL;
+    if (a[3] && a[4] && a[5] && a[6] && a[7])
+        res = PyObject_Vectorcall(py_sack, a, 9, NULL);
+    for (int i = 3; i < 8; i++)
+        Py_XDECREF(a[i]);
+    Py_XDECREF(res);
+    return res ? 0 : -1;
+}
+
+/* `fastpath.sack` (service time 0) for a bitmap of at most 64 bits, the common case; a wider one, or
+ * an unexpected slot, takes the Python function before anything changed. 0, or -1 with an exception. */
+static int
+do_sack(PyObject *qp, PyObject *nowo, long long now, PyObject *out, uint32_t psn, uint32_t ev, uint64_t ts,
+        uint32_t eflags, PyObject *port)
+{
+    PyObject *rbits = SLOT(qp, o_rbits);
+    long long rcv_cum, peer_qpn, ack_coalesce, ack_coalesce_sum;
+    PyObject *paths = SLOT(qp, o_paths), *ic = SLOT(qp, o_tx_icrc), *gid = SLOT(qp, o_peer_gid),
+             *c = SLOT(qp, o_c);
+    if (rbits == NULL || !PyLong_CheckExact(rbits) || paths == NULL || ic == NULL || gid == NULL || c == NULL
+        || !PyDict_CheckExact(c) || !PyList_CheckExact(out) || slot_ll(qp, o_rcv_cum, &rcv_cum)
+        || slot_ll(qp, o_peer_qpn, &peer_qpn) || slot_ll(qp, o_ack_coalesce, &ack_coalesce)
+        || slot_ll(qp, o_ack_coalesce_sum, &ack_coalesce_sum))
+        return py_sack_call(qp, nowo, out, psn, ev, ts, eflags, port);
+    unsigned long long r = PyLong_AsUnsignedLongLong(rbits);
+    if (r == (unsigned long long)-1 && PyErr_Occurred())
+        return py_sack_call(qp, nowo, out, psn, ev, ts, eflags, port);
+    uint64_t bm = r >> 1;  /* at most 63 bits: one word */
+    const Py_ssize_t words = 1;
+    /* cev = paths.ctl_ev(port, -1 if eflags & S_DUP else ev) */
+    PyObject *echo = PyLong_FromLong((eflags & S_DUP) ? -1 : (long)ev);
+    if (echo == NULL)
+        return -1;
+    PyObject *cevo = PyObject_CallMethodObjArgs(paths, s_ctl_ev, port, echo, NULL);
+    Py_DECREF(echo);
+    if (cevo == NULL)
+        return -1;
+    long cev = PyLong_AsLong(cevo);
+    if (cev == -1 && PyErr_Occurred()) {
+        Py_DECREF(cevo);
+        return -1;
+    }
+    PyObject *ev_port = PyObject_GetAttr(paths, s_ev_port);
+    if (ev_port == NULL || !PyList_Check(ev_port) || cev < 0 || cev >= PyList_GET_SIZE(ev_port) || cev > 0xFFFF) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError, "control EV %ld outside the QP's profile", cev);
+        Py_XDECREF(ev_port);
+        Py_DECREF(cevo);
+        return -1;
+    }
+    PyObject *dport = Py_NewRef(PyList_GET_ITEM(ev_port, cev));
+    Py_DECREF(ev_port);
+    Py_ssize_t end = SACK_HDR_LEN + 8 * words;
+    PyObject *buf = PyByteArray_FromStringAndSize(NULL, end + ICRC_LEN);
+    if (buf == NULL)
+        goto fail;
+    unsigned char *b = (unsigned char *)PyByteArray_AS_STRING(buf);
+    b[0] = OP_SACK;
+    b[1] = 0;
+    put16(b + 2, DEFAULT_PKEY);
+    put32(b + 4, (uint32_t)(peer_qpn & QPN_MASK));
+    put32(b + 8, psn & PSN_MASK);
+    b[12] = MXH_VERSION;
+    b[13] = 0;
+    put16(b + 14, (uint32_t)cev);
+    put32(b + 16, 0);
+    put32(b + 20, 0);
+    put32(b + 24, 0);
+    put64(b + 28, (uint64_t)now);
+    put32(b + 36, (uint32_t)(rcv_cum & PSN_MASK));
+    put16(b + 40, ev);
+    b[42] = (unsigned char)eflags;
+    b[43] = (unsigned char)words;
+    put64(b + 44, ts);
+    put32(b + 52, 0);  /* service time */
+    for (int i = 0; i < 8; i++)  /* the bitmap, little-endian words */
+        b[SACK_HDR_LEN + i] = (unsigned char)(bm >> (8 * i));
+    long long v = icrc_start(ic, (long)end, EV_SPORT_BASE | (cev & EV_INDEX_MAX));
+    if (v < 0) {
+        PyObject *x = PyObject_CallMethod(ic, "start", "nl", end, EV_SPORT_BASE | (cev & EV_INDEX_MAX));
+        if (x == NULL) {
+            Py_DECREF(buf);
+            goto fail;
+        }
+        v = PyLong_AsLongLong(x);
+        Py_DECREF(x);
+        if (v == -1 && PyErr_Occurred()) {
+            Py_DECREF(buf);
+            goto fail;
+        }
+    }
+    uint32_t crc = crc32((uint32_t)v, b, (uint64_t)end);
+    b[end] = (unsigned char)crc;
+    b[end + 1] = (unsigned char)(crc >> 8);
+    b[end + 2] = (unsigned char)(crc >> 16);
+    b[end + 3] = (unsigned char)(crc >> 24);
+    if (!(eflags & S_DUP)) {  /* as Responder._sack: a duplicate's answer leaves the ACK policy's state */
+        if (slot_set_ll(qp, o_unacked, 0) || slot_set_ll(qp, o_ack_coalesce, ack_coalesce_sum - ack_coalesce)
+            || slot_set_ll(qp, o_ack_deadline, NEVER)) {
+            Py_DECREF(buf);
+            goto fail;
+        }
+    }
+    if (count(c, s_sack_tx)) {
+        Py_DECREF(buf);
+        goto fail;
+    }
+    PyObject *dg = dg_type->tp_alloc(dg_type, 4);
+    if (dg == NULL) {
+        Py_DECREF(buf);
+        goto fail;
+    }
+    PyTuple_SET_ITEM(dg, 0, buf);
+    PyTuple_SET_ITEM(dg, 1, dport);
+    PyTuple_SET_ITEM(dg, 2, cevo);
+    PyTuple_SET_ITEM(dg, 3, Py_NewRef(gid));
+    int rc = PyList_Append(out, dg);
+    Py_DECREF(dg);
+    return rc;
+fail:
+    Py_DECREF(dport);
+    Py_DECREF(cevo);
+    return -1;
 }
 
 /* receive(ctx, data, now, ecn=False, port=0, src=None): `fastpath.receive` for the common data packet;
@@ -429,24 +599,10 @@ c_receive(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs, PyO
         PyObject *out = PyObject_GetAttr(ctx, s_out);
         if (out == NULL)
             goto done;
-        PyObject *a[9];
-        a[0] = qp;
-        a[1] = nowo;
-        a[2] = out;
-        a[3] = PyLong_FromUnsignedLong(psn);
-        a[4] = PyLong_FromUnsignedLong(ev);
-        a[5] = PyLong_FromUnsignedLongLong(ts);
-        a[6] = PyLong_FromLong((flags & F_RETX) ? S_RETX : 0);
-        a[7] = PyLong_FromLong(0);
-        a[8] = port;
-        if (a[3] && a[4] && a[5] && a[6] && a[7])
-            res = PyObject_Vectorcall(py_sack, a, 9, NULL);
+        int rc = do_sack(qp, nowo, now, out, psn, ev, ts, (flags & F_RETX) ? S_RETX : 0, port);
         Py_DECREF(out);
-        for (int i = 3; i < 8; i++)
-            Py_XDECREF(a[i]);
-        if (res == NULL)
+        if (rc)
             goto done;
-        Py_DECREF(res);
         res = Py_NewRef(Py_None);
     } else {
         if (slot_set_ll(qp, o_unacked, u))
@@ -489,27 +645,6 @@ done:
 
 static PyObject *py_send_new = NULL;  /* fastpath.send_new: every call this file does not take */
 
-/* c[name] += 1 on the QP's counter dict */
-static int
-count(PyObject *c, PyObject *name)
-{
-    PyObject *v = PyDict_GetItemWithError(c, name);
-    if (v == NULL) {
-        if (PyErr_Occurred())
-            return -1;
-        v = PyLong_FromLong(1);
-    } else {
-        long long x = PyLong_AsLongLong(v);
-        if (x == -1 && PyErr_Occurred())
-            return -1;
-        v = PyLong_FromLongLong(x + 1);
-    }
-    if (v == NULL)
-        return -1;
-    int r = PyDict_SetItem(c, name, v);
-    Py_DECREF(v);
-    return r;
-}
 
 /* list[i] = v (steals v) */
 static inline int
@@ -994,71 +1129,185 @@ c_next_deadline(PyObject *Py_UNUSED(mod), PyObject *ctx)
     return PyLong_FromLongLong(d);
 }
 
+/* ------------------------------------------------------------------------------ SACK bits */
+
+#define TX_LOST 2
+#define TX_ACKED 3
+
+/* ack_bits(qp, newly, una, inflight, acked, las, rack_ser, ev_port) -> (newly, inflight, acked, las):
+ * `Requester.on_sack`'s loop over the newly acknowledged PSNs (bit i <=> PSN una + i), lowest first, for
+ * every bit whose slot is not LOST; it stops at the first LOST one and returns the bits from there on
+ * (0 when done), which the Python loop takes (it calls the recovery code for that PSN) before calling
+ * this again. The same slot updates and sums, in the same order. */
+static PyObject *
+c_ack_bits(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "ack_bits takes 8 arguments");
+        return NULL;
+    }
+    PyObject *qp = args[0], *newly = args[1], *rack = args[6], *ev_port = args[7];
+    long long una = PyLong_AsLongLong(args[2]), inflight = PyLong_AsLongLong(args[3]),
+              acked = PyLong_AsLongLong(args[4]), las = PyLong_AsLongLong(args[5]), W;
+    if (PyErr_Occurred())
+        return NULL;
+    if (Py_TYPE(qp) != qp_type || !PyLong_CheckExact(newly) || slot_ll(qp, o_W, &W) || W <= 0
+        || (rack != Py_None && !PyList_Check(rack)) || !PyList_Check(ev_port)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "ack_bits: unexpected argument");
+        return NULL;
+    }
+    PyObject *tx_state = SLOT(qp, o_tx_state), *tx_len = SLOT(qp, o_tx_len), *tx_serial = SLOT(qp, o_tx_serial),
+             *tx_ev = SLOT(qp, o_tx_ev);
+    if (!is_list(tx_state, W) || !is_list(tx_len, W) || !is_list(tx_serial, W) || !is_list(tx_ev, W)) {
+        PyErr_SetString(PyExc_TypeError, "ack_bits: the QP's slot lists");
+        return NULL;
+    }
+    PyObject *bl = PyObject_CallMethod(newly, "bit_length", NULL);
+    if (bl == NULL)
+        return NULL;
+    Py_ssize_t nbits = PyLong_AsSsize_t(bl);
+    Py_DECREF(bl);
+    if (nbits < 0)
+        return NULL;
+    Py_ssize_t nbytes = (nbits + 7) / 8;
+    PyObject *raw = PyObject_CallMethod(newly, "to_bytes", "ns", nbytes ? nbytes : 1, "little");
+    if (raw == NULL)
+        return NULL;
+    const unsigned char *bits = (const unsigned char *)PyBytes_AS_STRING(raw);
+    PyObject *left = NULL;
+    for (Py_ssize_t i = 0; i < nbits; i++) {
+        if (!(bits[i >> 3] & (1u << (i & 7))))
+            continue;
+        Py_ssize_t slot = (Py_ssize_t)(((una + i) % W + W) % W);
+        long st = PyLong_AsLong(PyList_GET_ITEM(tx_state, slot));
+        long long n = PyLong_AsLongLong(PyList_GET_ITEM(tx_len, slot));
+        long long ser = PyLong_AsLongLong(PyList_GET_ITEM(tx_serial, slot));
+        if (PyErr_Occurred())
+            goto fail;
+        if (st == TX_LOST) {  /* the Python loop's case: the bits from here on */
+            PyObject *k = PyLong_FromSsize_t(i);
+            PyObject *hi = k ? PyNumber_Rshift(newly, k) : NULL;
+            left = hi ? PyNumber_Lshift(hi, k) : NULL;
+            Py_XDECREF(k);
+            Py_XDECREF(hi);
+            if (left == NULL)
+                goto fail;
+            break;
+        }
+        if (st == TX_INFLIGHT)
+            inflight -= n;
+        if (list_set(tx_state, slot, PyLong_FromLong(TX_ACKED)))
+            goto fail;
+        acked += n;
+        if (ser > las)
+            las = ser;
+        if (rack != Py_None) {
+            long e = PyLong_AsLong(PyList_GET_ITEM(tx_ev, slot));
+            if (e < 0 || e >= PyList_GET_SIZE(ev_port)) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_IndexError, "ack_bits: EV outside ev_port");
+                goto fail;
+            }
+            long port = PyLong_AsLong(PyList_GET_ITEM(ev_port, e));
+            if (port < 0 || port >= PyList_GET_SIZE(rack)) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_IndexError, "ack_bits: port outside rack_ser");
+                goto fail;
+            }
+            long long rs = PyLong_AsLongLong(PyList_GET_ITEM(rack, port));
+            if (PyErr_Occurred())
+                goto fail;
+            if (ser > rs && list_set(rack, port, PyLong_FromLongLong(ser)))
+                goto fail;
+        }
+    }
+    Py_DECREF(raw);
+    if (left == NULL)
+        left = PyLong_FromLong(0);
+    if (left == NULL)
+        return NULL;
+    PyObject *res = Py_BuildValue("(NLLL)", left, inflight, acked, las);
+    return res;
+fail:
+    Py_DECREF(raw);
+    Py_XDECREF(left);
+    return NULL;
+}
+
 /* ---------------------------------------------------------------------------------- loopback run */
 
-/* The loopback harness's heap (mrc/sim/loopback.py): a Python list of (t, seq, j, data, port, ecn)
- * tuples ordered as heapq orders them. (t, seq) is unique, so comparing those two decides. */
+/* The loopback harness's events (mrc/sim/loopback.py's heap entries (t, seq, j, data, port, ecn)),
+ * held in C for the duration of one `loopback_run`: the Python list is read in at the start and written
+ * back, as a valid heap of the same tuples, at the end (also on an error). (t, seq) is unique, so the
+ * order is heapq's. */
+typedef struct {
+    long long t, seq;
+    PyObject *data;  /* a reference; NULL for a timer */
+    int j;
+    int port;
+    int ecn;
+} Ev;
+
+typedef struct {
+    Ev *v;
+    Py_ssize_t n, cap;
+} Heap;
+
 static inline int
-ev_less(PyObject *a, PyObject *b)
+ev_lt(const Ev *a, const Ev *b)
 {
-    long long ta = PyLong_AsLongLong(PyTuple_GET_ITEM(a, 0)), tb = PyLong_AsLongLong(PyTuple_GET_ITEM(b, 0));
-    if (ta != tb)
-        return ta < tb;
-    return PyLong_AsLongLong(PyTuple_GET_ITEM(a, 1)) < PyLong_AsLongLong(PyTuple_GET_ITEM(b, 1));
+    return a->t < b->t || (a->t == b->t && a->seq < b->seq);
 }
 
 static int
-heap_push(PyObject *heap, PyObject *item)  /* steals item */
+heap_push(Heap *h, Ev e)  /* takes e.data's reference */
 {
-    if (item == NULL)
-        return -1;
-    if (PyList_Append(heap, item)) {
-        Py_DECREF(item);
-        return -1;
+    if (h->n == h->cap) {
+        Py_ssize_t cap = h->cap ? 2 * h->cap : 1024;
+        Ev *v = PyMem_Realloc(h->v, (size_t)cap * sizeof(Ev));
+        if (v == NULL) {
+            Py_XDECREF(e.data);
+            PyErr_NoMemory();
+            return -1;
+        }
+        h->v = v;
+        h->cap = cap;
     }
-    Py_DECREF(item);
-    PyObject **v = ((PyListObject *)heap)->ob_item;
-    Py_ssize_t pos = PyList_GET_SIZE(heap) - 1;
-    PyObject *x = v[pos];
+    Py_ssize_t pos = h->n++;
     while (pos > 0) {  /* heapq's _siftdown */
         Py_ssize_t parent = (pos - 1) >> 1;
-        if (!ev_less(x, v[parent]))
+        if (!ev_lt(&e, &h->v[parent]))
             break;
-        v[pos] = v[parent];
+        h->v[pos] = h->v[parent];
         pos = parent;
     }
-    v[pos] = x;
+    h->v[pos] = e;
     return 0;
 }
 
-static PyObject *
-heap_pop(PyObject *heap)  /* new reference; heap non-empty */
+static Ev
+heap_pop(Heap *h)  /* h->n > 0; the caller owns the data reference */
 {
-    Py_ssize_t n = PyList_GET_SIZE(heap);
-    PyObject *last = Py_NewRef(PyList_GET_ITEM(heap, n - 1));
-    if (PyList_SetSlice(heap, n - 1, n, NULL)) {
-        Py_DECREF(last);
-        return NULL;
-    }
-    n -= 1;
+    Ev *v = h->v;
+    Ev ret = v[0];
+    Ev last = v[--h->n];
+    Py_ssize_t n = h->n;
     if (n == 0)
-        return last;
-    PyObject **v = ((PyListObject *)heap)->ob_item;
-    PyObject *ret = v[0];  /* the list's reference becomes ours */
-    /* heapq's _siftup: move the smaller child up until a leaf, then sift `last` down from there */
+        return ret;
+    /* heapq's _siftup: the smaller child up to a leaf, then `last` down from there */
     Py_ssize_t pos = 0, child = 1;
     while (child < n) {
         Py_ssize_t right = child + 1;
-        if (right < n && !ev_less(v[child], v[right]))
+        if (right < n && !ev_lt(&v[child], &v[right]))
             child = right;
         v[pos] = v[child];
         pos = child;
         child = 2 * pos + 1;
     }
-    v[pos] = last;
     while (pos > 0) {
         Py_ssize_t parent = (pos - 1) >> 1;
-        if (!ev_less(last, v[parent]))
+        if (!ev_lt(&last, &v[parent]))
             break;
         v[pos] = v[parent];
         pos = parent;
@@ -1067,32 +1316,105 @@ heap_pop(PyObject *heap)  /* new reference; heap non-empty */
     return ret;
 }
 
-static PyObject *
-event(long long t, long long seq, long j, PyObject *data, long port, PyObject *ecn)
+/* the Python heap's tuples into `h` (same order, so still a heap); the list is left empty */
+static int
+heap_in(Heap *h, PyObject *list)
 {
-    PyObject *e = PyTuple_New(6);
-    if (e == NULL)
-        return NULL;
-    PyObject *a = PyLong_FromLongLong(t), *b = PyLong_FromLongLong(seq), *c = PyLong_FromLong(j),
-             *d = PyLong_FromLong(port);
-    if (!a || !b || !c || !d) {
-        Py_XDECREF(a); Py_XDECREF(b); Py_XDECREF(c); Py_XDECREF(d);
-        Py_DECREF(e);
+    Py_ssize_t n = PyList_GET_SIZE(list);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *e = PyList_GET_ITEM(list, i);
+        if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 6) {
+            PyErr_SetString(PyExc_TypeError, "loopback heap entries are (t, seq, j, data, port, ecn)");
+            return -1;
+        }
+        Ev x;
+        x.t = PyLong_AsLongLong(PyTuple_GET_ITEM(e, 0));
+        x.seq = PyLong_AsLongLong(PyTuple_GET_ITEM(e, 1));
+        x.j = (int)PyLong_AsLong(PyTuple_GET_ITEM(e, 2));
+        PyObject *d = PyTuple_GET_ITEM(e, 3);
+        x.data = d == Py_None ? NULL : Py_NewRef(d);
+        x.port = (int)PyLong_AsLong(PyTuple_GET_ITEM(e, 4));
+        x.ecn = PyObject_IsTrue(PyTuple_GET_ITEM(e, 5));
+        if (PyErr_Occurred() || x.ecn < 0 || (x.j != 0 && x.j != 1)) {
+            Py_XDECREF(x.data);
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "loopback heap entry with an engine index not 0 or 1");
+            return -1;
+        }
+        if (h->n == h->cap) {  /* append in order: the list is a heap already */
+            Py_ssize_t cap = h->cap ? 2 * h->cap : 1024;
+            while (cap < n)
+                cap *= 2;
+            Ev *v = PyMem_Realloc(h->v, (size_t)cap * sizeof(Ev));
+            if (v == NULL) {
+                Py_XDECREF(x.data);
+                PyErr_NoMemory();
+                return -1;
+            }
+            h->v = v;
+            h->cap = cap;
+        }
+        h->v[h->n++] = x;
+    }
+    return PyList_SetSlice(list, 0, n, NULL);
+}
+
+/* `h` back into the (empty) Python list as tuples, in heap order; frees `h` whatever happens */
+static int
+heap_out(Heap *h, PyObject *list)
+{
+    int rc = 0;
+    for (Py_ssize_t i = 0; i < h->n; i++) {
+        Ev *x = &h->v[i];
+        if (rc == 0) {
+            PyObject *e = Py_BuildValue("(LLiOiO)", x->t, x->seq, x->j, x->data ? x->data : Py_None, x->port,
+                                        x->ecn ? Py_True : Py_False);
+            if (e == NULL || PyList_Append(list, e))
+                rc = -1;
+            Py_XDECREF(e);
+        }
+        Py_XDECREF(x->data);
+    }
+    PyMem_Free(h->v);
+    h->v = NULL;
+    h->n = h->cap = 0;
+    return rc;
+}
+
+/* a list of ints as C integers */
+static long long *
+ll_array(PyObject *list, Py_ssize_t *n)
+{
+    *n = PyList_GET_SIZE(list);
+    long long *a = PyMem_Malloc((size_t)(*n ? *n : 1) * sizeof(long long));
+    if (a == NULL) {
+        PyErr_NoMemory();
         return NULL;
     }
-    PyTuple_SET_ITEM(e, 0, a);
-    PyTuple_SET_ITEM(e, 1, b);
-    PyTuple_SET_ITEM(e, 2, c);
-    PyTuple_SET_ITEM(e, 3, Py_NewRef(data));
-    PyTuple_SET_ITEM(e, 4, d);
-    PyTuple_SET_ITEM(e, 5, Py_NewRef(ecn));
-    return e;
+    for (Py_ssize_t i = 0; i < *n; i++) {
+        a[i] = PyLong_AsLongLong(PyList_GET_ITEM(list, i));
+        if (a[i] == -1 && PyErr_Occurred()) {
+            PyMem_Free(a);
+            return NULL;
+        }
+    }
+    return a;
+}
+
+static int
+ll_store(PyObject *list, const long long *a, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (list_set(list, i, PyLong_FromLongLong(a[i])))
+            return -1;
+    return 0;
 }
 
 /* loopback_run(fabric, engines, heap, timer_at, port_free, plane_delay, ev_extra, plane_data_bytes,
- *              ns_per_byte, seq, until_ns, stop, check_every) -> (events, seq, now, last_t)
+ *              ns_per_byte, seq, until_ns, now, last_t, stop, check_every) -> (events, seq, now, last_t)
  * `LoopbackFabric.run` for an unimpaired fabric without jitter (its `transmit` draws nothing at random),
- * with the engines' calls made directly: the same events in the same order, the same times. */
+ * with the engines' calls made directly: the same events in the same order, the same times. The
+ * fabric's per-port clocks and byte counts are kept in C during the run and stored back at its end. */
 static PyObject *
 c_loopback_run(PyObject *Py_UNUSED(mod), PyObject *args)
 {
@@ -1105,51 +1427,69 @@ c_loopback_run(PyObject *Py_UNUSED(mod), PyObject *args)
                           &plane_delay, &PyList_Type, &ev_extra, &PyList_Type, &pdb, &ns_per_byte, &seq, &until,
                           &now, &last_t, &stop, &check_every))
         return NULL;
-    if (PyTuple_GET_SIZE(engines) != 2 || PyList_GET_SIZE(timer_at) != 2 || check_every < 1) {
-        PyErr_SetString(PyExc_ValueError, "loopback_run: two engines, two timers, check_every >= 1");
+    if (PyTuple_GET_SIZE(engines) != 2 || PyList_GET_SIZE(timer_at) != 2 || PyList_GET_SIZE(port_free) != 2
+        || PyList_GET_SIZE(pdb) != 2 || check_every < 1) {
+        PyErr_SetString(PyExc_ValueError, "loopback_run: two engines, timers, port rows; check_every >= 1");
         return NULL;
     }
-    long long events = 0;
-    long long tmr[2];
+    Heap h = {NULL, 0, 0};
+    long long events = 0, tmr[2] = {0, 0};
+    long long *free_[2] = {NULL, NULL}, *bytes_[2] = {NULL, NULL}, *delay = NULL, *extra = NULL;
+    Py_ssize_t nplanes = 0, nextra = 0, nf[2] = {0, 0}, nb[2] = {0, 0};
+    PyObject *recv[2] = {NULL, NULL}, *timer[2] = {NULL, NULL};
+    int ok = 0, loaded = 0, direct[2] = {0, 0};
     for (int j = 0; j < 2; j++) {
         tmr[j] = PyLong_AsLongLong(PyList_GET_ITEM(timer_at, j));
-        if (tmr[j] == -1 && PyErr_Occurred())
-            return NULL;
-    }
-    PyObject *recv[2] = {NULL, NULL}, *timer[2] = {NULL, NULL};
-    for (int j = 0; j < 2; j++) {
+        PyObject *row = PyList_GET_ITEM(port_free, j), *brow = PyList_GET_ITEM(pdb, j);
+        if ((tmr[j] == -1 && PyErr_Occurred()) || !PyList_Check(row) || !PyList_Check(brow)) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "port rows must be lists");
+            goto cleanup;
+        }
+        if ((free_[j] = ll_array(row, &nf[j])) == NULL || (bytes_[j] = ll_array(brow, &nb[j])) == NULL)
+            goto cleanup;
         recv[j] = PyObject_GetAttr(PyTuple_GET_ITEM(engines, j), s_receive);
         timer[j] = PyObject_GetAttr(PyTuple_GET_ITEM(engines, j), s_handle_timer);
         if (!recv[j] || !timer[j])
-            goto fail;
+            goto cleanup;
+        direct[j] = PyMethod_Check(recv[j]) && PyMethod_GET_FUNCTION(recv[j]) == receive_fn
+                    && PyMethod_GET_SELF(recv[j]) == PyTuple_GET_ITEM(engines, j);
     }
+    if ((delay = ll_array(plane_delay, &nplanes)) == NULL || (extra = ll_array(ev_extra, &nextra)) == NULL)
+        goto cleanup;
+    if (nf[0] < nplanes || nf[1] < nplanes || nb[0] < nplanes || nb[1] < nplanes) {
+        PyErr_SetString(PyExc_ValueError, "loopback_run: a port row shorter than the planes");
+        goto cleanup;
+    }
+    if (heap_in(&h, heap))
+        goto cleanup;
+    loaded = 1;
     int has_stop = stop != Py_None;
 #define SYNC_TIMES()                                                                         \
     do {                                                                                     \
         PyObject *a_ = PyLong_FromLongLong(now), *b_ = PyLong_FromLongLong(last_t);          \
         int e_ = !a_ || !b_ || PyObject_SetAttr(fab, s_now, a_) || PyObject_SetAttr(fab, s_last_t, b_); \
         Py_XDECREF(a_); Py_XDECREF(b_);                                                      \
-        if (e_) goto fail;                                                                   \
+        if (e_) goto cleanup;                                                                \
     } while (0)
-    while (PyList_GET_SIZE(heap)) {
-        PyObject *top = PyList_GET_ITEM(heap, 0);
-        long long t0 = PyLong_AsLongLong(PyTuple_GET_ITEM(top, 0));
-        if (t0 > until) {
+    while (h.n) {
+        if (h.v[0].t > until) {
             now = until;
             break;
         }
-        PyObject *ev = heap_pop(heap);
-        if (ev == NULL)
-            goto fail;
-        long long t = t0;
-        long j = PyLong_AsLong(PyTuple_GET_ITEM(ev, 2));
-        PyObject *data = PyTuple_GET_ITEM(ev, 3);
+        Ev ev = heap_pop(&h);
+        long long t = ev.t;
+        int j = ev.j;
         PyObject *eng = PyTuple_GET_ITEM(engines, j);
-        PyObject *tobj = PyTuple_GET_ITEM(ev, 0);
+        PyObject *tobj = PyLong_FromLongLong(t);
+        if (tobj == NULL) {
+            Py_XDECREF(ev.data);
+            goto cleanup;
+        }
         PyObject *r;
-        if (data == Py_None) {
+        if (ev.data == NULL) {
             if (tmr[j] != t) {
-                Py_DECREF(ev);
+                Py_DECREF(tobj);
                 continue;
             }
             if (has_stop) {
@@ -1157,13 +1497,10 @@ c_loopback_run(PyObject *Py_UNUSED(mod), PyObject *args)
                 PyObject *x = PyObject_CallNoArgs(stop);
                 int done = x ? PyObject_IsTrue(x) : -1;
                 Py_XDECREF(x);
-                if (done < 0) {
-                    Py_DECREF(ev);
-                    goto fail;
-                }
-                if (done) {
-                    if (heap_push(heap, ev))
-                        goto fail;
+                if (done) {  /* done (the timer stays queued) or an error */
+                    Py_DECREF(tobj);
+                    if (heap_push(&h, ev) || done < 0)
+                        goto cleanup;
                     break;
                 }
             }
@@ -1172,21 +1509,28 @@ c_loopback_run(PyObject *Py_UNUSED(mod), PyObject *args)
             r = PyObject_CallOneArg(timer[j], tobj);
         } else {
             now = last_t = t;
-            PyObject *a[4] = {data, tobj, PyTuple_GET_ITEM(ev, 5), PyTuple_GET_ITEM(ev, 4)};
-            r = PyObject_Vectorcall(recv[j], a, 4, NULL);
+            PyObject *port = PyLong_FromLong(ev.port);
+            if (direct[j]) {  /* the context's receive is this module's: no bound-method hop */
+                PyObject *a[5] = {eng, ev.data, tobj, ev.ecn ? Py_True : Py_False, port};
+                r = port ? c_receive(NULL, a, 5, NULL) : NULL;
+            } else {
+                PyObject *a[4] = {ev.data, tobj, ev.ecn ? Py_True : Py_False, port};
+                r = port ? PyObject_Vectorcall(recv[j], a, 4, NULL) : NULL;
+            }
+            Py_XDECREF(port);
+            Py_DECREF(ev.data);
         }
         if (r == NULL) {
-            Py_DECREF(ev);
-            goto fail;
+            Py_DECREF(tobj);
+            goto cleanup;
         }
         Py_DECREF(r);
         /* the engine's datagrams, through `transmit`'s unimpaired branch */
         PyObject *dta[2] = {eng, tobj};
         PyObject *out = c_datagrams_to_send(NULL, dta, 2);
-        if (out == NULL) {
-            Py_DECREF(ev);
-            goto fail;
-        }
+        Py_DECREF(tobj);
+        if (out == NULL)
+            goto cleanup;
         for (Py_ssize_t i = 0; i < PyList_GET_SIZE(out); i++) {
             PyObject *dg = PyList_GET_ITEM(out, i);
             PyObject *buf = PyTuple_GET_ITEM(dg, 0);
@@ -1202,53 +1546,40 @@ c_loopback_run(PyObject *Py_UNUSED(mod), PyObject *args)
                 first = n ? (unsigned char)PyBytes_AS_STRING(buf)[0] : 0xFF;
             } else {
                 PyErr_SetString(PyExc_TypeError, "a datagram's data must be bytes or bytearray");
-                goto fail_out;
+                Py_DECREF(out);
+                goto cleanup;
             }
-            if (PyErr_Occurred() || p < 0 || p >= PyList_GET_SIZE(plane_delay) || evi < 0
-                || evi >= PyList_GET_SIZE(ev_extra)) {
+            if (PyErr_Occurred() || p < 0 || p >= nplanes || evi < 0 || evi >= nextra) {
                 if (!PyErr_Occurred())
                     PyErr_SetString(PyExc_IndexError, "datagram port or EV out of range");
-                goto fail_out;
+                Py_DECREF(out);
+                goto cleanup;
             }
-            if (first < 0x10) {
-                PyObject *row = PyList_GET_ITEM(pdb, j);
-                PyObject *nn = PyLong_FromSsize_t(n);
-                PyObject *v = nn ? PyNumber_Add(PyList_GET_ITEM(row, p), nn) : NULL;
-                Py_XDECREF(nn);
-                if (v == NULL || list_set(row, p, v))
-                    goto fail_out;
-            }
-            PyObject *free_ = PyList_GET_ITEM(port_free, j);
-            long long tt = PyLong_AsLongLong(PyList_GET_ITEM(free_, p));
+            if (first < 0x10)  /* WRITE opcodes; control packets are 0xC0-0xC4 */
+                bytes_[j][p] += n;
+            long long tt = free_[j][p];
             if (tt < t)
                 tt = t;
             tt += (long long)((double)n * ns_per_byte);
-            if (list_set(free_, p, PyLong_FromLongLong(tt)))
-                goto fail_out;
-            tt += PyLong_AsLongLong(PyList_GET_ITEM(plane_delay, p)) + PyLong_AsLongLong(PyList_GET_ITEM(ev_extra, evi));
-            if (PyErr_Occurred())
-                goto fail_out;
+            free_[j][p] = tt;
+            tt += delay[p] + extra[evi];
             seq += 1;
-            if (heap_push(heap, event(tt, seq, 1 - j, buf, p, Py_False)))
-                goto fail_out;
-            continue;
-        fail_out:
-            Py_DECREF(out);
-            Py_DECREF(ev);
-            goto fail;
+            Ev e = {tt, seq, Py_NewRef(buf), 1 - j, (int)p, 0};
+            if (heap_push(&h, e)) {
+                Py_DECREF(out);
+                goto cleanup;
+            }
         }
         Py_DECREF(out);
         long long dl = next_deadline(eng);
-        if (dl == -1 && PyErr_Occurred()) {
-            Py_DECREF(ev);
-            goto fail;
-        }
-        Py_DECREF(ev);
+        if (dl == -1 && PyErr_Occurred())
+            goto cleanup;
         if (dl < NEVER && dl < tmr[j]) {
             tmr[j] = dl;
             seq += 1;
-            if (heap_push(heap, event(dl > t ? dl : t, seq, j, Py_None, -1, Py_False)))
-                goto fail;
+            Ev e = {dl > t ? dl : t, seq, NULL, j, -1, 0};
+            if (heap_push(&h, e))
+                goto cleanup;
         }
         events += 1;
         if (has_stop && events % check_every == 0) {
@@ -1257,43 +1588,48 @@ c_loopback_run(PyObject *Py_UNUSED(mod), PyObject *args)
             int done = x ? PyObject_IsTrue(x) : -1;
             Py_XDECREF(x);
             if (done < 0)
-                goto fail;
+                goto cleanup;
             if (done)
                 break;
         }
     }
-    for (int j = 0; j < 2; j++) {
-        Py_XDECREF(recv[j]);
-        Py_XDECREF(timer[j]);
-        if (list_set(timer_at, j, PyLong_FromLongLong(tmr[j])))
+#undef SYNC_TIMES
+    ok = 1;
+cleanup:
+    {
+        /* the fabric's state back, whatever happened (an error keeps its exception) */
+        PyObject *et, *evv, *etb;
+        PyErr_Fetch(&et, &evv, &etb);
+        int bad = 0;
+        if (loaded)
+            bad |= heap_out(&h, heap);
+        else
+            PyMem_Free(h.v);
+        for (int j = 0; j < 2; j++) {
+            if (free_[j] != NULL)
+                bad |= ll_store(PyList_GET_ITEM(port_free, j), free_[j], nf[j]);
+            if (bytes_[j] != NULL)
+                bad |= ll_store(PyList_GET_ITEM(pdb, j), bytes_[j], nb[j]);
+            bad |= list_set(timer_at, j, PyLong_FromLongLong(tmr[j]));
+            PyMem_Free(free_[j]);
+            PyMem_Free(bytes_[j]);
+            Py_XDECREF(recv[j]);
+            Py_XDECREF(timer[j]);
+        }
+        PyMem_Free(delay);
+        PyMem_Free(extra);
+        PyObject *x = PyLong_FromLongLong(seq);
+        bad |= x == NULL || PyObject_SetAttr(fab, s_seq, x);
+        Py_XDECREF(x);
+        if (et != NULL) {
+            PyErr_Clear();
+            PyErr_Restore(et, evv, etb);
+            return NULL;
+        }
+        if (bad || !ok)
             return NULL;
     }
     return Py_BuildValue("LLLL", events, seq, now, last_t);
-fail:
-    for (int j = 0; j < 2; j++) {
-        Py_XDECREF(recv[j]);
-        Py_XDECREF(timer[j]);
-        PyObject *x = PyLong_FromLongLong(tmr[j]);
-        if (x != NULL) {
-            PyObject *old = PyList_GET_ITEM(timer_at, j);
-            PyList_SET_ITEM(timer_at, j, x);
-            Py_DECREF(old);
-        }
-    }
-    {
-        /* keep the fabric's counters consistent for a caller that inspects it after the error */
-        PyObject *exc_t, *exc_v, *exc_tb;
-        PyErr_Fetch(&exc_t, &exc_v, &exc_tb);
-        PyObject *x = PyLong_FromLongLong(seq);
-        if (x != NULL) {
-            PyObject_SetAttr(fab, s_seq, x);
-            Py_DECREF(x);
-        }
-        PyErr_Clear();
-        PyErr_Restore(exc_t, exc_v, exc_tb);
-    }
-    return NULL;
-#undef SYNC_TIMES
 }
 
 /* ---------------------------------------------------------------------------------------- setup */
@@ -1346,7 +1682,7 @@ c_setup(PyObject *Py_UNUSED(mod), PyObject *args)
         S(o_ackreq_div, "ackreq_div"), S(o_cur, "cur"), S(o_tx_bytes, "tx_bytes"),
         S(o_max_outstanding, "max_outstanding"), S(o_parked, "parked"), S(o_retx_q, "retx_q"),
         S(o_send_q, "send_q"), S(o_oow_q, "oow_q"), S(o_aux_deadline, "aux_deadline"),
-        S(o_loss_deadline, "loss_deadline"), {NULL, NULL}};
+        S(o_loss_deadline, "loss_deadline"), S(o_ack_coalesce_sum, "ack_coalesce_sum"), {NULL, NULL}};
     const struct slotspec mrs[] = {S(o_mr_addr, "addr"), S(o_mr_length, "length"),
                                    S(o_mr_remote_write, "remote_write"), S(o_mr_view, "view"), {NULL, NULL}};
     const struct slotspec wrs[] = {
@@ -1377,13 +1713,13 @@ static PyObject *
 c_consts(PyObject *Py_UNUSED(mod), PyObject *Py_UNUSED(a))
 {
     return Py_BuildValue(
-        "{sisisisisisisisisisisisisisisisisisisisisisisKsisL}",
+        "{sisisisisisisisisisisisisisisisisisisisisisisisisKsisL}",
         "WRITE_HDR_LEN", WRITE_HDR_LEN, "WRITE_IMM_HDR_LEN", WRITE_IMM_HDR_LEN, "ICRC_LEN", ICRC_LEN,
         "OP_WRITE", OP_WRITE, "OP_WRITE_IMM", OP_WRITE_IMM, "PKEY_PARTITION", PKEY_PARTITION,
         "DEFAULT_PKEY", DEFAULT_PKEY, "QPN_MASK", (int)QPN_MASK, "PSN_MASK", (int)PSN_MASK, "HALF", (int)HALF,
         "MXH_VERSION", MXH_VERSION, "MAX_PAYLOAD", MAX_PAYLOAD, "EV_INDEX_MAX", EV_INDEX_MAX,
         "EV_SPORT_BASE", EV_SPORT_BASE, "F_TRIMMED", F_TRIMMED, "F_RETX", F_RETX, "F_FIRST", F_FIRST,
-        "F_LAST", F_LAST, "F_ACK_NOW", F_ACK_NOW, "S_RETX", S_RETX, "TX_INFLIGHT", TX_INFLIGHT,
+        "F_LAST", F_LAST, "F_ACK_NOW", F_ACK_NOW, "S_RETX", S_RETX, "TX_INFLIGHT", TX_INFLIGHT, "TX_LOST", TX_LOST, "TX_ACKED", TX_ACKED,
         "CRC32_RESIDUE", (int)CRC32_RESIDUE, "ACKREQ_BIT", (unsigned long long)ACKREQ_BIT,
         "ICRC_LEN_", ICRC_LEN, "NEVER", (long long)NEVER);
 }
@@ -1395,6 +1731,8 @@ static PyMethodDef methods[] = {
      "send_new(qp, wr, now, out) -> bool: fastpath.send_new in C."},
     {"datagrams_to_send", (PyCFunction)(void (*)(void))c_datagrams_to_send, METH_FASTCALL,
      "datagrams_to_send(ctx, now): Context.datagrams_to_send in C."},
+    {"ack_bits", (PyCFunction)(void (*)(void))c_ack_bits, METH_FASTCALL,
+     "Requester.on_sack's loop over newly acknowledged PSNs, up to the first LOST slot."},
     {"next_deadline", c_next_deadline, METH_O, "next_deadline(ctx): Context.next_deadline in C."},
     {"loopback_run", c_loopback_run, METH_VARARGS,
      "The loopback harness's event loop for an unimpaired fabric (mrc/sim/loopback.py)."},
@@ -1415,6 +1753,8 @@ PyInit__fastc(void)
     if (m == NULL)
         return NULL;
 #define INTERN(var, s) if ((var = PyUnicode_InternFromString(s)) == NULL) return NULL
+    if ((receive_fn = PyObject_GetAttrString(m, "receive")) == NULL)
+        return NULL;
     INTERN(s_qps, "qps");
     INTERN(s_out, "_out");
     INTERN(s_ack_delay_ns, "ack_delay_ns");
@@ -1425,6 +1765,9 @@ PyInit__fastc(void)
     INTERN(s_rto_interval, "_rto_interval");
     INTERN(s_start, "start");
     INTERN(s_active, "_active");
+    INTERN(s_ctl_ev, "ctl_ev");
+    INTERN(s_ev_port, "ev_port");
+    INTERN(s_sack_tx, "sack_tx");
     INTERN(s_send, "send");
     INTERN(s_paths, "paths");
     INTERN(s_next_probe_deadline, "next_probe_deadline");

@@ -53,7 +53,7 @@ from mrc.wire.crc import crc32, isal_crc32_address
 from mrc.wire.icrc import _ICRC, CRC32_RESIDUE
 from mrc.wire.packet import _WRITE, _WRITE_IMM, CTRL_HDR_LEN, WRITE_HDR_LEN, WRITE_IMM_HDR_LEN, MrcPacket
 
-from .qpcore import _CE, _HALF, _INFLIGHT, _RETX, _RTS, _S_DUP, NEVER, Datagram
+from .qpcore import _ACKED, _CE, _HALF, _INFLIGHT, _LOST, _RETX, _RTS, _S_DUP, NEVER, Datagram
 from .verbs import QpState
 
 if TYPE_CHECKING:
@@ -406,6 +406,7 @@ def install(ctx: Any) -> None:
     global _pure_receive
     ctx.fastpath = ENABLED
     ctx.fast_send = None
+    ctx.fast_acks = None
     if not ENABLED:
         return
     if _pure_receive is _unset:
@@ -416,6 +417,7 @@ def install(ctx: Any) -> None:
         ctx.datagrams_to_send = MethodType(c.datagrams_to_send, ctx)
         ctx.next_deadline = MethodType(c.next_deadline, ctx)
         ctx.fast_send = c.send_new
+        ctx.fast_acks = c.ack_bits
     else:
         ctx.receive = receive.__get__(ctx)
         ctx.fast_send = send_new
@@ -442,7 +444,8 @@ def _expected_consts() -> dict[str, int]:
         "DEFAULT_PKEY": DEFAULT_PKEY, "QPN_MASK": QPN_MASK, "PSN_MASK": PSN_MASK, "HALF": _HALF,
         "MXH_VERSION": MXH_VERSION, "MAX_PAYLOAD": MAX_PAYLOAD, "EV_INDEX_MAX": EV_INDEX_MAX,
         "EV_SPORT_BASE": EV_SPORT_BASE, "F_TRIMMED": _TRIMMED, "F_RETX": _RETX, "F_FIRST": _FIRST,
-        "F_LAST": _LAST, "F_ACK_NOW": _ACK_NOW, "S_RETX": _S_RETX, "TX_INFLIGHT": _INFLIGHT,
+        "F_LAST": _LAST, "F_ACK_NOW": _ACK_NOW, "S_RETX": _S_RETX, "TX_INFLIGHT": _INFLIGHT, "TX_LOST": _LOST,
+        "TX_ACKED": _ACKED,
         "CRC32_RESIDUE": CRC32_RESIDUE, "ACKREQ_BIT": _ACKREQ_BIT, "ICRC_LEN_": ICRC_LEN, "NEVER": NEVER,
     }
 

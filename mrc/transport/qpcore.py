@@ -105,7 +105,7 @@ class QpCore:
         "max_trim_recovery_ns", "trim_recoveries", "aux_deadline", "tx_old", "tx_old_ev", "first_psn",
         "wimm_out",
         "rnr", "gc_at", "max_rx_msgs", "ts_off", "steer_delay", "cc_spec", "ackreq_since", "ackreq_div",
-        "Wd", "hint", "fast", "nack_retx_mark", "wlim", "oow_q",
+        "Wd", "hint", "fast", "fast_acks", "nack_retx_mark", "wlim", "oow_q",
     )
 
     def _reset_rack(self, nports: int) -> None:
@@ -144,6 +144,8 @@ class QpCore:
         self.ctx = ctx
         #: the fast path's send function (fastpath.install: C or Python), None on the pure path
         self.fast: Callable[[Any, SendWr, int, list[Datagram]], bool] | None = getattr(ctx, "fast_send", None)
+        #: the C path's loop over a SACK's newly acknowledged PSNs (fastpath.install), else None
+        self.fast_acks: Callable[..., tuple[int, int, int, int]] | None = getattr(ctx, "fast_acks", None)
         self.qpn = qpn
         self.send_cq = send_cq
         self.recv_cq = recv_cq

@@ -390,7 +390,14 @@ class Requester(Recovery):
                         newly = 0
                 rack_ser = self.rack_ser if newly and self.same_port_rack else None
                 ev_port = self.paths.ev_port
+                fast_acks = self.fast_acks
                 while newly:
+                    if fast_acks is not None:  # the C path: the same loop up to the next LOST slot
+                        newly, inflight, acked, las = fast_acks(
+                            self, newly, una, inflight, acked, las, rack_ser, ev_port
+                        )
+                        if not newly:
+                            break
                     low = newly & -newly
                     slot = (una + low.bit_length() - 1) % W
                     newly ^= low

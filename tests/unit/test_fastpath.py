@@ -170,7 +170,8 @@ def test_switch_read_at_import() -> None:
 def test_compiled_harness_same_run(cfg: Callable[[], Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """The loopback's event loop in C (`_fastc.loopback_run`, taken for an unimpaired fabric) against
     the same loop in Python, both with the C engine: the same report (times, packets, SACKs), the same
-    QP counters and timers, the same bytes placed."""
+    QP counters and timers, the same bytes placed, and the same events left in the heap, in the same
+    order (the C loop keeps them in its own array during the run)."""
     _mode(monkeypatch, True, "c")
     docs = []
     for compiled in (True, False):
@@ -184,7 +185,8 @@ def test_compiled_harness_same_run(cfg: Callable[[], Any], monkeypatch: pytest.M
         assert doc["bit_exact"]
         docs.append((doc, run.qa.stats(), run.qb.stats(), run.fabric.seq, run.fabric.now, run.fabric.last_t,
                      run.fabric.timer_at, run.fabric.port_free, run.fabric.plane_data_bytes,
-                     run.qa.rto_deadline, run.qb.ack_deadline, len(run.fabric.heap)))
+                     run.qa.rto_deadline, run.qb.ack_deadline,
+                     [(*e[:3], None if e[3] is None else bytes(e[3]), *e[4:]) for e in run.fabric.heap]))
     assert docs[0] == docs[1]
 
 
@@ -204,3 +206,28 @@ def test_replaced_transmit_keeps_the_python_loop(monkeypatch: pytest.MonkeyPatch
     assert run.fabric._compiled_loop() is None
     doc = L.run_transfer(run)
     assert doc["bit_exact"] and seen.count(0) >= doc["data_packets"] and 1 in seen
+
+
+@pytest.mark.skipif(not _C_BUILT, reason="mrc/transport/_fastc.c is not built here (make setup)")
+def test_ack_bits_stops_at_a_lost_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`_fastc.ack_bits`, on_sack's loop in C: the bits below the first LOST slot are acknowledged as the
+    Python loop does (slot ACKED, in-flight bytes down, serial and per-port RACK serial up), and the
+    bits from the LOST one on are handed back for the Python loop's recovery code."""
+    from mrc.transport.qpcore import _ACKED, _INFLIGHT, _LOST
+
+    _mode(monkeypatch, True, "c")
+    run = L.build(L.LoopbackConfig(size=1 << 20, seed=1))
+    qp, W, una = run.qa, run.qa.W, run.qa.W - 2  # slots una % W .. wrap past the end
+    for i in range(6):
+        s = (una + i) % W
+        qp.tx_state[s], qp.tx_len[s], qp.tx_serial[s], qp.tx_ev[s] = _INFLIGHT, 100 + i, 50 + i, i
+    qp.tx_state[(una + 4) % W] = _LOST
+    rack = [0] * len(qp.rack_ser)
+    newly = 0b110111  # PSNs una+0..2, una+4 (LOST), una+5
+    left, inflight, acked, las = qp.fast_acks(qp, newly, una, 1000, 0, 0, rack, qp.paths.ev_port)
+    assert left == 0b110000
+    assert (inflight, acked, las) == (1000 - 303, 303, 52)
+    assert [qp.tx_state[(una + i) % W] for i in range(6)] == [_ACKED] * 3 + [_INFLIGHT, _LOST, _INFLIGHT]
+    ports = [qp.paths.ev_port[i] for i in range(3)]
+    assert all(rack[p] == max(50 + i for i in range(3) if ports[i] == p) for p in set(ports))
+    assert qp.fast_acks(qp, 0, una, 5, 6, 7, None, qp.paths.ev_port) == (0, 5, 6, 7)
