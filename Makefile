@@ -35,4 +35,4 @@ bench: setup
 	$(PY) bench/wire.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache mrc/transport/_fastc*.so

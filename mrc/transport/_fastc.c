@@ -52,6 +52,8 @@
 /* qpcore's tx_state values */
 #define TX_INFLIGHT 1
 
+#define FASTC_ABI 1  /* fastpath._FASTC_ABI: raise both with any change of setup() or a function's contract */
+
 typedef uint32_t (*crc_fn)(uint32_t init, const unsigned char *buf, uint64_t len);
 
 static crc_fn crc32 = NULL;
@@ -1751,6 +1753,10 @@ PyInit__fastc(void)
 {
     PyObject *m = PyModule_Create(&moddef);
     if (m == NULL)
+        return NULL;
+    /* the interface between this file and fastpath.py (setup's arguments, the functions' contracts):
+     * fastpath refuses a module built from another version of this file (a stale in-place build) */
+    if (PyModule_AddIntConstant(m, "ABI", FASTC_ABI) < 0)
         return NULL;
 #define INTERN(var, s) if ((var = PyUnicode_InternFromString(s)) == NULL) return NULL
     if ((receive_fn = PyObject_GetAttrString(m, "receive")) == NULL)

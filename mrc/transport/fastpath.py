@@ -423,6 +423,8 @@ def install(ctx: Any) -> None:
         ctx.fast_send = send_new
 
 
+#: `_fastc.ABI` of the _fastc.c this file works with
+_FASTC_ABI: Final = 1
 #: the C module once set up (`_compiled`), False when it cannot be used
 _C: Any = None
 
@@ -461,8 +463,8 @@ def _load_compiled() -> Any:
     from .verbs import MemoryRegion, SendWr
 
     addr = isal_crc32_address()
-    if not addr or _fastc.consts() != _expected_consts():
-        return None
+    if not addr or getattr(_fastc, "ABI", None) != _FASTC_ABI or _fastc.consts() != _expected_consts():
+        return None  # no ISA-L symbol, or a build of another version of _fastc.c (make setup rebuilds it)
     _fastc.setup(QueuePair, MemoryRegion, SendWr, IcrcContext, Datagram, _RTS, _RTR, receive, sack, send_new,
                  addr)
     return _fastc

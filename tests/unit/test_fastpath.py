@@ -335,3 +335,18 @@ def test_malformed_packets_same_on_every_path(mode: str, monkeypatch: pytest.Mon
     wire1, state1 = _fuzz_run(True, mode, bufs, state0["packets"], monkeypatch)
     assert wire1 == wire0
     assert state1 == state0
+
+
+def test_stale_build_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `_fastc` built from another version of its source (an in-place build older than the checkout)
+    is refused, and contexts run the Python fast path, rather than calling it with a wrong contract."""
+    import types
+
+    stale = types.SimpleNamespace(ABI=0, consts=lambda: fastpath._expected_consts())
+    monkeypatch.setitem(sys.modules, "mrc.transport._fastc", stale)
+    monkeypatch.setattr(importlib.import_module("mrc.transport"), "_fastc", stale, raising=False)
+    monkeypatch.setattr(fastpath, "_C", None)
+    assert fastpath._compiled() is None
+    monkeypatch.setattr(fastpath, "ENABLED", True)
+    ctx = Context(bytes(16), ports=1)
+    assert vars(ctx)["fast_send"] is fastpath.send_new
