@@ -1,6 +1,7 @@
 """The engine's fast path against its pure-Python path, side by side: `mrcctl sim loopback` (and, with
 `--sim`, `mrcctl sim run permutation`) run alternately with MRC_FASTPATH=0 and MRC_FASTPATH=1 (the C
-fast path where mrc/transport/_fastc.c is built, else the Python one), each in a fresh interpreter (of this checkout, which the virtual environment's editable install points at), so that
+fast path where mrc/transport/_fastc.c is built, else the Python one), each in a fresh interpreter
+(of this checkout, which the virtual environment's editable install points at), so that
 the ratio survives a machine whose speed drifts.
 
     .venv/bin/python bench/fastpath_ab.py --pairs 6 --size 256M [--sim] [-j]

@@ -553,7 +553,9 @@ c_receive(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs, PyO
     if (va > (uint64_t)INT64_MAX)
         return slow_receive(args, nargs, kwnames);
     long long off = (long long)va - addr;
-    if (off < 0 || off + (long long)dlen > length || placed + (long long)dlen >= mtotal)
+    /* (no sum that can overflow: off may be up to 2^63 - 1 from a hostile VA) */
+    if (addr < 0 || length < 0 || off < 0 || off > length || (long long)dlen > length - off
+        || placed + (long long)dlen >= mtotal)
         return slow_receive(args, nargs, kwnames);
     int had;
     long t;
@@ -568,7 +570,7 @@ c_receive(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs, PyO
         Py_DECREF(nb);
         return slow_receive(args, nargs, kwnames);
     }
-    if (!PyBuffer_IsContiguous(&vb, 'C') || off + (long long)dlen > (long long)vb.len) {
+    if (!PyBuffer_IsContiguous(&vb, 'C') || off > (long long)vb.len || (long long)dlen > (long long)vb.len - off) {
         PyBuffer_Release(&vb);
         Py_DECREF(nb);
         return slow_receive(args, nargs, kwnames);
@@ -812,7 +814,7 @@ c_send_new(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
                 break;
             }
         }
-        if (ev > 0xFFFF || ev >= PyList_GET_SIZE(ev_port)) {
+        if (ev < 0 || ev > 0xFFFF || ev >= PyList_GET_SIZE(ev_port)) {
             PyErr_Format(PyExc_ValueError, "EV %ld outside the QP's profile", ev);
             goto done;
         }
