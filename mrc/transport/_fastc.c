@@ -211,12 +211,39 @@ count(PyObject *c, PyObject *name)
     return r;
 }
 
+/* the ICRC of b[0:end] (start value from the context's cache, or computed and cached by its `start`)
+ * written at b[end:end+4], little-endian; 0, or -1 with an exception set */
+static int
+icrc_seal(PyObject *ic, unsigned char *b, Py_ssize_t end, long sport)
+{
+    long long v = icrc_start(ic, (long)end, sport);
+    if (v < 0) {
+        PyObject *x = PyObject_CallMethod(ic, "start", "nl", end, sport);
+        if (x == NULL)
+            return -1;
+        v = PyLong_AsLongLong(x);
+        Py_DECREF(x);
+        if (v == -1 && PyErr_Occurred())
+            return -1;
+    }
+    uint32_t crc = crc32((uint32_t)v, b, (uint64_t)end);
+    b[end] = (unsigned char)crc;
+    b[end + 1] = (unsigned char)(crc >> 8);
+    b[end + 2] = (unsigned char)(crc >> 16);
+    b[end + 3] = (unsigned char)(crc >> 24);
+    return 0;
+}
+
 /* ---------------------------------------------------------------------------------------- receive */
 
 static PyObject *
 slow_receive(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     PyErr_Clear();
+    if (py_receive == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_fastc.receive before _fastc.setup");
+        return NULL;
+    }
     return PyObject_Vectorcall(py_receive, args, nargs, kwnames);
 }
 
@@ -384,25 +411,10 @@ do_sack(PyObject *qp, PyObject *nowo, long long now, PyObject *out, uint32_t psn
     put32(b + 52, 0);  /* service time */
     for (int i = 0; i < 8; i++)  /* the bitmap, little-endian words */
         b[SACK_HDR_LEN + i] = (unsigned char)(bm >> (8 * i));
-    long long v = icrc_start(ic, (long)end, EV_SPORT_BASE | (cev & EV_INDEX_MAX));
-    if (v < 0) {
-        PyObject *x = PyObject_CallMethod(ic, "start", "nl", end, EV_SPORT_BASE | (cev & EV_INDEX_MAX));
-        if (x == NULL) {
-            Py_DECREF(buf);
-            goto fail;
-        }
-        v = PyLong_AsLongLong(x);
-        Py_DECREF(x);
-        if (v == -1 && PyErr_Occurred()) {
-            Py_DECREF(buf);
-            goto fail;
-        }
+    if (icrc_seal(ic, b, end, EV_SPORT_BASE | (cev & EV_INDEX_MAX))) {
+        Py_DECREF(buf);
+        goto fail;
     }
-    uint32_t crc = crc32((uint32_t)v, b, (uint64_t)end);
-    b[end] = (unsigned char)crc;
-    b[end + 1] = (unsigned char)(crc >> 8);
-    b[end + 2] = (unsigned char)(crc >> 16);
-    b[end + 3] = (unsigned char)(crc >> 24);
     if (!(eflags & S_DUP)) {  /* as Responder._sack: a duplicate's answer leaves the ACK policy's state */
         if (slot_set_ll(qp, o_unacked, 0) || slot_set_ll(qp, o_ack_coalesce, ack_coalesce_sum - ack_coalesce)
             || slot_set_ll(qp, o_ack_deadline, NEVER)) {
@@ -746,9 +758,9 @@ c_send_new(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
         Py_XDECREF(ev_port); Py_XDECREF(port_bytes); Py_XDECREF(seq); Py_XDECREF(seq_poso);
         goto slow;
     }
-    Py_ssize_t seq_len = PyList_GET_SIZE(seq), seq_pos = PyLong_AsSsize_t(seq_poso);
+    Py_ssize_t seq_len = PyList_GET_SIZE(seq), seq_pos = seq_len ? PyLong_AsSsize_t(seq_poso) : 0;
     Py_DECREF(seq_poso);
-    if (seq_len && (seq_pos < 0 || seq_pos >= seq_len)) {
+    if (seq_len && (seq_pos < 0 || seq_pos >= seq_len)) {  /* (also a failed conversion: -1) */
         PyBuffer_Release(&vb);
         Py_DECREF(ev_port); Py_DECREF(port_bytes); Py_DECREF(seq);
         goto slow;
@@ -863,25 +875,10 @@ c_send_new(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
         put64(x + 16, stamp);
         memcpy(b + hl, src + base + off, (size_t)n);
         memset(b + hl + n, 0, pad + ICRC_LEN);
-        long long v = icrc_start(icrc, (long)end, EV_SPORT_BASE | (ev & EV_INDEX_MAX));
-        if (v < 0) {
-            PyObject *r = PyObject_CallMethod(icrc, "start", "nl", end, EV_SPORT_BASE | (ev & EV_INDEX_MAX));
-            if (r == NULL) {
-                Py_DECREF(buf);
-                goto done;
-            }
-            v = PyLong_AsLongLong(r);
-            Py_DECREF(r);
-            if (v == -1 && PyErr_Occurred()) {
-                Py_DECREF(buf);
-                goto done;
-            }
+        if (icrc_seal(icrc, b, end, EV_SPORT_BASE | (ev & EV_INDEX_MAX))) {
+            Py_DECREF(buf);
+            goto done;
         }
-        uint32_t crc = crc32((uint32_t)v, b, (uint64_t)end);
-        b[end] = (unsigned char)crc;
-        b[end + 1] = (unsigned char)(crc >> 8);
-        b[end + 2] = (unsigned char)(crc >> 16);
-        b[end + 3] = (unsigned char)(crc >> 24);
         /* ---- bookkeeping (as _send_new) */
         Py_ssize_t slot = (Py_ssize_t)(((psn % W) + W) % W);
         serial += 1;
@@ -958,6 +955,10 @@ done:
     return res;
 slow:
     PyErr_Clear();
+    if (py_send_new == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_fastc.send_new before _fastc.setup");
+        return NULL;
+    }
     return PyObject_Vectorcall(py_send_new, args, nargs, NULL);
 }
 
@@ -1607,14 +1608,29 @@ cleanup:
         int bad = 0;
         if (loaded)
             bad |= heap_out(&h, heap);
-        else
+        else {
+            for (Py_ssize_t i = 0; i < h.n; i++)
+                Py_XDECREF(h.v[i].data);
             PyMem_Free(h.v);
+        }
+        /* callbacks ran Python code: the lists must still have the shapes read at the start */
+        int shaped = PyList_GET_SIZE(port_free) == 2 && PyList_GET_SIZE(pdb) == 2 && PyList_GET_SIZE(timer_at) == 2;
+        for (int j = 0; shaped && j < 2; j++) {
+            PyObject *fr = PyList_GET_ITEM(port_free, j), *br = PyList_GET_ITEM(pdb, j);
+            shaped = PyList_Check(fr) && PyList_Check(br) && PyList_GET_SIZE(fr) == nf[j]
+                     && PyList_GET_SIZE(br) == nb[j];
+        }
+        if (!shaped && et == NULL) {
+            PyErr_SetString(PyExc_RuntimeError, "loopback_run: the fabric's port lists changed shape during the run");
+            PyErr_Fetch(&et, &evv, &etb);
+        }
         for (int j = 0; j < 2; j++) {
-            if (free_[j] != NULL)
+            if (shaped && free_[j] != NULL)
                 bad |= ll_store(PyList_GET_ITEM(port_free, j), free_[j], nf[j]);
-            if (bytes_[j] != NULL)
+            if (shaped && bytes_[j] != NULL)
                 bad |= ll_store(PyList_GET_ITEM(pdb, j), bytes_[j], nb[j]);
-            bad |= list_set(timer_at, j, PyLong_FromLongLong(tmr[j]));
+            if (shaped)
+                bad |= list_set(timer_at, j, PyLong_FromLongLong(tmr[j]));
             PyMem_Free(free_[j]);
             PyMem_Free(bytes_[j]);
             Py_XDECREF(recv[j]);
