@@ -35,4 +35,4 @@ bench: setup
 	$(PY) bench/wire.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache mrc/transport/_fastc*.so
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache mrc/transport/_fastc*.so mrc/sim/_simc*.so

@@ -1,8 +1,10 @@
-"""Build script for the one compiled part of mrc: the engine's fast path in C (mrc/transport/_fastc.c).
+"""Build script for the compiled parts of mrc: the engine's fast path in C (mrc/transport/_fastc.c) and
+the packet simulator's event loop in C (mrc/sim/_simc.c).
 
-Everything else is declared in pyproject.toml. The extension is optional: where it does not build (no C
-compiler or no Python headers: apt-get install gcc python3-dev), mrc installs and runs the same fast
-path in Python (mrc/transport/fastpath.py), with identical wire bytes, only slower.
+Everything else is declared in pyproject.toml. Both extensions are optional: where they do not build (no
+C compiler or no Python headers: apt-get install gcc python3-dev), mrc installs and runs the same code in
+Python (mrc/transport/fastpath.py, `Fabric._run_fast` in mrc/sim/fabric.py), with identical results,
+only slower.
 """
 
 from setuptools import Extension, setup
@@ -14,6 +16,12 @@ setup(
             ["mrc/transport/_fastc.c"],
             optional=True,
             extra_compile_args=["-O2", "-Wall"],
-        )
+        ),
+        Extension(
+            "mrc.sim._simc",
+            ["mrc/sim/_simc.c"],
+            optional=True,
+            extra_compile_args=["-O2", "-Wall"],
+        ),
     ]
 )

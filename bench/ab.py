@@ -32,6 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 _RUN = """
 import json, sys
+import mrc
+assert mrc.__file__.startswith(sys.argv[3]), (mrc.__file__, sys.argv[3])  # the tree asked for
 from mrc.sim.loopback import LoopbackConfig, loopback
 d = loopback(LoopbackConfig(size=int(sys.argv[1]), seed=int(sys.argv[2])))
 print(json.dumps({k: d[k] for k in ("engine_pps", "engine_vs_wire_floor", "bit_exact", "wall_s")}))
@@ -39,6 +41,8 @@ print(json.dumps({k: d[k] for k in ("engine_pps", "engine_vs_wire_floor", "bit_e
 
 _PERMUTATION = """
 import json, sys
+import mrc
+assert mrc.__file__.startswith(sys.argv[3]), (mrc.__file__, sys.argv[3])  # the tree asked for
 from mrc.sim import experiments as E
 n = int(sys.argv[1])
 fabric = E.FabricSpec(planes=8, spines=8, leaves=n // 8, hosts_per_leaf=8)
@@ -74,8 +78,10 @@ def extract(rev: str, into: Path) -> Path:
 
 
 def run_one(tree: Path, size: int, seed: int, script: str = _RUN) -> dict[str, float]:
+    # cwd=tree: `python -c` puts the working directory first on sys.path, so run from the checkout it
+    # would import this checkout's mrc/ for the base as well
     out = subprocess.run(
-        [sys.executable, "-c", script, str(size), str(seed)],
+        [sys.executable, "-c", script, str(size), str(seed), str(tree.resolve()) + "/"], cwd=tree,
         check=True, capture_output=True, text=True, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"},
     ).stdout
     doc: dict[str, float] = json.loads(out.strip().splitlines()[-1])

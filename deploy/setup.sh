@@ -19,8 +19,9 @@ SYSPY=/usr/bin/python3
 #   iperf3               kernel TCP baseline in benchmarks
 #   prometheus           metrics scrape and rule checks (promtool)
 #   python3-venv         the virtualenv module for the system Python
-#   gcc python3-dev      build the engine's fast path in C (mrc/transport/_fastc.c; without them the same
-#                        path runs in Python, slower)
+#   gcc python3-dev      build the engine's fast path and the simulator's event loop in C
+#                        (mrc/transport/_fastc.c, mrc/sim/_simc.c; without them the same code runs in
+#                        Python, slower)
 #   systemd              systemd-analyze: the unit's verify and security tests (absent from minimal images
 #                        and containers; installing it starts nothing there)
 APT_PKGS=(python3-bpfcc python3-venv gcc python3-dev linux-headers-amd64 bpftool iproute2 ethtool tcpdump tshark iperf3 prometheus
@@ -93,8 +94,10 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 stamp="$VENV/.mrc-installed"
 fastc=mrc/transport/_fastc.c
+simc=mrc/sim/_simc.c
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] || [ $fastc -nt "$stamp" ] \
-   || ! compgen -G "mrc/transport/_fastc*.so" >/dev/null; then
+   || [ $simc -nt "$stamp" ] || ! compgen -G "mrc/transport/_fastc*.so" >/dev/null \
+   || ! compgen -G "mrc/sim/_simc*.so" >/dev/null; then
   say "installing mrc (editable, [dev]) into $VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip
   "$VENV/bin/python" -m pip install -q -e '.[dev]' || die "pip install -e .[dev] failed"
@@ -104,6 +107,8 @@ else
 fi
 "$VENV/bin/python" -c 'import mrc.transport._fastc' 2>/dev/null && say "engine fast path: C ($fastc)" \
   || say "warning: $fastc did not build (apt-get install gcc python3-dev); the fast path runs in Python"
+"$VENV/bin/python" -c 'import mrc.sim._simc' 2>/dev/null && say "simulator event loop: C ($simc)" \
+  || say "warning: $simc did not build (apt-get install gcc python3-dev); the simulator's loop runs in Python"
 # torch (CPU) for the DDP communication hook and its test (mrc.collective.ddp; mrc itself never needs it):
 # pinned, because an unpinned `torch` resolves to a multi-GB CUDA build; pip takes the machine's local
 # wheel (find-links) when there is one. Only installed when the venv cannot import it already.

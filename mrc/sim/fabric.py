@@ -35,6 +35,7 @@ import heapq
 import operator
 import os
 import time
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
@@ -83,10 +84,33 @@ _EV_CALL: Final = -2
 #: fabric's rate and delay, a backlog below every threshold) without the marking, trimming and drop tests.
 FAST_ENV: Final = "MRC_SIM_FAST"
 FAST: bool = os.environ.get(FAST_ENV, "1").strip() != "0"
+#: The fast loop in C (mrc/sim/_simc.c, built by `make setup`) where it is built; ``MRC_SIM_FAST=py``
+#: keeps the fast loop in Python (the side-by-side measurement, bench/sim_loop_ab.py). Like `FAST`, each
+#: `Fabric` takes the value when it is constructed.
+LOOP_C: bool = os.environ.get(FAST_ENV, "1").strip().lower() != "py"
+#: `_simc.ABI` of the _simc.c this file works with (a stale in-place build is not used)
+_SIMC_ABI: Final = 1
 #: the route chain's end at a switch with no route for the packet's next micro-SID (unpacking it fails)
 _NO_ROUTE: Final[tuple[()]] = ()
 #: the most switches a route chain may cross (a valid container names at most 6)
 _MAX_CHAIN: Final = 64
+
+
+def _load_simc() -> Any:
+    """`mrc.sim._simc`, or None: not built, or built from another version of its source, or written
+    against other values of this module's constants."""
+    try:
+        from . import _simc  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    want = {"_SHIFT": _SHIFT, "_SER_LIST": _SER_LIST, "PRIO_BYTES": PRIO_BYTES, "_EV_TIMER": _EV_TIMER,
+            "_EV_CALL": _EV_CALL, "NEVER": NEVER}
+    if getattr(_simc, "ABI", None) != _SIMC_ABI or _simc.consts() != want:
+        return None
+    return _simc
+
+
+_SIMC: Any = _load_simc()
 
 
 class Endpoint(Protocol):
@@ -137,12 +161,14 @@ class Fabric:
         #: which event loop `run` uses (`FAST`, MRC_SIM_FAST); fixed before the first packet is sent, as
         #: the two loops' packet events differ (a container or a route chain)
         self.fast = FAST if fast is None else fast
+        #: the fast loop's C module (`_simc.run`), or None: the loop in Python
+        self._loop_c: Any = _SIMC if self.fast and LOOP_C else None
         self.p = p = params or FabricParams()
         self.rate_Bpns = p.rate_bps / 8e9
         self.ovh = p.wire_overhead
         self._ser: dict[int, int] = {}
         #: serialization time by wire size for every packet an MTU allows (a list index per hop)
-        self._ser_l: list[int] = [p.ser_ns(w) for w in range(_SER_LIST)]
+        self._ser_l: array[int] = array("q", [p.ser_ns(w) for w in range(_SER_LIST)])
         # ---- nodes: hosts 0..H-1, then switches
         self.nhosts = len(topo.hosts)
         self.node_names: list[str] = [n for n, _ in topo.hosts]
@@ -152,17 +178,19 @@ class Fabric:
             self.node_names.append(sw.name)
         nn = len(self.node_names)
         self.fib: list[dict[int, int]] = [{} for _ in range(nn)]  # switch: next uSID -> egress port
-        # ---- ports (egress side of each link direction) and links
-        self.port_node: list[int] = []  # the node the port sends TO
+        # ---- ports (egress side of each link direction) and links. The tables a hop reads or writes are
+        # arrays of 8-byte cells ('q': int64, 'd': double), which the C loop (mrc/sim/_simc.c) shares
+        # through the buffer protocol; they index and assign like lists.
+        self.port_node: array[int] = array("q")  # the node the port sends TO
         self.port_from: list[int] = []
-        self.port_link: list[int] = []
-        self.port_plane: list[int] = []
+        self.port_link: array[int] = array("q")
+        self.port_plane: array[int] = array("q")
         self.port_buffer: list[int] = []
-        self.busy: list[int] = []
-        self.port_tx_bytes: list[int] = []
-        self.port_max_backlog: list[int] = []
+        self.busy: array[int] = array("q")
+        self.port_tx_bytes: array[int] = array("q")
+        self.port_max_backlog: array[int] = array("q")
         self.port_up: list[bool] = []  # link_up / link_epoch of each port's link (one index less per hop)
-        self.port_epoch: list[int] = []
+        self.port_epoch: array[int] = array("q")
         self.link_names: list[tuple[str, str]] = []
         self.link_index: dict[frozenset[str], int] = {}
         self.link_up: list[bool] = []
@@ -179,9 +207,9 @@ class Fabric:
         self._chains: list[dict[int, Any]] = []
         #: per port: backlog (bytes, as a float) below which a hop needs no ECN, trim or drop test; 0.0
         #: where the port's link is down or has its own rate or delay (those hops take the general code)
-        self._safe: list[float] = []
+        self._safe: array[float] = array("d")
         #: port_max_backlog + 1 as floats, made by each `_run_fast`
-        self._mb1: list[float] = []
+        self._mb1: array[float] = array("d")
         #: a link changed state once: packet events may carry an old epoch (until then every epoch is 0
         #: and the fast loop skips the comparison)
         self._epochs_moved = False
@@ -881,8 +909,18 @@ class Fabric:
         port_plane = self.port_plane
         port_epoch = self.port_epoch
         max_backlog = self.port_max_backlog
-        mb1 = [q + 1.0 for q in max_backlog]  # max_backlog + 1 as floats (exact: small integers)
+        mb1 = array("d", [q + 1.0 for q in max_backlog])  # max_backlog + 1 as floats (exact: small ints)
         self._mb1 = mb1
+        if self._loop_c is not None:  # this loop in C, on the same objects
+            t0 = time.perf_counter()
+            c0 = time.process_time()
+            events, other, t0 = self._loop_c.run(self, until_ns, stop, check_every, progress,
+                                                 progress_every_s, t0)
+            self.events += events
+            self.hops += events - other
+            self.wall_s += time.perf_counter() - t0
+            self.cpu_s += time.process_time() - c0
+            return int(events)
         tx = self.port_tx_bytes
         busy = self.busy
         safe = self._safe

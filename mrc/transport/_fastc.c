@@ -23,6 +23,18 @@
 #include <structmember.h>
 #include <stdint.h>
 #include <string.h>
+#include <limits.h>
+
+/* PyLong_AsLongLong and PyLong_AsUnsignedLongLong convert an int of more than one 30-bit digit (every
+ * time in ns) through _PyLong_AsByteArray, several times slower than PyLong_AsLong's digit loop; where
+ * long is 64 bits (LP64) the two give the same values and errors. */
+#if LONG_MAX == LLONG_MAX
+#define AS_LL(o) ((long long)PyLong_AsLong(o))
+#define AS_ULL(o) ((unsigned long long)PyLong_AsUnsignedLong(o))
+#else
+#define AS_LL(o) PyLong_AsLongLong(o)
+#define AS_ULL(o) PyLong_AsUnsignedLongLong(o)
+#endif
 
 /* wire constants (mrc/wire/consts.py): `consts()` returns them and the Python side refuses this module
  * when one differs */
@@ -124,7 +136,7 @@ slot_ll(PyObject *o, Py_ssize_t off, long long *v)
             PyErr_SetString(PyExc_TypeError, "slot is not an int");
         return -1;
     }
-    *v = PyLong_AsLongLong(x);
+    *v = AS_LL(x);
     if (*v == -1 && PyErr_Occurred())
         return -1;
     return 0;
@@ -184,7 +196,7 @@ icrc_start(PyObject *ic, long end, long sport)
     PyObject *v = PyDict_GetItemWithError(cache, key);  /* borrowed */
     Py_DECREF(key);
     if (v == NULL) { PyErr_Clear(); return -1; }
-    long long r = PyLong_AsLongLong(v);
+    long long r = AS_LL(v);
     if (r == -1 && PyErr_Occurred()) { PyErr_Clear(); return -1; }
     return r;
 }
@@ -199,7 +211,7 @@ count(PyObject *c, PyObject *name)
             return -1;
         v = PyLong_FromLong(1);
     } else {
-        long long x = PyLong_AsLongLong(v);
+        long long x = AS_LL(v);
         if (x == -1 && PyErr_Occurred())
             return -1;
         v = PyLong_FromLongLong(x + 1);
@@ -221,7 +233,7 @@ icrc_seal(PyObject *ic, unsigned char *b, Py_ssize_t end, long sport)
         PyObject *x = PyObject_CallMethod(ic, "start", "nl", end, sport);
         if (x == NULL)
             return -1;
-        v = PyLong_AsLongLong(x);
+        v = AS_LL(x);
         Py_DECREF(x);
         if (v == -1 && PyErr_Occurred())
             return -1;
@@ -254,7 +266,7 @@ bitmap_add(PyObject *rbits, long d, int *had, long *t)
 {
     *t = 0;
     if (d < 63) {
-        unsigned long long r = PyLong_AsUnsignedLongLong(rbits);
+        unsigned long long r = AS_ULL(rbits);
         if (!(r == (unsigned long long)-1 && PyErr_Occurred())) {
             unsigned long long bit = 1ULL << d;
             *had = (r & bit) != 0;
@@ -358,7 +370,7 @@ do_sack(PyObject *qp, PyObject *nowo, long long now, PyObject *out, uint32_t psn
         || slot_ll(qp, o_peer_qpn, &peer_qpn) || slot_ll(qp, o_ack_coalesce, &ack_coalesce)
         || slot_ll(qp, o_ack_coalesce_sum, &ack_coalesce_sum))
         return py_sack_call(qp, nowo, out, psn, ev, ts, eflags, port);
-    unsigned long long r = PyLong_AsUnsignedLongLong(rbits);
+    unsigned long long r = AS_ULL(rbits);
     if (r == (unsigned long long)-1 && PyErr_Occurred())
         return py_sack_call(qp, nowo, out, psn, ev, ts, eflags, port);
     uint64_t bm = r >> 1;  /* at most 63 bits: one word */
@@ -483,7 +495,7 @@ c_receive(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs, PyO
         return slow_receive(args, nargs, kwnames);
     if (n < WRITE_HDR_LEN + ICRC_LEN || p[0] != OP_WRITE || !PyLong_CheckExact(nowo))
         return slow_receive(args, nargs, kwnames);
-    long long now = PyLong_AsLongLong(nowo);
+    long long now = AS_LL(nowo);
     if (now < 0)
         return slow_receive(args, nargs, kwnames);
     if (porto != NULL && !PyLong_CheckExact(porto))
@@ -557,8 +569,8 @@ c_receive(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs, PyO
     if (slot_ll(mr, o_mr_addr, &addr) || slot_ll(mr, o_mr_length, &length) || !PyLong_CheckExact(m0)
         || !PyLong_CheckExact(m2))
         return slow_receive(args, nargs, kwnames);
-    placed = PyLong_AsLongLong(m0);
-    mtotal = PyLong_AsLongLong(m2);
+    placed = AS_LL(m0);
+    mtotal = AS_LL(m2);
     if (PyErr_Occurred())
         return slow_receive(args, nargs, kwnames);
     /* va - addr: va is a 64-bit field; in Python it is exact, here an address below the MR is < 0 */
@@ -643,7 +655,7 @@ c_receive(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs, PyO
             PyObject *adn = attr ? PyObject_GetAttr(attr, s_ack_delay_ns) : NULL;
             if (adn == NULL)
                 goto done;
-            long long delay = PyLong_AsLongLong(adn);
+            long long delay = AS_LL(adn);
             Py_DECREF(adn);
             if (delay == -1 && PyErr_Occurred())
                 goto done;
@@ -695,7 +707,7 @@ c_send_new(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
     PyObject *self = args[0], *wr = args[1], *nowo = args[2], *out = args[3];
     if (Py_TYPE(self) != qp_type || Py_TYPE(wr) != wr_type || !PyLong_CheckExact(nowo) || !PyList_CheckExact(out))
         goto slow;
-    long long now = PyLong_AsLongLong(nowo);
+    long long now = AS_LL(nowo);
     if (now == -1 && PyErr_Occurred())
         goto slow;
     long long W, mtu, psn, una, wlim, inflight, ack_floor, serial, length, sent, base, va0, rkey, msn,
@@ -739,7 +751,7 @@ c_send_new(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
     PyObject *cwndo = PyObject_GetAttr(cc, s_cwnd);
     if (cwndo == NULL)
         goto slow;
-    long long cwnd = PyLong_CheckExact(cwndo) ? PyLong_AsLongLong(cwndo) : -1;
+    long long cwnd = PyLong_CheckExact(cwndo) ? AS_LL(cwndo) : -1;
     Py_DECREF(cwndo);
     if (cwnd < 0) {
         PyErr_Clear();
@@ -814,7 +826,7 @@ c_send_new(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
                     PyObject *ri = PyObject_CallMethodNoArgs(self, s_rto_interval);
                     if (ri == NULL)
                         goto done;
-                    long long r = PyLong_AsLongLong(ri);
+                    long long r = AS_LL(ri);
                     Py_DECREF(ri);
                     if (r == -1 && PyErr_Occurred())
                         goto done;
@@ -941,7 +953,7 @@ c_send_new(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
         PyObject *ri = PyObject_CallMethodNoArgs(self, s_rto_interval);
         if (ri == NULL)
             goto done;
-        long long r = PyLong_AsLongLong(ri);
+        long long r = AS_LL(ri);
         Py_DECREF(ri);
         if ((r == -1 && PyErr_Occurred()) || slot_set_ll(self, o_rto_deadline, now + r))
             goto done;
@@ -992,7 +1004,7 @@ c_datagrams_to_send(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t 
         return NULL;
     }
     PyObject *ctx = args[0], *nowo = args[1];
-    long long now = PyLong_AsLongLong(nowo);
+    long long now = AS_LL(nowo);
     if (now == -1 && PyErr_Occurred())
         return NULL;
     if (now < 0)
@@ -1108,7 +1120,7 @@ next_deadline(PyObject *ctx)
         PyObject *x = paths ? PyObject_GetAttr(paths, s_next_probe_deadline) : NULL;
         if (x == NULL)
             goto fail;
-        t = PyLong_AsLongLong(x);
+        t = AS_LL(x);
         Py_DECREF(x);
         if (t == -1 && PyErr_Occurred())
             goto fail;
@@ -1152,8 +1164,8 @@ c_ack_bits(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *qp = args[0], *newly = args[1], *rack = args[6], *ev_port = args[7];
-    long long una = PyLong_AsLongLong(args[2]), inflight = PyLong_AsLongLong(args[3]),
-              acked = PyLong_AsLongLong(args[4]), las = PyLong_AsLongLong(args[5]), W;
+    long long una = AS_LL(args[2]), inflight = AS_LL(args[3]),
+              acked = AS_LL(args[4]), las = AS_LL(args[5]), W;
     if (PyErr_Occurred())
         return NULL;
     if (Py_TYPE(qp) != qp_type || !PyLong_CheckExact(newly) || slot_ll(qp, o_W, &W) || W <= 0
@@ -1186,8 +1198,8 @@ c_ack_bits(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
             continue;
         Py_ssize_t slot = (Py_ssize_t)(((una + i) % W + W) % W);
         long st = PyLong_AsLong(PyList_GET_ITEM(tx_state, slot));
-        long long n = PyLong_AsLongLong(PyList_GET_ITEM(tx_len, slot));
-        long long ser = PyLong_AsLongLong(PyList_GET_ITEM(tx_serial, slot));
+        long long n = AS_LL(PyList_GET_ITEM(tx_len, slot));
+        long long ser = AS_LL(PyList_GET_ITEM(tx_serial, slot));
         if (PyErr_Occurred())
             goto fail;
         if (st == TX_LOST) {  /* the Python loop's case: the bits from here on */
@@ -1220,7 +1232,7 @@ c_ack_bits(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
                     PyErr_SetString(PyExc_IndexError, "ack_bits: port outside rack_ser");
                 goto fail;
             }
-            long long rs = PyLong_AsLongLong(PyList_GET_ITEM(rack, port));
+            long long rs = AS_LL(PyList_GET_ITEM(rack, port));
             if (PyErr_Occurred())
                 goto fail;
             if (ser > rs && list_set(rack, port, PyLong_FromLongLong(ser)))
@@ -1333,8 +1345,8 @@ heap_in(Heap *h, PyObject *list)
             return -1;
         }
         Ev x;
-        x.t = PyLong_AsLongLong(PyTuple_GET_ITEM(e, 0));
-        x.seq = PyLong_AsLongLong(PyTuple_GET_ITEM(e, 1));
+        x.t = AS_LL(PyTuple_GET_ITEM(e, 0));
+        x.seq = AS_LL(PyTuple_GET_ITEM(e, 1));
         x.j = (int)PyLong_AsLong(PyTuple_GET_ITEM(e, 2));
         PyObject *d = PyTuple_GET_ITEM(e, 3);
         x.data = d == Py_None ? NULL : Py_NewRef(d);
@@ -1397,7 +1409,7 @@ ll_array(PyObject *list, Py_ssize_t *n)
         return NULL;
     }
     for (Py_ssize_t i = 0; i < *n; i++) {
-        a[i] = PyLong_AsLongLong(PyList_GET_ITEM(list, i));
+        a[i] = AS_LL(PyList_GET_ITEM(list, i));
         if (a[i] == -1 && PyErr_Occurred()) {
             PyMem_Free(a);
             return NULL;
@@ -1444,7 +1456,7 @@ c_loopback_run(PyObject *Py_UNUSED(mod), PyObject *args)
     PyObject *recv[2] = {NULL, NULL}, *timer[2] = {NULL, NULL};
     int ok = 0, loaded = 0, direct[2] = {0, 0};
     for (int j = 0; j < 2; j++) {
-        tmr[j] = PyLong_AsLongLong(PyList_GET_ITEM(timer_at, j));
+        tmr[j] = AS_LL(PyList_GET_ITEM(timer_at, j));
         PyObject *row = PyList_GET_ITEM(port_free, j), *brow = PyList_GET_ITEM(pdb, j);
         if ((tmr[j] == -1 && PyErr_Occurred()) || !PyList_Check(row) || !PyList_Check(brow)) {
             if (!PyErr_Occurred())

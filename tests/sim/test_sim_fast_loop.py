@@ -1,11 +1,14 @@
-"""The fabric's fast event loop (`Fabric._run_fast`, the default) against its reference loop
-(MRC_SIM_FAST=0, `Fabric._run_ref`): the same experiment gives the same document, every figure but the
-wall-clock ones, on runs that take every branch of the loop (ECN marks, trims, buffer drops, a failed and
-a degraded link, no route); and the ECMP baseline's figures of a fixed seed are pinned (they depend on
-nothing but the simulator: no engine runs there). No timing is asserted."""
+"""The fabric's fast event loop (`Fabric._run_fast`, the default: in C where mrc/sim/_simc.c is built,
+else in Python, MRC_SIM_FAST=py) against its reference loop (MRC_SIM_FAST=0, `Fabric._run_ref`): the
+same experiment gives the same document, every figure but the wall-clock ones, on runs that take every
+branch of the loop (ECN marks, trims, buffer drops, a failed and a degraded link, no route, runs in
+chunks with stop and progress callbacks); and the ECMP baseline's figures of a fixed seed are pinned (they
+depend on nothing but the simulator: no engine runs there). No timing is asserted."""
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import Any
 
 import pytest
@@ -23,14 +26,40 @@ from mrc.sim.experiments import (
 )
 from mrc.sim.fabric import WIRE_OVERHEAD, Fabric, FabricParams
 
+C_BUILT = fabric_mod._SIMC is not None
+#: the loops: (FAST, LOOP_C) -- the reference loop, the fast loop in Python, the fast loop in C
+LOOPS: dict[str, tuple[bool, bool]] = {"ref": (False, False), "py": (True, False), "c": (True, True)}
+
+
+def _set_loop(monkeypatch: pytest.MonkeyPatch, loop: str) -> None:
+    fast, c = LOOPS[loop]
+    monkeypatch.setattr(fabric_mod, "FAST", fast)
+    monkeypatch.setattr(fabric_mod, "LOOP_C", c)
+
+
+def _loops() -> list[str]:
+    return ["ref", "py", "c"] if C_BUILT else ["ref", "py"]
+
 
 def _both(monkeypatch: pytest.MonkeyPatch, run: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """run() with the reference loop, then with the fast loop."""
+    """run() with the reference loop, then with each fast loop; the fast loops' documents must be
+    identical (wall-clock figures aside), and the last one is returned with the reference's."""
     docs = []
-    for fast in (False, True):
-        monkeypatch.setattr(fabric_mod, "FAST", fast)
+    for loop in _loops():
+        _set_loop(monkeypatch, loop)
         docs.append(run())
-    return docs[0], docs[1]
+    for d in docs[2:]:
+        assert without_machine_figures(d) == without_machine_figures(docs[1])
+    return docs[0], docs[-1]
+
+
+def test_the_c_loop_is_built_where_setup_ran() -> None:
+    """`make setup` builds mrc/sim/_simc.c (gcc and python3-dev are in its apt list): a checkout whose
+    virtualenv was made by it runs the C loop, so the comparisons below cover it."""
+    if not C_BUILT:
+        pytest.skip("mrc/sim/_simc.c is not built here (gcc and python3-dev: make setup)")
+    fab = Fabric(topology.generate(1, 2, 1, 2), fast=True)
+    assert fab._loop_c is fabric_mod._SIMC
 
 
 def _congested() -> FabricSpec:
@@ -102,9 +131,12 @@ class _Sender:
         return None
 
 
-def _fabric_run(fast: bool) -> tuple[list[Any], dict[str, int], int, list[int]]:
+def _fabric_run(
+    monkeypatch: pytest.MonkeyPatch, loop: str
+) -> tuple[list[Any], dict[str, int], int, list[int]]:
+    _set_loop(monkeypatch, loop)
     topo = topology.generate(1, 2, 1, 2)  # 1 plane, 2 leaves, 1 spine, 2 hosts per leaf
-    fab = Fabric(topo, FabricParams(buffer_bytes=40_000, ecn_bytes=10_000, trim_bytes=20_000), fast=fast)
+    fab = Fabric(topo, FabricParams(buffer_bytes=40_000, ecn_bytes=10_000, trim_bytes=20_000))
     # EV 0 and EV 2: the real path to host 2 (its spine-leaf link slowed down: the general code of both
     # loops); EV 1: a container whose next micro-SID no switch knows (no route)
     good = fab.path_container(0, 2, 0, 0)
@@ -119,9 +151,10 @@ def _fabric_run(fast: bool) -> tuple[list[Any], dict[str, int], int, list[int]]:
     return b.got, dict(fab.drops), fab.hops, list(fab.port_max_backlog)
 
 
-def test_fabric_corner_cases_are_the_same_on_both_loops() -> None:
-    ref, fast = _fabric_run(False), _fabric_run(True)
-    assert ref == fast
+def test_fabric_corner_cases_are_the_same_on_both_loops(monkeypatch: pytest.MonkeyPatch) -> None:
+    ref, *fasts = (_fabric_run(monkeypatch, loop) for loop in _loops())
+    assert all(f == ref for f in fasts)
+    fast = fasts[-1]
     got, drops, _, _ = fast
     assert drops.get("no_route", 0) == 20 and got and any(ecn for _, ecn, _ in got)
     assert any(n > 16_384 for _, _, n in got) and any(n < 4000 for _, _, n in got)  # huge ones; trims
@@ -134,8 +167,8 @@ def test_ecmp_figures_of_a_fixed_seed(monkeypatch: pytest.MonkeyPatch) -> None:
     fs = FabricSpec(planes=2, leaves=4, spines=2, hosts_per_leaf=4, buffer_bytes=32 * 1024,
                     ecn_bytes=12 * 1024, trim_bytes=24 * 1024)
     spec = RunSpec(fabric=fs, variants=("ecmp",), seed=7)
-    for fast in (False, True):
-        monkeypatch.setattr(fabric_mod, "FAST", fast)
+    for loop in _loops():
+        _set_loop(monkeypatch, loop)
         doc = permutation(spec, duration_ns=300_000, warmup_ns=20_000)
         r = doc["results"]["ecmp"]
         assert (doc["events"], doc["packet_hops"]) == (104_480, 104_441)
@@ -153,3 +186,92 @@ PINNED: dict[str, Any] = {
     "naks": 58,
     "derived_this_draw": 0.6458,
 }
+
+
+class _Echo(_Sender):
+    """Answers every packet with a 64-byte control packet to `peer` over EV 0 (and every tenth with a
+    1,200-byte data packet over EV 1), and from a timer every 7 us sends a 100-byte packet, until 600 us:
+    deliveries and timers that send (the loop's own send path), control packets in the priority queue."""
+
+    def __init__(self, peer: int) -> None:
+        super().__init__()
+        self.peer = peer
+        self.pending: list[Any] = []
+        self.timer = 7_000
+
+    def receive(
+        self, data: Any, now: int, ecn: bool = False, port: int = 0, src: bytes | None = None
+    ) -> None:
+        super().receive(data, now, ecn, port, src)
+        self.pending.append((bytearray([0xC0]) + bytearray(63), 0, 0, self.peer))
+        if len(self.got) % 10 == 0:
+            self.pending.append((bytearray([0x0A]) + bytearray(1199), 0, 1, self.peer))
+
+    def handle_timer(self, now: int) -> None:
+        if now >= self.timer:
+            self.pending.append((bytearray([0xC1]) + bytearray(99), 0, 2, self.peer))
+            self.timer = now + 7_000
+
+    def datagrams_to_send(self, now: int) -> list[Any]:
+        out, self.pending = self.pending, []
+        return out
+
+    def next_deadline(self) -> int | None:
+        return self.timer if self.timer < 600_000 else None
+
+
+def _chunked(monkeypatch: pytest.MonkeyPatch, loop: str) -> dict[str, Any]:
+    """A fabric run in chunks of simulated time, with a link failed and healed by scheduled calls, a
+    stop callback and a progress callback at every check (progress_every_s=0): what each callback saw,
+    and the fabric's state after each chunk."""
+    _set_loop(monkeypatch, loop)
+    topo = topology.generate(1, 2, 1, 2)
+    fab = Fabric(topo, FabricParams(buffer_bytes=40_000, ecn_bytes=10_000, trim_bytes=20_000))
+    rows = {2: [fab.path_container(0, 2, 0, 0)] * 3}
+    a, b = _Sender(3000, 1500, 2), _Echo(0)
+    fab.attach(0, a, rows)
+    fab.attach(2, b, {0: [fab.path_container(2, 0, 0, 0)] * 3})
+    fab.kick(0, 0)
+    fab.fail_link("p0s0", "p0l1", 200_000, 400_000)
+    seen: dict[str, list[Any]] = {"stop": [], "progress": [], "chunks": []}
+
+    def stop() -> bool:
+        seen["stop"].append((fab.now, len(b.got)))
+        return False
+
+    def progress(f: Fabric) -> None:
+        seen["progress"].append((f.now, f.events, f.hops, list(f.busy), list(f.port_tx_bytes)))
+
+    for until in (100_000, 250_000, 900_000, 10_000_000):
+        events = fab.run(until_ns=until, stop=stop, check_every=1024, progress=progress, progress_every_s=0.0)
+        seen["chunks"].append((events, fab.now, fab.events, fab.hops, dict(fab.drops), list(fab.lost_on_link),
+                               list(fab.port_max_backlog), fab.pending(), list(fab.port_tx_bytes),
+                               list(fab.busy), fab.ecn_marks, fab.trims))
+    seen["got"] = list(b.got)
+    seen["echoed"] = list(a.got)
+    return seen
+
+
+def test_runs_in_chunks_with_callbacks_are_the_same_on_every_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    ref, *fasts = (_chunked(monkeypatch, loop) for loop in _loops())
+    py = fasts[0]
+    for f in fasts[1:]:  # the C loop against the Python fast loop: callbacks at the same events
+        assert f == py
+    # against the reference loop: the same packets and state (its checks fall on other events, as it
+    # counts hops otherwise)
+    assert ref["got"] == py["got"] and ref["echoed"] == py["echoed"]
+    assert [c[1:] for c in ref["chunks"]] == [c[1:] for c in py["chunks"]]
+    assert len(py["stop"]) > 3 and len(py["progress"]) > 3  # both callbacks ran, in more than one chunk
+    last = py["chunks"][-1]
+    assert sum(last[5]) > 0 and last[10] > 0  # packets lost on the failed link; ECN marks
+    assert any(n == 64 for _, _, n in py["echoed"]) and any(n == 100 for _, _, n in py["echoed"])
+
+
+def test_a_stale_c_loop_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An in-place build of another version of _simc.c (another ABI number) or one written against
+    other constants is refused: the loop then runs in Python."""
+    for stale in (types.SimpleNamespace(ABI=fabric_mod._SIMC_ABI + 1, consts=lambda: {}),
+                  types.SimpleNamespace(ABI=fabric_mod._SIMC_ABI, consts=lambda: {"_SHIFT": 6})):
+        monkeypatch.setitem(sys.modules, "mrc.sim._simc", stale)
+        monkeypatch.setattr(sys.modules["mrc.sim"], "_simc", stale, raising=False)
+        assert fabric_mod._load_simc() is None
