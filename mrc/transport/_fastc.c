@@ -357,9 +357,28 @@ py_sack_call(PyObject *qp, PyObject *nowo, PyObject *out, uint32_t psn, uint32_t
 
 /* `fastpath.sack` (service time 0) for a bitmap of at most 64 bits, the common case; a wider one, or
  * an unexpected slot, takes the Python function before anything changed. 0, or -1 with an exception. */
+static int do_sack_held(PyObject *qp, PyObject *nowo, long long now, PyObject *out, uint32_t psn, uint32_t ev,
+                        uint64_t ts, uint32_t eflags, PyObject *port);
+
+/* The SACK for a data packet. It calls into Python (`paths.ctl_ev`), which could rebind the QP's slots:
+ * the objects the SACK reads from them are held for the whole call. */
 static int
 do_sack(PyObject *qp, PyObject *nowo, long long now, PyObject *out, uint32_t psn, uint32_t ev, uint64_t ts,
         uint32_t eflags, PyObject *port)
+{
+    PyObject *held[] = {SLOT(qp, o_rbits), SLOT(qp, o_paths), SLOT(qp, o_tx_icrc), SLOT(qp, o_peer_gid),
+                        SLOT(qp, o_c)};
+    for (size_t i = 0; i < sizeof(held) / sizeof(held[0]); i++)
+        Py_XINCREF(held[i]);
+    int rc = do_sack_held(qp, nowo, now, out, psn, ev, ts, eflags, port);
+    for (size_t i = 0; i < sizeof(held) / sizeof(held[0]); i++)
+        Py_XDECREF(held[i]);
+    return rc;
+}
+
+static int
+do_sack_held(PyObject *qp, PyObject *nowo, long long now, PyObject *out, uint32_t psn, uint32_t ev, uint64_t ts,
+             uint32_t eflags, PyObject *port)
 {
     PyObject *rbits = SLOT(qp, o_rbits);
     long long rcv_cum, peer_qpn, ack_coalesce, ack_coalesce_sum;
@@ -674,12 +693,17 @@ done:
 static PyObject *py_send_new = NULL;  /* fastpath.send_new: every call this file does not take */
 
 
-/* list[i] = v (steals v) */
+/* list[i] = v (steals v); IndexError outside the list (a call into Python may have resized it) */
 static inline int
 list_set(PyObject *l, Py_ssize_t i, PyObject *v)
 {
     if (v == NULL)
         return -1;
+    if (i < 0 || i >= PyList_GET_SIZE(l)) {
+        Py_DECREF(v);
+        PyErr_SetString(PyExc_IndexError, "a QP list changed size during a send");
+        return -1;
+    }
     PyObject *old = PyList_GET_ITEM(l, i);
     PyList_SET_ITEM(l, i, v);
     Py_DECREF(old);
@@ -777,6 +801,13 @@ c_send_new(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(ev_port); Py_DECREF(port_bytes); Py_DECREF(seq);
         goto slow;
     }
+    /* The loop calls into Python (`paths.next_ev`, `rto_interval`), which could rebind the QP's slots:
+     * the objects read from them are held for the whole call. */
+    PyObject *held[] = {tx_state, tx_len, tx_ev, tx_time, tx_serial, tx_wr, tx_off, tx_retx, c, gid, icrc,
+                        paths, cc, mr, imm};
+    const size_t nheld = sizeof(held) / sizeof(held[0]);
+    for (size_t i = 0; i < nheld; i++)
+        Py_INCREF(held[i]);
     /* ---- from here on, state changes: errors are raised, as the Python path would raise them */
     const unsigned char *src = (const unsigned char *)vb.buf;
     long long limit = una + wlim, inflight0 = inflight;
@@ -964,6 +995,8 @@ done:
     Py_DECREF(ev_port);
     Py_DECREF(port_bytes);
     Py_DECREF(seq);
+    for (size_t i = 0; i < nheld; i++)
+        Py_DECREF(held[i]);
     return res;
 slow:
     PyErr_Clear();
