@@ -28,13 +28,15 @@ from pathlib import Path
 from typing import IO, Any, Final, Protocol
 
 from mrc.dataplane.client import check_socket_path
+from mrc.dataplane.protocol import MAX_REQUEST_BYTES as _MAX_REQUEST_LINE
 from mrc.dataplane.protocol import OPS, ErrorKind, ProtocolError, RejectReason, validate_request
 from mrc.errors import MrcError
 from mrc.transport import MemoryRegion, QueueFull
 
 SO_PEERCRED_FMT: Final = "3i"
-#: The longest control-socket request line; a longer one is answered with an error and skipped.
-MAX_REQUEST_BYTES: Final = 1 << 16
+#: The longest control-socket request line; a longer one is answered with an error and skipped. The
+#: protocol's (`mrc.dataplane.protocol`), which the client checks its requests against before sending.
+MAX_REQUEST_BYTES: Final = _MAX_REQUEST_LINE
 #: Descriptors (SCM_RIGHTS) a client may have sent that no request has taken yet: reg_mr takes one per
 #: request; more are closed on arrival and counted (rejected "too_many_fds"), so that a client cannot
 #: run mrcd out of descriptors.

@@ -26,6 +26,15 @@ RESTORE_PROBE_NS: Final = 50_000_000  # probe a denied link every 50 ms
 BUSY_NS: Final = 1_000_000_000  # a QP that sent nothing for this long says nothing about its EVs
 ACCESS_QUIET_NS: Final = 20_000_000  # own access link: failed only once its port received nothing this long
 MAX_LOG: Final = 100_000
+#: Peers whose reports of one denied link are kept (the link is restored once all of them report it up).
+#: A fabric has at most mrc.topology.MAX_HOSTS hosts, but the reporter is whatever a `link_status`
+#: request says: without a bound, forged reports with distinct `from` strings grew mrcd by a string
+#: each, for as long as the link stayed down. One more reporter is refused and counted
+#: (`reporters_refused`, in mrcd's `stats`); the link then waits for the ones kept.
+MAX_REPORTERS_PER_LINK: Final = 64
+#: The longest `Action.detail` kept (longer ones are cut, marked with "..."): the log holds MAX_LOG
+#: actions and `actions` answers them, so each must be small whatever a detail was built from.
+MAX_DETAIL: Final = 200
 
 Link = frozenset[str]
 
@@ -252,12 +261,15 @@ class Controller:
         self.log: deque[Action] = deque(maxlen=MAX_LOG)
         self.events: deque[dict[str, Any]] = deque(maxlen=MAX_LOG)
         self.counts: dict[str, int] = {}
+        self.reporters_refused = 0  # link_status reporters beyond MAX_REPORTERS_PER_LINK, not kept
         self.event_counts: dict[str, int] = {}
         self._dirty = False
 
     def act(self, a: Action) -> None:
         """Record a decision (also the operator's `port_set`, which mrcd carries out itself)."""
         ActionKind(a.kind)  # ValueError for a kind outside the closed set (it would never be exported)
+        if len(a.detail) > MAX_DETAIL:
+            a.detail = a.detail[: MAX_DETAIL - 3] + "..."
         self.log.append(a)
         self.counts[a.kind] = self.counts.get(a.kind, 0) + 1
 
@@ -637,8 +649,12 @@ class Controller:
             return "not_on_our_paths", out
         if state == "down":
             if lk in self.denied:
-                if lk in self.remote:
-                    self.remote[lk].add(reporter)
+                who = self.remote.get(lk)
+                if who is not None and reporter not in who:
+                    if len(who) >= MAX_REPORTERS_PER_LINK:
+                        self.reporters_refused += 1
+                    else:
+                        who.add(reporter)
                 return "known", out
             self._deny(lk, now, reporter, out)
             return "denied", out

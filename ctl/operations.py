@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 from mrc import __version__ as mrc_version
 from mrc.dataplane import shm
-from mrc.dataplane.protocol import PROTOCOL_VERSION, check_version
+from mrc.dataplane.client import MAX_LINE
+from mrc.dataplane.protocol import PROTOCOL_VERSION, check_version, optional
 from mrc.errors import MrcError
 from mrc.transport import EvState, MemoryRegion, QueueFull, QueuePair, WorkCompletion
 
@@ -35,6 +37,11 @@ MAX_MRS: Final = 16384
 #: posted and not consumed): each QP bounds its own queues (max_send_wr / max_recv_wr), this bounds what
 #: a client with many QPs makes mrcd hold. One more post is refused queue_full, like a full queue.
 MAX_CLIENT_WRS: Final = 1 << 16
+#: The most bytes of JSON one `actions` reply carries, its actions and its events each half of it: the
+#: controller keeps up to 100,000 of each (MAX_LOG), more than the client reads in one line (MAX_LINE,
+#: 16 MiB), and the client refused the whole reply. The newest entries since `since_ns` are answered; the
+#: reply's `omitted` counts the older ones left out (ask again with a later `since_ns` for the rest).
+MAX_ACTIONS_REPLY_BYTES: Final = MAX_LINE // 4
 
 
 def _no_io_stats() -> dict[str, Any]:
@@ -85,8 +92,9 @@ class Operations:
     def op_hello(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
         """mrcd's identity and protocol version; a client whose protocol major differs is refused here,
         with the versions in the message, rather than failing later on a field it reads differently."""
-        if req.get("protocol") is not None:
-            check_version(req["protocol"], side="client")
+        protocol = optional("hello", req, "protocol", None)
+        if protocol is not None:
+            check_version(protocol, side="client")
         return {"protocol": PROTOCOL_VERSION, "host": self.e.host, "testbed": self.site,
                 "gid": str(ipaddress.IPv6Address(self.e.gid)),
                 "planes": self.e.planes, "evs": self.e.evs, "pid": os.getpid(), "version": mrc_version,
@@ -116,10 +124,10 @@ class Operations:
             raise MrcError(f"create_qp: mrcd holds {MAX_QPS} QPs, the most it takes (destroy some, or close "
                            f"the clients that hold them)")
         peer = str(req["peer"])
-        evs, planes = req.get("evs"), req.get("planes")
+        evs, planes = optional("create_qp", req, "evs", None), optional("create_qp", req, "planes", None)
         qp = self.e.create_qp(peer, evs=None if evs is None else int(evs),
                               planes=None if planes is None else [int(p) for p in planes],
-                              null_cc=req.get("cc") == "null")
+                              null_cc=optional("create_qp", req, "cc", "nscc") == "null")
         self.qp_owner[qp.qpn] = c
         c.qps.add(qp.qpn)
         return {"qpn": qp.qpn, "peer_gid": str(ipaddress.IPv6Address(self.e.peers[peer].gid)), "mtu": qp.mtu}
@@ -133,7 +141,8 @@ class Operations:
 
     def op_connect(self, c: Client, req: dict[str, Any]) -> None:
         qp = self._qp(c, req)
-        mtu = req.get("mtu")  # the peer QP's payload per packet (protocol 1.1): ours becomes it if smaller
+        # the peer QP's payload per packet (protocol 1.1): ours becomes it if smaller
+        mtu = optional("connect", req, "mtu", None)
         qp.connect(self.e.peers[self.e.qp_peer[qp.qpn]].gid, int(req["peer_qpn"]),
                    path_mtu=None if mtu is None else int(mtu))
 
@@ -164,7 +173,7 @@ class Operations:
         h = int(req["mr"])
         if h not in c.mrs:
             raise MrcError(f"no memory region {h} of this client")
-        imm = req.get("imm")
+        imm = req.get("imm")  # the hot path: the schema checked it (an int or null)
         qp.post_send(int(req["wr_id"]), c.mrs[h][0], int(req["offset"]), int(req["length"]),
                      int(req["remote_addr"]), int(req["rkey"]), imm=None if imm is None else int(imm))
 
@@ -198,7 +207,7 @@ class Operations:
         return out
 
     def op_ev_show(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
-        want = req.get("state")
+        want = optional("ev_show", req, "state", None)
         peers = {}
         live = self.e.ctx.qps
         for peer, t in sorted(self.e.peers.items()):
@@ -221,16 +230,15 @@ class Operations:
         return {"host": self.e.host, "peers": peers,
                 "denied_links": sorted(link_name(lk) for lk in self.e.controller.denied)}
 
-    def _indices(self, req: dict[str, Any]) -> tuple[str, list[int]]:
+    def _indices(self, op: str, req: dict[str, Any]) -> tuple[str, list[int]]:
         peer = str(req["peer"])
         t = self.e.peer_table(peer)
-        idx: list[int] = []
-        if req.get("evs"):
-            idx = [int(i) for i in req["evs"]]
-        if req.get("plane") is not None:
-            idx += [i for i, p in enumerate(t.paths) if p.plane == int(req["plane"])]
-        if req.get("link"):
-            link = str(req["link"])
+        idx: list[int] = list(optional(op, req, "evs", []))
+        plane = optional(op, req, "plane", None)
+        if plane is not None:
+            idx += [i for i, p in enumerate(t.paths) if p.plane == plane]
+        link = optional(op, req, "link", "")
+        if link:
             a, b = link.split("-", 1) if "-" in link else (link, "")
             on_link = t.by_link.get(frozenset((a, b)), [])
             if not on_link:
@@ -245,12 +253,12 @@ class Operations:
         return peer, sorted(set(idx))
 
     def op_ev_deny(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
-        peer, idx = self._indices(req)
+        peer, idx = self._indices("ev_deny", req)
         self.e.carry_out(self.e.controller.deny_manual(peer, idx, time.monotonic_ns()))
         return {"host": self.e.host, "peer": peer, "denied": len(idx)}
 
     def op_ev_restore(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
-        peer, idx = self._indices(req)
+        peer, idx = self._indices("ev_restore", req)
         self.e.carry_out(self.e.controller.restore_manual(peer, idx, time.monotonic_ns()))
         return {"host": self.e.host, "peer": peer, "restored": len(idx)}
 
@@ -274,22 +282,42 @@ class Operations:
         state = str(req["state"])
         if state not in ("down", "up"):
             raise MrcError(f"link_status: state must be down or up, got {state!r}")
-        res, effects = self.e.controller.on_link_status(frozenset((a, b)), state, str(req.get("from", "?")),
+        reporter = optional("link_status", req, "from", "?")  # a null `from` is "?", not "None"
+        res, effects = self.e.controller.on_link_status(frozenset((a, b)), state, reporter,
                                                       time.monotonic_ns())
         self.e.carry_out(effects)
         return {"host": self.e.host, "result": res}
 
     def op_actions(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
-        since = int(req.get("since_ns", 0))
-        return {"actions": [a.to_dict() for a in self.e.controller.log if a.time_ns >= since],
-                "events": [e for e in self.e.controller.events if e["time_ns"] >= since]}
+        """The controller's actions and EV events since `since_ns` (null: all), the newest that fit in
+        MAX_ACTIONS_REPLY_BYTES; `omitted` counts the older ones left out."""
+        since: int = optional("actions", req, "since_ns", 0)
+        ctl = self.e.controller
+        actions, n_a = _newest((a.to_dict() for a in reversed(ctl.log) if a.time_ns >= since),
+                               MAX_ACTIONS_REPLY_BYTES // 2)
+        events, n_e = _newest((e for e in reversed(ctl.events) if e["time_ns"] >= since),
+                              MAX_ACTIONS_REPLY_BYTES // 2)
+        return {"actions": actions, "events": events, "omitted": {"actions": n_a, "events": n_e}}
 
     def op_stats(self, c: Client, req: dict[str, Any]) -> dict[str, Any]:
         ctl = self.e.controller
         return {"host": self.e.host, "engine_drops": dict(self.e.ctx.drops), "qps": len(self.e.ctx.qps),
                 "controller": dict(ctl.counts), "ev_events": dict(ctl.event_counts),
-                "probe_results": dict(ctl.probe_stats),
+                "probe_results": dict(ctl.probe_stats), "reporters_refused": ctl.reporters_refused,
                 "denied_links": sorted(link_name(lk) for lk in ctl.denied), **self.io_stats()}
+
+
+def _newest(rows: Iterator[dict[str, Any]], budget: int) -> tuple[list[dict[str, Any]], int]:
+    """From `rows`, newest first: the leading ones whose JSON fits in `budget` bytes, oldest first, and how
+    many rows did not fit. Each row is measured as it is taken, so the cost is bounded by `budget`, not by
+    the log's length (the rest are only counted)."""
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        budget -= len(json.dumps(row, separators=(",", ":"))) + 1
+        if budget < 0:
+            return out[::-1], 1 + sum(1 for _ in rows)
+        out.append(row)
+    return out[::-1], 0
 
 
 def wc_doc(wc: WorkCompletion) -> dict[str, Any]:

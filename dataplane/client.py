@@ -47,9 +47,11 @@ from .protocol import (
     ProtocolError,
     check_response,
     check_version,
+    encode_request,
     validate_request,
 )
 
+#: The longest line the client reads from mrcd (mrcd bounds its largest answer, `actions`, well below it).
 MAX_LINE: Final = 1 << 24
 #: Requests sent without waiting for their answers (`wait=False`) that may be unanswered at once; one
 #: more first reads answers until there is room, so neither side's buffers grow with a fast poster.
@@ -136,6 +138,31 @@ def _connect(path: Path, timeout: float) -> socket.socket:
             raise MrcError(f"{path}: {os.strerror(e.errno or errno.EIO)}") from None
 
 
+def _bad_reply(path: Path, problem: str) -> ProtocolError:
+    """A line from mrcd that is no reply at all (not JSON, not an object, an id that is no id): an mrcd
+    speaking another protocol, or something else on the socket. Raised as the client's protocol error,
+    not as a JSON or attribute traceback (mrcctl prints it as one error line)."""
+    return ProtocolError(ErrorKind.INTERNAL, "bad_reply",
+                         f"{path}: mrcd sent a line that is not a reply: {problem}")
+
+
+def _parse_reply(path: Path, line: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(line)
+    except RecursionError:
+        raise _bad_reply(path, "nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise _bad_reply(path, f"not JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise _bad_reply(path, f"JSON {type(doc).__name__}, not an object")
+    rid = doc.get("id")
+    if rid is not None and (not isinstance(rid, (int, str)) or isinstance(rid, bool)):
+        raise _bad_reply(path, f"its id is {type(rid).__name__}, not an integer, a string or null")
+    if "error" not in doc and "ok" not in doc and "push" not in doc:
+        raise _bad_reply(path, "an object without ok, error or push")
+    return doc
+
+
 def _remote_error(doc: dict[str, Any]) -> ProtocolError:
     """mrcd's error reply as an exception; an mrcd from before error kinds sends none: `refused`."""
     try:
@@ -143,6 +170,10 @@ def _remote_error(doc: dict[str, Any]) -> ProtocolError:
     except ValueError:
         kind = ErrorKind.REFUSED
     return ProtocolError(kind, str(kind), str(doc["error"]))
+
+
+def _idless_error(doc: dict[str, Any]) -> bool:
+    return doc.get("id") is None and "error" in doc
 
 
 class MrcClient:
@@ -164,7 +195,7 @@ class MrcClient:
         # its closing the connection cannot reset the line away)
         try:
             first = self._read_line(timeout)
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, ProtocolError) as e:
             self.sk.close()
             raise MrcError(f"{self.path}: no greeting from mrcd: {e}") from None
         if first is None or "error" in first:
@@ -187,7 +218,7 @@ class MrcClient:
 
     # -- wire
     def _send(self, doc: dict[str, Any], fds: list[int] | None = None) -> None:
-        data = (json.dumps(doc, separators=(",", ":")) + "\n").encode()
+        data = encode_request(doc)  # ProtocolError when mrcd would refuse it for its length
         if fds:
             self.sk.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
         else:
@@ -200,8 +231,7 @@ class MrcClient:
             if i >= 0:
                 line = bytes(self._rbuf[:i])
                 del self._rbuf[: i + 1]
-                doc: dict[str, Any] = json.loads(line)
-                return doc
+                return _parse_reply(self.path, line)
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return None
@@ -217,7 +247,10 @@ class MrcClient:
 
     def _dispatch_push(self, doc: dict[str, Any]) -> None:
         if doc.get("push") == "wc":
-            self._wcs.setdefault(int(doc["qpn"]), deque()).append(doc)
+            qpn = doc.get("qpn")
+            if not isinstance(qpn, int) or isinstance(qpn, bool):
+                raise _bad_reply(self.path, f"a work completion whose qpn is {type(qpn).__name__}")
+            self._wcs.setdefault(qpn, deque()).append(doc)
         else:
             self.pushes.append(doc)
 
@@ -227,7 +260,12 @@ class MrcClient:
         if "push" in doc:
             self._dispatch_push(doc)
             return True
-        op = self._unanswered.pop(doc.get("id"), None)  # type: ignore[arg-type]
+        rid = doc.get("id")
+        if rid is None and "error" in doc and self._unanswered:
+            # mrcd refuses a line it could not read as a request (not JSON, too long) with id null; it
+            # answers in order, so that is the oldest request still unanswered
+            rid = next(iter(self._unanswered))
+        op = self._unanswered.pop(rid, None)  # type: ignore[arg-type]
         if op is None:
             return False
         err: ProtocolError | None = None
@@ -240,7 +278,7 @@ class MrcClient:
                 err = e
         if err is not None and self._deferred is None:
             self._deferred = ProtocolError(err.kind, err.reason,
-                                           f"{op} (request {doc.get('id')}, sent without waiting): {err}")
+                                           f"{op} (request {rid}, sent without waiting): {err}")
         return True
 
     def _raise_deferred(self) -> None:
@@ -260,6 +298,9 @@ class MrcClient:
         rid = self._id
         try:
             self._send({"id": rid, **req}, fds)
+        except ProtocolError:  # longer than mrcd reads (`encode_request`): nothing went out
+            self._id -= 1
+            raise
         except (BrokenPipeError, ConnectionResetError):
             # mrcd refused us and closed: its one line says why
             try:
@@ -283,11 +324,17 @@ class MrcClient:
             doc = self._read_line(max(0.0, deadline - time.monotonic()))
             if doc is None:
                 raise MrcError(f"{self.path}: mrcd did not answer {op!r} within {self.timeout} s")
-            if doc.get("id") != rid or "push" in doc:
+            ours = doc.get("id") == rid or (_idless_error(doc) and not self._unanswered)
+            if "push" in doc or not ours:
+                # a push, an answer to an earlier request sent without waiting (they come first: mrcd
+                # answers in order; an id-less error is the oldest one's), or a stray line
                 self._route(doc)
                 continue
             self._raise_deferred()
             if "error" in doc:
+                # ours, also with id null: mrcd could not read our line as a request, and this client has
+                # one request outstanding when nothing sent without waiting is (waiting out the timeout
+                # for an answer that cannot come told nothing)
                 raise _remote_error(doc)
             ok = doc.get("ok")
             check_response(op, ok)

@@ -16,6 +16,7 @@ minor on either side is fine (minors only add optional fields and ops).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -38,6 +39,15 @@ ENVELOPE: Final = frozenset({"id", "op"})
 
 U32: Final = (1 << 32) - 1
 U64: Final = (1 << 64) - 1
+
+#: The longest request line mrcd reads (without its newline); a longer one is refused `too_long` and
+#: skipped. The client checks its own requests against it before sending (`encode_request`), so that an
+#: over-long request fails at once with a message instead of with mrcd's id-less refusal.
+MAX_REQUEST_BYTES: Final = 1 << 16
+#: The longest `from` of a link_status report: a host name (mrc.hostconfig allows 63 characters). The
+#: reporter is kept per denied link until that link is restored, and shown in the controller's log, so
+#: an unbounded one let a forged report make mrcd hold (and answer `actions` with) megabytes per line.
+MAX_REPORTER_LEN: Final = 64
 
 
 class ErrorKind(StrEnum):
@@ -83,8 +93,9 @@ class ProtocolError(MrcError):
 @dataclass(frozen=True)
 class Field:
     """One request field. `type` is one of ``int``, ``bool``, ``str``, ``int_list``, ``str_pair``; `lo` /
-    `hi` bound an int (each element of an int_list); `choices` bounds a str. An optional field may be
-    sent as null (the client sends its defaults, e.g. ``evs=None``, rather than leaving them out)."""
+    `hi` bound an int (each element of an int_list); `choices` bounds a str, `max_len` its length (for
+    what mrcd keeps). An optional field may be sent as null (the client sends its defaults, e.g.
+    ``evs=None``, rather than leaving them out): null means the op's default, as if left out."""
 
     name: str
     type: str
@@ -92,6 +103,7 @@ class Field:
     lo: int | None = None
     hi: int | None = None
     choices: tuple[str, ...] | None = None
+    max_len: int | None = None
 
     def expected(self) -> str:
         """The expected type in words, for error messages and docs."""
@@ -101,6 +113,8 @@ class Field:
             base += f" in {self.lo}..{self.hi}"
         if self.choices:
             base += " (" + " or ".join(self.choices) + ")"
+        if self.max_len is not None:
+            base += f" of at most {self.max_len} characters"
         return base + ("" if self.required else " or null")
 
 
@@ -171,7 +185,7 @@ OPS: Final[Mapping[str, OpSpec]] = {s.name: s for s in (
         _i("port", 0, 255), Field("enabled", "bool")),
     _op("link_status", "a peer mrcd reports a fabric link down / up", Response("object", ("host", "result")),
         Field("link", "str_pair"), Field("state", "str", choices=("down", "up")),
-        Field("from", "str", False)),
+        Field("from", "str", False, max_len=MAX_REPORTER_LEN)),
     _op("actions", "the controller's actions and EV events since `since_ns`",
         Response("object", ("actions", "events")), _i("since_ns", 0, U64, required=False)),
     _op("stats", "engine, driver, controller and dataplane counters",
@@ -203,6 +217,9 @@ def _check(op: str, f: Field, v: Any) -> None:
     elif f.type == "str":
         if not isinstance(v, str) or (f.choices and v not in f.choices):
             raise wrong()
+        if f.max_len is not None and len(v) > f.max_len:
+            raise _bad(RejectReason.BAD_FIELD, f"bad request: {op}: field {f.name!r} must be {f.expected()}, "
+                                               f"got {len(v)} characters")
     elif f.type == "int_list":
         if not isinstance(v, list) or not all(_is_int(x) for x in v):
             raise wrong()
@@ -241,6 +258,32 @@ def validate_request(req: Mapping[str, Any]) -> OpSpec:
             continue
         _check(op, f, req[f.name])
     return spec
+
+
+def optional(op: str, req: Mapping[str, Any], name: str, default: Any) -> Any:
+    """Optional field `name` of a request to `op`: `default` when it is left out or null, else its value,
+    checked against the op's schema (`ProtocolError` naming the field). A handler reads its optional
+    fields with this rather than ``int(req.get(name, default))``, which turned a null into an internal
+    error (``int(None)``) and a null `from` into the reporter "None"."""
+    v = req.get(name)
+    if v is None:
+        return default
+    spec = OPS[op]
+    f = next(x for x in spec.fields if x.name == name)
+    _check(op, f, v)
+    return v
+
+
+def encode_request(doc: Mapping[str, Any]) -> bytes:
+    """One request as the line the client sends (newline included), or `ProtocolError` (bad_request,
+    too_long) when mrcd would refuse it for its length: mrcd cannot tell which request such a line
+    was (it answers with id null), so the client checks it here, before sending anything."""
+    data = json.dumps(doc, separators=(",", ":")).encode()
+    if len(data) > MAX_REQUEST_BYTES:
+        raise _bad(RejectReason.TOO_LONG,
+                   f"bad request: {doc.get('op')}: the request is {len(data)} bytes encoded, longer "
+                   f"than the {MAX_REQUEST_BYTES} bytes mrcd reads in one line")
+    return data + b"\n"
 
 
 def check_response(op: str, value: Any) -> None:

@@ -564,9 +564,14 @@ class _Doc:
     def network(self, key: str, value: Any, example: str) -> ipaddress.IPv6Network:
         text = self.string(key, value, example)
         try:
-            return ipaddress.IPv6Network(text)
+            net = ipaddress.IPv6Network(text)
         except ValueError as e:
             raise self.fail(key, f"not an IPv6 prefix: {e}") from None
+        if net.network_address.scope_id is not None:
+            # ipaddress takes fe80::%eth0/64; no route or SRv6 block can be installed with it, and that
+            # failed only when mrcd set the host up, after --check-config had passed
+            raise self.fail(key, f"{_show(text)}: a prefix takes no %scope (write it as {example!r})")
+        return net
 
 
 def unknown_key(key: str, known: tuple[str, ...]) -> str:

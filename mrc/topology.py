@@ -649,6 +649,9 @@ def from_dict(doc: Mapping[str, Any], source: str = "<dict>") -> Topology:
             nets[key] = ipaddress.IPv6Network(raw)
         except ValueError as e:
             raise fail(f"addressing.{key}", f"not an IPv6 prefix: {e}") from None
+        if nets[key].network_address.scope_id is not None:
+            # ipaddress takes fc00::%lo/32, which no route can be installed with (found only at setup)
+            raise fail(f"addressing.{key}", f"{raw[:60]!r}: a prefix takes no %scope (e.g. {default!r})")
 
     hosts_doc = doc.get("hosts")
     if hosts_doc is None:
