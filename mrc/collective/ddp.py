@@ -179,11 +179,27 @@ def mrc_hook(state: MrcHookState, bucket: GradBucket) -> torch.futures.Future[to
         state.residuals[idx] = res.residual
     state.wire_bytes += res.wire_bytes
     state.messages += res.messages
-    buf.copy_(torch.from_numpy(res.out).to(device=buf.device, dtype=buf.dtype))
+    buf.copy_(_to_bucket_dtype(res.out, buf))
     state.maybe_increase_iter(bucket)
     out: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     out.set_result(buf)
     return out
+
+
+def _to_bucket_dtype(out: np.ndarray[Any, np.dtype[np.float32]], buf: torch.Tensor) -> torch.Tensor:
+    """The float32 result as a tensor of the bucket's dtype and device, finite values saturated to that
+    dtype's finite range (docs/quant.md §6, "float16 frames saturate"): finite fp16 gradients whose
+    average lands past 65504 -- the codec's noise, or bf16/fp16's range narrower than the float32 the
+    ring computes in -- would otherwise cast to inf, which a GradScaler reads as the model's own
+    overflow and skips the step for. Non-finite values (a rank's inf, NaN from the ring's NONFINITE
+    marker) are kept: those are real overflows the scaler must see."""
+    import torch
+
+    if buf.dtype.is_floating_point and buf.dtype != torch.float32 and buf.dtype.itemsize <= 4:
+        fmax = float(torch.finfo(buf.dtype).max)
+        if out.size and float(np.max(np.abs(out), initial=0.0, where=np.isfinite(out))) > fmax:
+            out = np.where(np.isfinite(out), np.clip(out, -fmax, fmax), out).astype(np.float32)
+    return torch.from_numpy(out).to(device=buf.device, dtype=buf.dtype)
 
 
 # DDP compares the hook's runtime annotations with dist.GradBucket and Future[Tensor] and refuses anything

@@ -36,7 +36,7 @@ from mrc.errors import UsageError
 from mrc.quant.codec import SCHEMES, check_bits, decode, encode, parse
 
 from . import frame
-from .ring import Config, allreduce, derive_seed
+from .ring import Config, _as_float32, allreduce, derive_seed
 from .transport import SubTransport, Transport, run_inproc
 
 F32 = npt.NDArray[np.float32]
@@ -74,6 +74,12 @@ def _bounds(length: int) -> list[tuple[int, int]]:
     return out
 
 
+def _shaped(out: F32, shape: tuple[int, ...]) -> F32:
+    """The result in the caller's shape: `out` itself when it has it (a caller's buffer is returned as
+    the same object), else a view."""
+    return out if out.shape == shape else out.reshape(shape)
+
+
 def allreduce_hier(local: Transport, inter: Transport | None, x: npt.ArrayLike, cfg: Config, step: int = 0,
                    intra: str = "none", intra_bits: float = 8.0, out: F32 | None = None,
                    work: F32 | None = None) -> HierResult:
@@ -82,12 +88,17 @@ def allreduce_hier(local: Transport, inter: Transport | None, x: npt.ArrayLike, 
     on the leader only (None elsewhere; a single host needs none). Every host must have the same number
     of ranks. `out` (the result) and, on a leader, `work` (the host's sum): float32 buffers of the
     input's length, not overlapping it or each other, that a caller all-reducing one size again and
-    again keeps, instead of fresh pages each time (HierResult.out is then `out`)."""
+    again keeps, instead of fresh pages each time (HierResult.out is then `out`, or a view of it in the
+    input's shape). The input is validated and converted as the ring's (`ring._as_float32`): the same
+    inputs are refused (complex, strings, float64 beyond float32's range: UsageError, where a bare cast
+    here turned 1e300 into inf on this host only) and HierResult.out has the caller's shape (a 2-D
+    buffer comes back 2-D, float32)."""
     if intra not in INTRA:
         raise UsageError(f"intra must be one of {', '.join(INTRA)}, got {intra!r}")
     if intra != "none":
         check_bits(intra, intra_bits)
-    a = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    shape = np.shape(x)
+    a = _as_float32(x)
     for name, buf in (("out", out), ("work", work)):
         if buf is not None and (buf.dtype != np.float32 or buf.shape != a.shape
                                 or not buf.flags.c_contiguous or np.shares_memory(buf, a)):
@@ -117,7 +128,7 @@ def allreduce_hier(local: Transport, inter: Transport | None, x: npt.ArrayLike, 
                                  "expected")
             out[b:e] = np.frombuffer(raw, np.float32)
         local.flush()
-        return HierResult(out, 0, intra_sent, messages=len(parts))
+        return HierResult(_shaped(out, shape), 0, intra_sent, messages=len(parts))
     # the host's sum, segment by segment as the uploads arrive: each in float64, in local-rank order,
     # then rounded once (a segment's accumulator is reused: no buffer twice the input's size)
     host_sum = work if work is not None else np.empty(a.size, np.float32)
@@ -150,7 +161,7 @@ def allreduce_hier(local: Transport, inter: Transport | None, x: npt.ArrayLike, 
             intra_sent += len(view)
             messages += 1
     local.flush()
-    return HierResult(out, inter_sent, intra_sent, bits, messages)
+    return HierResult(_shaped(out, shape), inter_sent, intra_sent, bits, messages)
 
 
 def host_groups(t: Transport, hosts: Sequence[str]) -> tuple[SubTransport, SubTransport | None]:
@@ -178,7 +189,7 @@ def allreduce_hosts(t: Transport, hosts: Sequence[str], x: npt.ArrayLike, cfg: C
     return allreduce_hier(local, inter, x, cfg, step, intra, intra_bits, out, work)
 
 
-def simulate(buffers: list[F32], hosts: int, cfg: Config, step: int = 0, intra: str = "none",
+def simulate(buffers: Sequence[npt.ArrayLike], hosts: int, cfg: Config, step: int = 0, intra: str = "none",
              intra_bits: float = 8.0, timeout_s: float = 300.0) -> list[HierResult]:
     """`allreduce_hier` over hosts x ranks in this process: buffers[h * ranks + r] is rank r of host h;
     the results in the same order. Each host is a thread group with its own in-process transport, the

@@ -32,6 +32,7 @@ in docs/collective.md, "Partial sums: grouped scales, data-driven bits, hierarch
 from __future__ import annotations
 
 import math
+import operator
 import os
 from dataclasses import dataclass, field
 
@@ -40,7 +41,17 @@ import numpy.typing as npt
 
 from mrc.errors import UsageError
 from mrc.quant import hop as qhop
-from mrc.quant.codec import SCHEMES, CodecError, check_bits, check_group, decode, encode, parse
+from mrc.quant.codec import (
+    SCHEMES,
+    CodecError,
+    DecodeOverflow,
+    check_bits,
+    check_group,
+    decode,
+    encode,
+    parse,
+    peek_magnitude,
+)
 
 from . import frame
 from .schedule import STEP as BUDGET_STEP
@@ -170,9 +181,12 @@ def max_message_bytes(length: int, n: int, algorithm: str = "ring") -> int:
     return biggest + 4096
 
 
-def derive_seed(*parts: int) -> int:
-    """A 64-bit seed from integers (SeedSequence hashing: independent streams for distinct tuples)."""
-    ss = np.random.SeedSequence([p & 0xFFFFFFFFFFFFFFFF for p in parts])
+def derive_seed(*parts: int | np.integer) -> int:
+    """A 64-bit seed from integers (SeedSequence hashing: independent streams for distinct tuples). Each
+    part is taken as a Python int first (operator.index): a numpy integer (a seed or step read from an
+    array, np.int64) ANDed with the 64-bit mask raised OverflowError; the same value as a Python int or a
+    numpy integer gives the same seed."""
+    ss = np.random.SeedSequence([operator.index(p) & 0xFFFFFFFFFFFFFFFF for p in parts])
     return int(ss.generate_state(1, np.uint64)[0])
 
 
@@ -199,6 +213,9 @@ def allreduce(t: Transport, x: npt.ArrayLike, cfg: Config, step: int = 0, residu
     again keeps one, instead of the fresh pages of a new result each time."""
     if not isinstance(step, (int, np.integer)) or isinstance(step, bool):
         raise UsageError(f"step must be an integer, got {type(step).__name__} {step!r}")
+    step = operator.index(step)  # numpy integers as Python ints (derive_seed's 64-bit arithmetic)
+    if not 0 <= step < 1 << 64:
+        raise UsageError(f"step must be in [0, 2^64) (it seeds the rotations), got {step}")
     a = _as_float32(x)
     if out is not None:
         _check_out(out, a)
@@ -355,8 +372,8 @@ class _CodecChunks(_Chunks):
         return derive_seed(self.cfg.seed, self.step, 1, c, i, k, j)
 
     def _encode(self, c: int, i: int, seg: F32, k: int, bits: float) -> list[bytes]:
-        return [encode(seg[o : o + size], self.cfg.scheme, bits, seed=self._seed(c, i, k, j),
-                       group=self.group) for j, (o, size) in enumerate(self._pieces(c, i))]
+        return [_encode_finite(seg[o : o + size], self.cfg.scheme, bits, self._seed(c, i, k, j), self.group)
+                for j, (o, size) in enumerate(self._pieces(c, i))]
 
     def pack(self, c: int, i: int, seg: F32, k: int) -> bytes:
         return frame.join(self._encode(c, i, seg, k, self._bits(k)))
@@ -373,7 +390,7 @@ class _CodecChunks(_Chunks):
         lay = self._pieces(c, i)
         if into is None and len(lay) == 1:
             self._check(c, i, 0, parse(frames[0]).d, lay[0][1])  # before decoding what it claims
-            return np.asarray(decode(frames[0]), np.float32).reshape(-1)
+            return np.asarray(decode(frames[0], dtype=np.float32), np.float32).reshape(-1)
         out = np.empty(self.sizes[c][i], np.float32) if into is None else into
         for j, ((o, size), f) in enumerate(zip(lay, frames, strict=True)):
             got = parse(f).d
@@ -381,20 +398,53 @@ class _CodecChunks(_Chunks):
             decode(f, dtype=np.float32, out=out[o : o + size])
         return out
 
+    def _split(self, c: int, i: int, msg: Message) -> list[memoryview]:
+        """frame.split of segment i of chunk c, a framing that does not add up raised as the UsageError
+        it almost always is: a peer whose buffer has another length cuts its chunks, segments and
+        pieces differently (the CodecError about trailing bytes named neither length)."""
+        count = len(self._pieces(c, i))
+        try:
+            return frame.split(msg, count)
+        except CodecError as e:
+            raise _size_mismatch(f"chunk {c} segment {i}", self.sizes[c][i], count, msg, e) from e
+
+    def _split_stats(self, c: int, i: int,
+                     msg: Message) -> tuple[tuple[float, float, float, float], list[memoryview]]:
+        """frame.split_stats of a measured message, its framing errors raised as `_split`'s."""
+        count = len(self._pieces(c, i))
+        try:
+            return frame.split_stats(msg, count)
+        except CodecError as e:
+            raise _size_mismatch(f"chunk {c} segment {i}", self.sizes[c][i], count, msg, e) from e
+
     def unpack(self, c: int, i: int, msg: Message, k: int) -> F32:
-        return self._decode(c, i, frame.split(msg, len(self._pieces(c, i))))
+        return self._decode(c, i, self._split(c, i, msg))
 
     def unpack_into(self, c: int, i: int, msg: Message, k: int, into: F32) -> F32:
-        return self._decode(c, i, frame.split(msg, len(self._pieces(c, i))), into)
+        return self._decode(c, i, self._split(c, i, msg), into)
 
     def advance(self, c: int, i: int, msg: bytes, own: F32, k: int,
                 want_sum: bool) -> tuple[Message, F32 | None]:
-        if want_sum:
-            return super().advance(c, i, msg, own, k, want_sum)
+        if want_sum or self._huge(c, i, msg, own):
+            # decode + add + encode, whose `_encode_finite` sends a float64 frame where the fused
+            # kernel (or hop.three_pass) would send a float32 one past its range
+            msg_out, work = super().advance(c, i, msg, own, k, True)
+            return msg_out, (work if want_sum else None)
         return self.hop(c, i, msg, own, k), None  # decode + add + encode in one call
 
     def bits(self, n: int) -> tuple[float, ...]:
         return tuple([float(self.cfg.bits)] * n)
+
+    def _huge(self, c: int, i: int, msg: Message, own: F32) -> bool:
+        """Whether the own segment or the incoming partial sum (its frames' scales, read from their
+        headers without a CRC pass) may be near float32's maximum (`_HUGE`)."""
+        if own.size and max(float(own.max()), -float(own.min())) >= _HUGE:
+            return True
+        try:
+            frames = frame.split(msg, len(self._pieces(c, i)))
+        except CodecError:
+            return False  # the hop raises it, with the sizes
+        return any(peek_magnitude(f) >= _HUGE / 4 for f in frames)
 
     def hop(self, c: int, i: int, msg: bytes, own: F32, k: int) -> bytes:
         """pack(c, i, unpack(c, i, msg) + own, k), the same bytes, through mrc.quant.hop piece by piece:
@@ -403,7 +453,7 @@ class _CodecChunks(_Chunks):
         lay = self._pieces(c, i)
         bits = self._bits(k)
         out = []
-        for j, ((o, size), f) in enumerate(zip(lay, frame.split(msg, len(lay)), strict=True)):
+        for j, ((o, size), f) in enumerate(zip(lay, self._split(c, i, msg), strict=True)):
             self._check(c, i, j, parse(f).d, size)
             out.append(qhop.hop(f, own[o : o + size], self.cfg.scheme, bits, self._seed(c, i, k, j),
                                 group=self.group))
@@ -453,18 +503,16 @@ class _MeasuredChunks(_CodecChunks):
     def unpack(self, c: int, i: int, msg: Message, k: int) -> F32:
         if k >= self.n:
             return super().unpack(c, i, msg, k)
-        _, frames = frame.split_stats(msg, len(self._pieces(c, i)))
-        return self._decode(c, i, frames)
+        return self._decode(c, i, self._split_stats(c, i, msg)[1])
 
     def unpack_into(self, c: int, i: int, msg: Message, k: int, into: F32) -> F32:
         if k >= self.n:
             return super().unpack_into(c, i, msg, k, into)
-        _, frames = frame.split_stats(msg, len(self._pieces(c, i)))
-        return self._decode(c, i, frames, into)
+        return self._decode(c, i, self._split_stats(c, i, msg)[1], into)
 
     def advance(self, c: int, i: int, msg: bytes, own: F32, k: int,
                 want_sum: bool) -> tuple[bytes, F32 | None]:
-        (spent, cross, q, a), frames = frame.split_stats(msg, len(self._pieces(c, i)))
+        (spent, cross, q, a), frames = self._split_stats(c, i, msg)
         if spent < 0 or a < 0 or q < 0:
             raise UsageError("measured: inconsistent partial-sum statistics")
         work = self._decode(c, i, frames)
@@ -494,6 +542,49 @@ class _MeasuredChunks(_CodecChunks):
         return tuple(float(np.mean(self.used[k])) if k in self.used else 0.0 for k in range(1, n + 1))
 
 
+def _encode_finite(x: F32, scheme: str, bits: float, seed: int, group: int | None) -> bytes:
+    """codec.encode of a finite float32 piece; one whose rotated values pass float32's range (a piece
+    of values near its maximum: constant 1e38) is encoded as a float64 frame, which the codec computes
+    in float64: the same bits per coordinate, the same relative error. Receivers decode every frame
+    with dtype=float32, which saturates a reconstruction past 3.4e38 (the codec's noise) to the largest
+    finite value, as the codec does for float16 (docs/quant.md, "Finite output, always"); before, such
+    a piece was refused as non-finite and its rank failed alone."""
+    if x.size and x.dtype == np.float32 and max(float(x.max()), -float(x.min())) >= _HUGE \
+            and _finite(x):  # (non-finite: encode refuses it below, as before)
+        return encode(x.astype(np.float64), scheme, bits, seed=seed, group=group)
+    return encode(x, scheme, bits, seed=seed, group=group)
+
+
+#: A float32 piece with a value of this magnitude or more is encoded as a float64 frame
+#: (`_encode_finite`): its rotated values (spread up to ~max |x|, tails 4-5 times that) and the codec's
+#: noise on its reconstruction can pass float32's maximum, which the float32 frame cannot describe.
+_HUGE = float(np.finfo(np.float32).max) / 16
+
+
+class SizeMismatch(UsageError, CodecError):
+    """A message whose framing does not add up to this rank's layout: a UsageError (almost always the
+    ranks' buffers differ in length: the message names the sizes) and still the CodecError it was
+    (a malformed message), so that callers catching either see it."""
+
+    def __init__(self, message: str) -> None:
+        Exception.__init__(self, message)
+        self.reason = message
+
+
+def _size_mismatch(what: str, size: int, count: int, msg: Message, err: CodecError) -> UsageError:
+    """The UsageError for a message whose frames do not add up to this rank's layout, naming this
+    rank's element count and, where the first frame parses, the element count the peer encoded."""
+    theirs = ""
+    try:
+        first = frame.split(msg[: 4 + int.from_bytes(bytes(msg[:4]), "little")], 1)[0]
+        theirs = f"; the peer's first frame holds {parse(first).d} elements"
+    except (CodecError, ValueError):
+        pass
+    return SizeMismatch(f"{what}: a message of {len(msg)} bytes does not hold this rank's {size} elements "
+                      f"in {count} frame(s) ({err}){theirs}: "
+                      "do all ranks pass buffers of the same length?")
+
+
 def _is_nonfinite(msg: Message) -> bool:
     return len(msg) == len(NONFINITE) and bytes(msg) == NONFINITE
 
@@ -519,7 +610,12 @@ class _FiniteGuard(_Chunks):
         self.inner.sizes = value
 
     def pack(self, c: int, i: int, seg: F32, k: int) -> Message:
-        return self.inner.pack(c, i, seg, k) if _finite(seg) else NONFINITE
+        if not _finite(seg):
+            return NONFINITE
+        try:
+            return self.inner.pack(c, i, seg, k)
+        except CodecError:  # finite but beyond the codec's range (`advance`): the same marker
+            return NONFINITE
 
     def unpack(self, c: int, i: int, msg: Message, k: int) -> F32:
         if _is_nonfinite(msg):
@@ -534,9 +630,36 @@ class _FiniteGuard(_Chunks):
 
     def advance(self, c: int, i: int, msg: bytes, own: F32, k: int,
                 want_sum: bool) -> tuple[Message, F32 | None]:
+        """A finite incoming partial sum plus a finite own segment can still overflow float32 (4 ranks
+        of 3e38): the wrapped strategy then fails to encode it (CodecError) -- which used to fail this
+        rank alone while every other rank waited for its message until its deadline. Such a sum is
+        carried as NONFINITE, as an IEEE sum carries it as inf: every rank gets NaN there, promptly.
+        Only on the wrapped strategy's failure is the sum formed again here (decode + add: no cost on
+        the normal path); if it is finite the failure was the fused kernel's, and the plain
+        decode-add-encode path (the same frames' reference) encodes it; a malformed incoming message
+        still raises, from the decode."""
         if _is_nonfinite(msg) or not _finite(own):
             return NONFINITE, (np.full(own.size, np.nan, np.float32) if want_sum else None)
-        return self.inner.advance(c, i, msg, own, k, want_sum)
+        try:
+            with _ieee_sum():  # an overflowing sum is handled below, not warned about
+                return self.inner.advance(c, i, msg, own, k, want_sum)
+        except CodecError:
+            try:
+                with _ieee_sum():
+                    total = np.add(self.inner.unpack(c, i, msg, k - 1), own)
+            except DecodeOverflow:  # a well-formed frame of values past float32: they overflowed
+                total = np.full(1, np.inf, np.float32)
+            if not _finite(total):
+                return NONFINITE, (np.full(own.size, np.nan, np.float32) if want_sum else None)
+        # finite: the fused kernel's failure (its rotation of a sum near float32's maximum overflows);
+        # the decode-add-encode path (want_sum) encodes it. The incoming message decoded above, so a
+        # failure there is the encoder's: a finite sum beyond what a float32 frame represents
+        # (codec._check_representable), carried as NONFINITE too, so that no rank is left waiting
+        try:
+            msg_out, work = self.inner.advance(c, i, msg, own, k, True)
+        except CodecError:
+            return NONFINITE, (np.full(own.size, np.nan, np.float32) if want_sum else None)
+        return msg_out, (work if want_sum else None)
 
     def bits(self, n: int) -> tuple[float, ...]:
         return self.inner.bits(n)
@@ -613,7 +736,16 @@ def _ring(t: Transport, a: F32, cfg: Config, step: int, rep: _Chunks, want_resid
             out_msgs[g + m] = msg
             dec = None
             if s == n - 2:  # c == (r + 1) % n, owned here: this frame is the chunk's result everywhere
-                dec = place(c, i, msg)
+                try:
+                    dec = place(c, i, msg)
+                except DecodeOverflow:
+                    # the frame of a finite sum whose reconstruction overflows float32 (its noise on
+                    # values near the maximum): NONFINITE instead, before it is sent, so every rank
+                    # gets NaN here rather than this one raising while the others wait for the frame
+                    if not isinstance(rep, _FiniteGuard):
+                        raise
+                    msg = out_msgs[g + m] = NONFINITE
+                    dec = place(c, i, msg)
             if want_residual:
                 assert work is not None
                 resid[c][i] = work - (dec if dec is not None else rep.unpack(c, i, msg, s + 2))
@@ -683,21 +815,26 @@ def _oneshot(t: Transport, a: F32, cfg: Config, step: int, want_residual: bool) 
             return a.tobytes()
         if not _finite(a):
             return NONFINITE
-        return frame.join([encode(a[o : o + size], cfg.scheme, cfg.bits,
-                                  seed=derive_seed(cfg.seed, step, 4, rank, i, *((j,) if j else ())))
-                           for o, size, i, j in layout])
+        return frame.join([_encode_finite(a[o : o + size], cfg.scheme, cfg.bits,
+                                          derive_seed(cfg.seed, step, 4, rank, i, *((j,) if j else ())),
+                                          None) for o, size, i, j in layout])
 
     def dec(msg: bytes) -> npt.NDArray[np.float64]:
         if cfg.scheme == "none":
-            raw = np.frombuffer(msg, np.float32)
-            if raw.size != a.size:
-                raise UsageError(f"one-shot buffer of {raw.size} elements received where {a.size} were "
-                                 f"expected")
-            return raw.astype(np.float64)
+            # the size first: frombuffer's own ValueError for a length that is not a multiple of 4
+            # named neither size
+            if len(msg) != 4 * a.size:
+                raise UsageError(f"one-shot buffer of {len(msg)} bytes received where {4 * a.size} "
+                                 f"({a.size} float32 values) were expected")
+            return np.frombuffer(msg, np.float32).astype(np.float64)
         if _is_nonfinite(msg):
             return np.full(a.size, np.nan)
         out = np.empty(a.size, np.float64)
-        for (o, size, i, j), f in zip(layout, frame.split(msg, len(layout)), strict=True):
+        try:
+            frames = frame.split(msg, len(layout))
+        except CodecError as e:
+            raise _size_mismatch("one-shot buffer", a.size, len(layout), msg, e) from e
+        for (o, size, i, j), f in zip(layout, frames, strict=True):
             part = np.asarray(decode(f), np.float64).reshape(-1)
             if part.size != size:
                 raise UsageError(f"frame {j} of segment {i} holds {part.size} elements where {size} "
@@ -706,17 +843,24 @@ def _oneshot(t: Transport, a: F32, cfg: Config, step: int, want_residual: bool) 
         return out
 
     msg = enc(r)
-    total = dec(msg)
+    try:
+        total = dec(msg)
+    except DecodeOverflow:  # its reconstruction overflows float32 (ring.py, receive): NaN on every rank
+        msg = NONFINITE
+        total = dec(msg)
     rvec = None
     if want_residual:
-        rvec = (a - total).astype(np.float32)
+        with _ieee_sum():  # a decoded value past float32 (noise on an input near its maximum): inf, zeroed
+            rvec = (a - total).astype(np.float32)
         np.nan_to_num(rvec, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
     for s in range(n - 1):
         io.send(right, _TAG_ONESHOT + s, msg)
         msg = t.recv(left, _TAG_ONESHOT + s)
         total += dec(msg)
     t.flush()
-    return Result(total.astype(np.float32), io.bytes, io.messages,
+    with _ieee_sum():  # a float64 sum past float32's range rounds to inf, as the ring's IEEE sums do
+        result = total.astype(np.float32)
+    return Result(result, io.bytes, io.messages,
                   () if cfg.scheme == "none" else (float(cfg.bits),), rvec)
 
 

@@ -281,12 +281,16 @@ def encode(
     if group is not None and group < padded:
         if probe:
             rot = 2  # no rule (b) here: a grouped frame takes rule (a)'s count
-        y = np.zeros(padded, cdt)
-        y[:d] = flat
-        y = rotate(y, seed, rot)
-        return _finish_grouped(y, rot, auto, scheme, bits, seed, group, a.dtype, a.shape)
+        y, _ = _rotated(flat, padded, cdt, seed, rot, None)
+        gpre = _huge_prescale(flat, y)
+        if gpre:
+            y, _ = _rotated(np.ldexp(flat.astype(cdt), -gpre), padded, cdt, seed, rot, None)
+        return _finish_grouped(y, rot, auto, scheme, bits, seed, group, a.dtype, a.shape, gpre)
     y, ny2 = _rotated(flat, padded, cdt, seed, rot, kern)
-    pre = 0
+    pre = _huge_prescale(flat, y, ny2)
+    if pre:  # finite values the rotation's sums overflowed on: scaled first (`_huge_prescale`)
+        y, ny2 = _rotated(np.ldexp(flat.astype(cdt), -pre), padded, cdt, seed, rot, kern)
+        return finish(y, ny2, rot, probe, auto, scheme, bits, seed, kern, a.dtype, a.shape, pre)
     if not ny2 >= _TINY_SIGMA2[cdt] * padded:  # tiny (or NaN, reported later): are the inputs subnormal?
         peak = float(np.max(np.abs(flat))) if d else 0.0
         if 0.0 < peak < _SUBNORMAL_RISK[cdt]:
@@ -295,6 +299,30 @@ def encode(
             pre = math.frexp(peak)[1]
             y, ny2 = _rotated(np.ldexp(flat.astype(cdt), -pre), padded, cdt, seed, rot, kern)
     return finish(y, ny2, rot, probe, auto, scheme, bits, seed, kern, a.dtype, a.shape, pre)
+
+
+def _huge_prescale(flat: npt.NDArray[Any], y: FloatArray, ny2: float | None = None) -> int:
+    """e > 0 when the input must be multiplied by 2^-e and rotated again, else 0. The unnormalised
+    FWHT's partial sums reach sqrt(D) ||x|| (the compiled one applies 1/sqrt(D) only at its end): a
+    finite float32 input near its maximum (1e38 at 4,096 elements) overflowed there and was refused as
+    "non-finite", failing a compressed all-reduce of finite values. So when sqrt(D ||x||^2) is beyond
+    half the compute dtype's range (||x||^2 = ||y||^2: `ny2`, which the numba rotation sums from the
+    input, or summed here), or not finite, and the input is all finite, it is scaled by 2^-e, 2^e the
+    order of max |x|. Exact for normal numbers (a power of two changes no rounding), so the frame is
+    the one of x * 2^-e with its scales multiplied by 2^e, as accurate as any ordinary input's (only
+    values 2^-126 below the largest, which its float32 reconstruction cannot resolve anyway, round to
+    zero). Ordinary inputs pay nothing: the check is on the norm the quantizer computes anyway."""
+    if ny2 is None:
+        with np.errstate(over="ignore", invalid="ignore"):
+            ny2 = sumsq64(y)
+    limit = float(np.finfo(y.dtype).max) / 2
+    if (math.isfinite(ny2) and math.sqrt(ny2) * math.sqrt(y.size) <= limit) or not flat.size:
+        return 0
+    with np.errstate(over="ignore", invalid="ignore"):
+        peak = float(np.max(np.abs(flat)))
+    if not math.isfinite(peak) or peak == 0.0:  # NaN/inf input: refused later, as before
+        return 0
+    return math.frexp(peak)[1]
 
 
 def _rotated(flat: npt.NDArray[Any], padded: int, cdt: np.dtype[Any], seed: int, rot: int,
@@ -309,8 +337,9 @@ def _rotated(flat: npt.NDArray[Any], padded: int, cdt: np.dtype[Any], seed: int,
     else:
         y = np.zeros(padded, cdt)
         y[:d] = flat
-    y = rotate(y, seed, rot)
-    return y, sumsq64(y)
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow: `_huge_prescale`, or refused later
+        y = rotate(y, seed, rot)
+        return y, sumsq64(y)
 
 
 def check_group(scheme: str, group: object) -> None:
@@ -329,7 +358,7 @@ def check_group(scheme: str, group: object) -> None:
 
 def _finish_grouped(
     y: FloatArray, rot: int, auto: bool, scheme: str, bits: float, seed: int, group: int,
-    dtype: np.dtype[Any], shape: tuple[int, ...],
+    dtype: np.dtype[Any], shape: tuple[int, ...], pre: int = 0,
 ) -> bytes:
     """The version-2 frame of the rotated vector y: indices of the block-normalised vector (each block
     of `group` coordinates divided by its own sigma_j = ||y_j|| / sqrt(G)), one scale per block fitted
@@ -370,7 +399,10 @@ def _finish_grouped(
         scales = np.divide(yc, cc, out=np.zeros_like(yc), where=cc > 0)
     else:
         scales = np.divide(e2, yc, out=np.zeros_like(yc), where=yc > 0)
+    if pre:  # the input was scaled by 2^-pre before rotating (`_huge_prescale`)
+        factor = math.ldexp(factor, pre)
     scales = np.maximum(scales, 0.0) * factor  # a block with <y, c> <= 0 sends S = 0, as version 1 does
+    _check_representable(scheme, bits, scales.tolist(), dtype)
     payload = b"".join(p.tobytes() for p in sections)
     head = _FIXED.pack(
         MAGIC, VERSION_GROUPED, SCHEMES[scheme], DTYPE_CODES[dtype], rot, FLAG_AUTO if auto else 0,
@@ -422,6 +454,7 @@ def finish(
         factor = math.ldexp(factor, pre)
     if factor != 1.0:
         scales = [v * factor for v in scales]
+    _check_representable(scheme, bits, scales, dtype)
     payload = b"".join(packed.tobytes() for packed in sections)
     head = _FIXED.pack(
         MAGIC, VERSION, SCHEMES[scheme], DTYPE_CODES[dtype], rot, FLAG_AUTO if auto else 0, len(shape),
@@ -579,6 +612,33 @@ def parse(buf: bytes | bytearray | memoryview) -> Header:
         scheme, DTYPES[dtype_code], rot, bool(flags & FLAG_AUTO), bits, seed, tuple(shape), d, padded,
         tuple(scales), off, plen, group,
     )
+
+
+def _check_representable(scheme: str, bits: float, scales: list[float], dtype: np.dtype[Any]) -> None:
+    """CodecError unless `parse` will accept these scales: a finite input near the compute dtype's
+    maximum (float32 values whose rotated spread times the largest centroid passes 3.4e38) gives a frame
+    whose lookup table overflows, which every decoder refuses as malformed. Refusing it here, where it
+    is made, lets the sender say so (the ring carries it as its NONFINITE marker to every rank) instead
+    of a receiver failing alone on a frame it was sent."""
+    limit = float(np.finfo(compute_dtype(dtype)).max)
+    if _value_bound(scheme, float(bits), tuple(scales)) > limit:
+        raise CodecError(f"input beyond what a {dtype} frame can represent: scale {max(scales):g} "
+                         f"would decode past {limit:g}")
+
+
+def peek_magnitude(buf: bytes | bytearray | memoryview) -> float:
+    """The largest scale field of a frame, read from its header without the CRC pass (inf for a
+    float64 frame or anything that does not look like a frame): a cheap "could this frame's values be
+    near float32's maximum?" for the ring (mrc.collective.ring), which sends such sums as float64
+    frames. Not a validation: `parse`/`decode` still check the frame."""
+    try:
+        f = _FIXED.unpack_from(buf, 0)
+        if f[3] != DTYPE_CODES[np.dtype(np.float32)]:
+            return math.inf
+        scales = struct.unpack_from(f"<{f[7]}d", buf, _FIXED.size + 8 * f[6])
+        return max(scales, default=0.0)
+    except (struct.error, ValueError, TypeError):
+        return math.inf
 
 
 def _value_bound(scheme: str, bits: float, scales: tuple[float, ...]) -> float:
