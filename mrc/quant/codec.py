@@ -285,12 +285,14 @@ def encode(
         gpre = _huge_prescale(flat, y)
         if gpre:
             y, _ = _rotated(np.ldexp(flat.astype(cdt), -gpre), padded, cdt, seed, rot, None)
-        return _finish_grouped(y, rot, auto, scheme, bits, seed, group, a.dtype, a.shape, gpre)
+        buf = _finish_grouped(y, rot, auto, scheme, bits, seed, group, a.dtype, a.shape, gpre)
+        return _check_decodes(buf, a.dtype) if gpre else buf
     y, ny2 = _rotated(flat, padded, cdt, seed, rot, kern)
     pre = _huge_prescale(flat, y, ny2)
-    if pre:  # finite values the rotation's sums overflowed on: scaled first (`_huge_prescale`)
+    if pre:  # finite values the rotation's sums may overflow on: scaled first (`_huge_prescale`)
         y, ny2 = _rotated(np.ldexp(flat.astype(cdt), -pre), padded, cdt, seed, rot, kern)
-        return finish(y, ny2, rot, probe, auto, scheme, bits, seed, kern, a.dtype, a.shape, pre)
+        return _check_decodes(finish(y, ny2, rot, probe, auto, scheme, bits, seed, kern, a.dtype, a.shape,
+                                     pre), a.dtype)
     if not ny2 >= _TINY_SIGMA2[cdt] * padded:  # tiny (or NaN, reported later): are the inputs subnormal?
         peak = float(np.max(np.abs(flat))) if d else 0.0
         if 0.0 < peak < _SUBNORMAL_RISK[cdt]:
@@ -299,6 +301,20 @@ def encode(
             pre = math.frexp(peak)[1]
             y, ny2 = _rotated(np.ldexp(flat.astype(cdt), -pre), padded, cdt, seed, rot, kern)
     return finish(y, ny2, rot, probe, auto, scheme, bits, seed, kern, a.dtype, a.shape, pre)
+
+
+def _check_decodes(buf: bytes, dtype: np.dtype[Any]) -> bytes:
+    """`buf` when it decodes; CodecError when its reconstruction overflows the compute dtype (an input
+    near its maximum: float32 1e38 everywhere, whose rotated values and the codec's noise pass 3.4e38),
+    rather than a frame no decoder accepts (docs/quant.md, "Finite output, always": the encoder's frames
+    decode). Only prescaled inputs (`_huge_prescale`) pay this decode."""
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            decode(buf)
+    except DecodeOverflow as e:
+        raise CodecError(f"input beyond what a {dtype} frame can represent (non-finite output): its "
+                         f"reconstruction overflows ({e.reason})") from e
+    return buf
 
 
 def _huge_prescale(flat: npt.NDArray[Any], y: FloatArray, ny2: float | None = None) -> int:
@@ -622,8 +638,8 @@ def _check_representable(scheme: str, bits: float, scales: list[float], dtype: n
     of a receiver failing alone on a frame it was sent."""
     limit = float(np.finfo(compute_dtype(dtype)).max)
     if _value_bound(scheme, float(bits), tuple(scales)) > limit:
-        raise CodecError(f"input beyond what a {dtype} frame can represent: scale {max(scales):g} "
-                         f"would decode past {limit:g}")
+        raise CodecError(f"input beyond what a {dtype} frame can represent (non-finite output): scale "
+                         f"{max(scales):g} would decode past {limit:g}")
 
 
 def peek_magnitude(buf: bytes | bytearray | memoryview) -> float:
