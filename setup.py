@@ -19,9 +19,11 @@ setup(
         ),
         Extension(
             "mrc.sim._simc",
-            ["mrc/sim/_simc.c"],
+            ["mrc/sim/_simc.c", "mrc/sim/_roce.c"],
+            depends=["mrc/sim/_roce.h"],
             optional=True,
-            extra_compile_args=["-O2", "-Wall"],
+            # no FMA contraction: the RoCE model's DCTCP update must round as Python's floats do
+            extra_compile_args=["-O2", "-Wall", "-ffp-contract=off"],
         ),
     ]
 )

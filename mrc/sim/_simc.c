@@ -22,6 +22,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+
+#include "_roce.h"
 #include <limits.h>
 
 /* PyLong_AsLongLong and PyLong_AsUnsignedLongLong convert an int of more than one 30-bit digit (every
@@ -43,7 +45,7 @@
 #define EV_CALL (-2)
 #define NEVER (1LL << 62)
 
-#define SIMC_ABI 1 /* fabric._SIMC_ABI: raise both with any change of `run`'s contract */
+#define SIMC_ABI 2 /* fabric._SIMC_ABI: raise both with any change of `run`'s contract */
 
 static PyObject *s_receive, *s_dts, *s_next_deadline, *s_handle_timer, *s_now, *s_cb, *s_cur,
     *s_epochs_moved, *s_events, *s_hops, *s_wall_s, *s_link_failed, *s_no_endpoint, *s_no_route;
@@ -969,10 +971,17 @@ c_consts(PyObject *Py_UNUSED(mod), PyObject *Py_UNUSED(args))
                          "_EV_TIMER", EV_TIMER, "_EV_CALL", EV_CALL, "NEVER", NEVER);
 }
 
+static PyObject *
+c_roce_consts(PyObject *Py_UNUSED(mod), PyObject *Py_UNUSED(args))
+{
+    return roce_consts();
+}
+
 static PyMethodDef methods[] = {
     {"run", c_run, METH_VARARGS, "run(fabric, until_ns, stop, check_every, progress, progress_every_s, t0)"
      " -> (events, other, t0): Fabric._run_fast's event loop."},
     {"consts", c_consts, METH_NOARGS, "The fabric constants this build was written against."},
+    {"roce_consts", (PyCFunction)c_roce_consts, METH_NOARGS, "roce.py's constants this build was written against."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1022,7 +1031,7 @@ PyInit__simc(void)
     PyObject *m = PyModule_Create(&moddef);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddIntConstant(m, "ABI", SIMC_ABI) < 0) {
+    if (PyModule_AddIntConstant(m, "ABI", SIMC_ABI) < 0 || roce_add_types(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

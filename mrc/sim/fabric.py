@@ -89,7 +89,7 @@ FAST: bool = os.environ.get(FAST_ENV, "1").strip() != "0"
 #: `Fabric` takes the value when it is constructed.
 LOOP_C: bool = os.environ.get(FAST_ENV, "1").strip().lower() != "py"
 #: `_simc.ABI` of the _simc.c this file works with (a stale in-place build is not used)
-_SIMC_ABI: Final = 1
+_SIMC_ABI: Final = 2
 #: the route chain's end at a switch with no route for the packet's next micro-SID (unpacking it fails)
 _NO_ROUTE: Final[tuple[()]] = ()
 #: the most switches a route chain may cross (a valid container names at most 6)

@@ -15,7 +15,7 @@ from mrc.transport import Context, EvEntry, EvMode, EvProfile, NsccConfig, QpAtt
 
 from .fabric import Fabric, spine_of_ev
 from .payload import seeded_bytes
-from .roce import DATA_HDR, RoceConn, RoceHost, RoceParams
+from .roce import DATA_HDR, RoceConn, RoceHost, RoceParams, new_host
 
 VARIANTS: Final = ("ecmp", "mrc", "mrc-notrim", "mrc-1plane")
 
@@ -166,7 +166,7 @@ class Traffic:
         hosts: dict[int, RoceHost] = {}
         used = {f.src for f in self.flows} | {f.dst for f in self.flows}
         for h in sorted(used):
-            hosts[h] = RoceHost(h, rp)
+            hosts[h] = new_host(h, rp, fab._loop_c)  # in C with the fabric's C loop
             fab.attach(h, hosts[h], self.routing.router(h))
         self.roce = hosts
         self.conns: list[list[RoceConn]] = []

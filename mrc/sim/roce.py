@@ -152,6 +152,17 @@ class RoceConn:
             self.cut_until = self.nxt + max(1, int(self.cwnd // self.mtu))
 
 
+def new_host(host: int, params: RoceParams, simc: Any = None) -> Any:
+    """A host's baseline endpoint: `RoceHost`, or with `simc` (the simulator's C module, `_simc`, given
+    where the fabric runs its C loop) the same host in C (mrc/sim/_roce.c), unless that build was written
+    against other values of this module's constants."""
+    if simc is not None and simc.roce_consts() == {
+        "DATA": DATA, "ACK": ACK, "NAK": NAK, "DATA_HDR": DATA_HDR, "CTRL_SIZE": CTRL_SIZE, "NEVER": NEVER,
+    }:
+        return simc.RoceHost(host, params, ACK_TIMEOUT_UNIT_NS << params.timeout)
+    return RoceHost(host, params)
+
+
 class RoceHost:
     """All baseline connections of one host (requester and responder sides), sans-I/O like `Context`."""
 
