@@ -29,6 +29,7 @@ import errno
 import json
 import os
 import re
+import secrets
 import select
 import socket
 import struct
@@ -247,6 +248,56 @@ _COMMON_SYSCTLS: Final[dict[str, str | int]] = {
 _SWITCH_SYSCTLS: Final[dict[str, str | int]] = {"net.ipv6.conf.all.forwarding": 1}
 
 
+_SRV6_GAP: list[str | None] = []  # the probe's answer, once per process
+
+
+def srv6_gap() -> str | None:
+    """Why this kernel cannot forward the testbed's SRv6 (None: it can). Probed once per process in a
+    throwaway namespace: a ``seg6 encap.red`` route (the hosts' encapsulation) and a ``seg6local End``
+    route with the NEXT-C-SID flavor (the switches' forwarding). A kernel built without
+    CONFIG_IPV6_SEG6_LWTUNNEL answers EOPNOTSUPP to both ("lwt encapsulation type not supported"); one
+    older than 6.1 knows no NEXT-C-SID. Building the testbed there would fail half-way with a bare
+    netlink error; this names what is missing instead."""
+    if _SRV6_GAP:
+        return _SRV6_GAP[0]
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    name = f"mrcprobe-{os.getpid()}-{secrets.token_hex(3)}"
+    gap: str | None = None
+    netns.create(name)
+    try:
+        ipr = netns.ipr(name)
+        try:
+            lo = int(ipr.link_lookup(ifname="lo")[0])
+            ipr.link("set", index=lo, state="up")
+            steps = (
+                ("seg6 encapsulation routes (hosts)",
+                 seg6.seg6_encap_msg("fd00:1::", 64, ["fcbb:bbbb:100::"], oif=lo)),
+                ("seg6local End with the NEXT-C-SID flavor (switches)",
+                 seg6.seg6local_msg("fcbb:bbbb:100::", 48, lo, "End", local=True,
+                                    flavors={"operations": ["next-csid"], "lblen": 32, "nflen": 16})),
+            )
+            for what, msg in steps:
+                try:
+                    seg6.route_request(ipr, msg)
+                except NetlinkError as e:
+                    if what.startswith("seg6 ") and e.code == errno.EOPNOTSUPP:
+                        gap = ("this kernel has no SRv6 routes (built without CONFIG_IPV6_SEG6_LWTUNNEL: "
+                               f"{e}); the testbed's hosts encapsulate with seg6 routes and its switches "
+                               "forward with seg6local End NEXT-C-SID: use a kernel built with IPv6 SRv6 "
+                               "(Debian's and most distributions' are, 6.1 or newer)")
+                    else:
+                        gap = (f"this kernel refused {what} ({e}): the testbed needs IPv6 SRv6 with "
+                               "NEXT-C-SID (Linux 6.1 or newer, CONFIG_IPV6_SEG6_LWTUNNEL)")
+                    break
+        finally:
+            ipr.close()
+    finally:
+        netns.remove(name)
+    _SRV6_GAP.append(gap)
+    return gap
+
+
 def up(topo: Topology, name: str = DEFAULT_NAME, source: str = "<model>",
        progress: Progress | None = None) -> Testbed:
     """Build ``topo`` as testbed ``name``. On any failure everything built so far is removed again."""
@@ -264,6 +315,9 @@ def up(topo: Topology, name: str = DEFAULT_NAME, source: str = "<model>",
             check_rate(o.rate_bps)
     if os.geteuid() != 0:
         raise MrcError("building a testbed needs root (network namespaces)")
+    gap = srv6_gap()
+    if gap is not None:
+        raise MrcError(f"cannot build testbed {name!r}: {gap}")
     tb = Testbed(name=name, topo=topo, source=source,
                  links={_link_key(lk.a, lk.b): LinkState(True, topo.link_rate_bps(lk.a, lk.b))
                         for lk in topo.links()})

@@ -21,7 +21,7 @@ from mrc import topology
 from mrc.dataplane import bpf, netns
 from mrc.dataplane import testbed as tb
 
-pytestmark = [pytest.mark.root(reason="loads eBPF programs, builds namespaces"),
+pytestmark = [pytest.mark.srv6, pytest.mark.root(reason="loads eBPF programs, builds namespaces"),
               pytest.mark.netns, pytest.mark.bpf, pytest.mark.slow]
 
 TOPOS = Path(__file__).resolve().parents[2] / "deploy" / "topologies"

@@ -25,7 +25,7 @@ from mrc.dataplane.fabric import FabricDataplane
 from mrc.errors import MrcError
 from mrc.wire import ip
 
-pytestmark = [pytest.mark.root(reason="loads eBPF programs, builds namespaces"),
+pytestmark = [pytest.mark.srv6, pytest.mark.root(reason="loads eBPF programs, builds namespaces"),
               pytest.mark.netns, pytest.mark.bpf]
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytestmark = [pytest.mark.root(reason="namespaces, eBPF programs, daemons"),
+pytestmark = [pytest.mark.srv6, pytest.mark.root(reason="namespaces, eBPF programs, daemons"),
               pytest.mark.netns, pytest.mark.bpf]
 
 from rank_procs import rank_pids  # noqa: E402

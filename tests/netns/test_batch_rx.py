@@ -14,7 +14,7 @@ import pytest
 
 from mrc.transport import rxbatch
 
-pytestmark = [pytest.mark.root(reason="namespaces, eBPF programs, daemons"),
+pytestmark = [pytest.mark.srv6, pytest.mark.root(reason="namespaces, eBPF programs, daemons"),
               pytest.mark.netns, pytest.mark.bpf,
               pytest.mark.skipif(not rxbatch.AVAILABLE, reason="python-isal without crc32_gzip_refl")]
 

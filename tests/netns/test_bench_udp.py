@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.root(reason="namespaces, eBPF programs, daemons"),
+pytestmark = [pytest.mark.srv6, pytest.mark.root(reason="namespaces, eBPF programs, daemons"),
               pytest.mark.netns, pytest.mark.bpf]
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.root(reason="namespaces, eBPF programs, daemons"),
+pytestmark = [pytest.mark.srv6, pytest.mark.root(reason="namespaces, eBPF programs, daemons"),
               pytest.mark.netns, pytest.mark.bpf]
 
 pytest.importorskip("torch", reason="torch is not importable (make setup installs torch==2.13.0)")

@@ -47,7 +47,7 @@ from mrc.errors import MrcError
 ROOT = Path(__file__).resolve().parents[2]
 TOPOS = ROOT / "deploy" / "topologies"
 
-pytestmark = [pytest.mark.root(reason="builds network namespaces"), pytest.mark.netns]
+pytestmark = [pytest.mark.srv6, pytest.mark.root(reason="builds network namespaces"), pytest.mark.netns]
 
 from mrc.dataplane import netns, seg6  # noqa: E402
 from mrc.dataplane import testbed as tb  # noqa: E402
