@@ -95,8 +95,11 @@ fi
 stamp="$VENV/.mrc-installed"
 fastc=mrc/transport/_fastc.c
 simc=mrc/sim/_simc.c
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] || [ $fastc -nt "$stamp" ] \
-   || [ $simc -nt "$stamp" ] || ! compgen -G "mrc/transport/_fastc*.so" >/dev/null \
+# any C source or header of the extensions newer than the install (not only the two main files: _roce.c
+# and _roce.h too)
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] \
+   || [ -n "$(find mrc -name '*.[ch]' -newer "$stamp" -print -quit)" ] \
+   || ! compgen -G "mrc/transport/_fastc*.so" >/dev/null \
    || ! compgen -G "mrc/sim/_simc*.so" >/dev/null; then
   say "installing mrc (editable, [dev]) into $VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip

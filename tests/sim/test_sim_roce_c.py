@@ -143,3 +143,24 @@ def test_the_comparison_covers_marks_cuts_naks_and_timeouts() -> None:
     seen = {"alpha": s.conn.alpha > 0, "naks": s.conn.naks > 0, "timeouts": s.conn.timeouts > 0,
             "done": s.conn.done_at >= 0}
     assert all(seen.values()), seen
+
+
+def test_c_reads_ints_of_every_width() -> None:
+    """The C hosts read their parameters as C long longs: every width, sign, 30-bit digit boundary and
+    int-like type reads as its value, and what a long long cannot hold is an OverflowError, not a wrong
+    number."""
+    import enum
+
+    import numpy as np
+
+    class Small(enum.IntEnum):
+        FIVE = 5
+
+    values: list[Any] = [0, 1, -1, 2**30 - 1, 2**30, -(2**30), 2**30 + 7, 2**60 - 1, -(2**60 - 1), 2**60,
+                         -(2**60), 2**62, 2**63 - 1, -(2**63), Small.FIVE, np.int64(-7), True]
+    for v in values:
+        host = SIMC.RoceHost(0, roce.RoceParams(linear_cnt=v), 1000)
+        assert host.connect(1, 1, 0, 1, None).linear_cnt == int(v), v
+    for v in (2**63, -(2**63) - 1):
+        with pytest.raises(OverflowError):
+            SIMC.RoceHost(0, roce.RoceParams(linear_cnt=v), 1000)
