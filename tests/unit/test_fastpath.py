@@ -350,3 +350,37 @@ def test_stale_build_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fastpath, "ENABLED", True)
     ctx = Context(bytes(16), ports=1)
     assert vars(ctx)["fast_send"] is fastpath.send_new
+
+
+_REBINDING_CTL_EV = """
+import importlib
+from mrc.transport import fastpath
+from mrc.transport.paths import PathSet
+assert fastpath._compiled() is not None
+fastpath.ENABLED = fastpath.C_ENABLED = True
+L = importlib.import_module("mrc.sim.loopback")
+run = L.build(L.LoopbackConfig(size=1 << 20, seed=1))
+plain = PathSet.ctl_ev
+calls = [0]
+def ctl_ev(self, *a):
+    calls[0] += 1
+    for qp in (run.qa, run.qb):
+        qp.c = dict(qp.c)  # the dict the C SACK read from this slot is now referenced by nothing else
+    return plain(self, *a)
+PathSet.ctl_ev = ctl_ev
+doc = L.run_transfer(run)
+print(calls[0], doc["bit_exact"])
+"""
+
+
+@pytest.mark.skipif(not _C_BUILT, reason="mrc/transport/_fastc.c is not built here (make setup)")
+def test_a_call_into_python_that_rebinds_a_slot_frees_nothing_the_c_path_uses() -> None:
+    """The C SACK calls `paths.ctl_ev`, Python that may rebind the QP's slots; the objects it read from
+    them are held for the call. Before, the counters dict it went on to update was freed under it: this
+    run crashed (SIGSEGV, with or without the debug allocator, which poisons freed memory)."""
+    env = {**os.environ, "PYTHONMALLOC": "debug"}
+    r = subprocess.run([sys.executable, "-c", _REBINDING_CTL_EV], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    calls, exact = r.stdout.split()
+    assert int(calls) > 0 and exact == "True"
