@@ -14,13 +14,14 @@ setup(
         Extension(
             "mrc.transport._fastc",
             ["mrc/transport/_fastc.c"],
+            depends=["mrc/_cint.h"],
             optional=True,
             extra_compile_args=["-O2", "-Wall"],
         ),
         Extension(
             "mrc.sim._simc",
             ["mrc/sim/_simc.c", "mrc/sim/_roce.c"],
-            depends=["mrc/sim/_roce.h"],
+            depends=["mrc/sim/_roce.h", "mrc/_cint.h"],
             optional=True,
             # no FMA contraction: the RoCE model's DCTCP update must round as Python's floats do
             extra_compile_args=["-O2", "-Wall", "-ffp-contract=off"],

@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "_roce.h"
+#include "../_cint.h" /* AS_LL */
 
 #define NEVER (1LL << 62)
 #define DATA 0
@@ -268,7 +269,7 @@ conn_m_rto(RoceConn *c, PyObject *Py_UNUSED(a))
 static PyObject *
 conn_m_pkt_size(RoceConn *c, PyObject *arg)
 {
-    long long psn = PyLong_AsLongLong(arg);
+    long long psn = AS_LL(arg);
     if (psn == -1 && PyErr_Occurred())
         return NULL;
     return PyLong_FromLongLong(conn_pkt_size(c, psn));
@@ -288,7 +289,7 @@ conn_m_on_ack(RoceConn *c, PyObject *args)
 static PyObject *
 conn_m_rewind(RoceConn *c, PyObject *arg)
 {
-    long long psn = PyLong_AsLongLong(arg);
+    long long psn = AS_LL(arg);
     if (psn == -1 && PyErr_Occurred())
         return NULL;
     conn_rewind(c, psn);
@@ -369,7 +370,7 @@ host_init(RoceHost *h, PyObject *args, PyObject *kw)
     PyObject *v;
 #define GET_LL(field, name)                                                        \
     if ((v = PyObject_GetAttrString(params, name)) == NULL) return -1;            \
-    h->field = PyLong_AsLongLong(v);                                              \
+    h->field = AS_LL(v);                                              \
     Py_DECREF(v);                                                                 \
     if (h->field == -1 && PyErr_Occurred()) return -1
     GET_LL(mtu, "mtu");
@@ -467,7 +468,7 @@ host_connect(RoceHost *h, PyObject *args)
         c->has_total = 0;
         c->npkts = NEVER;
     } else {
-        c->total = PyLong_AsLongLong(total);
+        c->total = AS_LL(total);
         if (c->total == -1 && PyErr_Occurred()) {
             Py_DECREF(c);
             return NULL;
@@ -578,7 +579,7 @@ rx_get(RoceHost *h, long long cid)
 static PyObject *
 host_delivered(RoceHost *h, PyObject *arg)
 {
-    long long cid = PyLong_AsLongLong(arg);
+    long long cid = AS_LL(arg);
     if (cid == -1 && PyErr_Occurred())
         return NULL;
     RxRec *r = rx_get(h, cid);
@@ -623,7 +624,7 @@ host_receive(RoceHost *h, PyObject *const *args, Py_ssize_t nargs, PyObject *kwn
         return NULL;
     }
     RocePacket *pkt = (RocePacket *)args[0];
-    long long now = PyLong_AsLongLong(args[1]);
+    long long now = AS_LL(args[1]);
     if (now == -1 && PyErr_Occurred())
         return NULL;
     int ecn = 0;
@@ -680,7 +681,7 @@ host_receive(RoceHost *h, PyObject *const *args, Py_ssize_t nargs, PyObject *kwn
 static PyObject *
 host_handle_timer(RoceHost *h, PyObject *arg)
 {
-    long long now = PyLong_AsLongLong(arg);
+    long long now = AS_LL(arg);
     if (now == -1 && PyErr_Occurred())
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(h->conns);
@@ -700,7 +701,7 @@ host_handle_timer(RoceHost *h, PyObject *arg)
 static PyObject *
 host_datagrams_to_send(RoceHost *h, PyObject *arg)
 {
-    long long now = PyLong_AsLongLong(arg);
+    long long now = AS_LL(arg);
     if (now == -1 && PyErr_Occurred())
         return NULL;
     PyObject *out = h->out;
