@@ -1,6 +1,7 @@
 """The RoCE baseline's hosts in C (mrc/sim/_roce.c, used with the fabric's C loop) against the Python
 classes they transcribe (mrc/sim/roce.py), call by call: a requester and a responder of each kind talk
-over a lossy, reordering, ECN-marking channel whose every decision comes from one seeded stream, and after
+over a lossy, reordering, ECN-marking channel that also injects forged and stray packets (any kind, an
+unknown connection, a PSN behind or far ahead), whose every decision comes from one seeded stream, and after
 every call the packets out and every field of the connection (the DCTCP floats `cwnd` and `alpha` bit for
 bit) must be the same. The experiment documents compared in test_sim_fast_loop.py would not show a small
 change in the congestion arithmetic; this does."""
@@ -87,7 +88,20 @@ def _drive(seed: int, steps: int = 400) -> int:
                 marked += bool(p[4])
                 for s in sides:
                     s.deliver(s.req, p, now, False)
-        elif action < 0.95:
+        elif action < 0.93:
+            # forged or stray: any kind, an unknown connection, a PSN anywhere (behind, far ahead)
+            kind = rng.choice([roce.DATA, roce.ACK, roce.NAK])
+            cid = rng.choice([7, 7, 8])
+            psn = rng.randint(-3, sides[0].conn.nxt + 50)
+            p = (kind, cid, psn, rng.choice([roce.CTRL_SIZE, roce.DATA_HDR + 1, 4096 + roce.DATA_HDR]),
+                 rng.random() < 0.5)
+            ecn = rng.random() < 0.5
+            for s in sides:
+                s.deliver(s.rsp if kind == roce.DATA else s.req, p, now, ecn)
+            outs = [[_pkt(d) for d in s.rsp.datagrams_to_send(now)] for s in sides]
+            assert outs[0] == outs[1]
+            to_req += outs[0]
+        elif action < 0.97:
             deadline = sides[0].req.next_deadline()
             if deadline is not None:
                 now = max(now, deadline)
