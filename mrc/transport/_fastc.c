@@ -252,6 +252,25 @@ slow_receive(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 
 /* rbits with bit d set, shifted past the run of ones at its bottom when d == 0 (the new cumulative
  * count in *t); *had: the bit was set already. Returns a new reference, NULL on error. */
+
+/* int.bit_length() of a non-negative int: the private _PyLong_NumBits where the headers still declare
+ * it (before 3.13), the method otherwise. -1 with an exception on error. */
+static long
+bit_length(PyObject *x)
+{
+#if PY_VERSION_HEX < 0x030D0000
+    size_t nb = _PyLong_NumBits(x);
+    return nb == (size_t)-1 ? -1 : (long)nb;
+#else
+    PyObject *r = PyObject_CallMethod(x, "bit_length", NULL);
+    if (r == NULL)
+        return -1;
+    long nb = PyLong_AsLong(r);
+    Py_DECREF(r);
+    return nb;
+#endif
+}
+
 static PyObject *
 bitmap_add(PyObject *rbits, long d, int *had, long *t)
 {
@@ -299,10 +318,10 @@ bitmap_add(PyObject *rbits, long d, int *had, long *t)
         PyObject *xr = PyNumber_Xor(res, p1);
         Py_DECREF(p1);
         if (xr == NULL) { Py_CLEAR(res); goto out; }
-        size_t nb = _PyLong_NumBits(xr);
+        long nb = bit_length(xr);
         Py_DECREF(xr);
-        if (nb == (size_t)-1) { Py_CLEAR(res); goto out; }
-        *t = (long)nb - 1;
+        if (nb < 0) { Py_CLEAR(res); goto out; }
+        *t = nb - 1;
         PyObject *tt = PyLong_FromLong(*t);
         if (tt == NULL) { Py_CLEAR(res); goto out; }
         PyObject *sh = PyNumber_Rshift(res, tt);
