@@ -264,7 +264,12 @@ def srv6_gap() -> str | None:
 
     name = f"mrcprobe-{os.getpid()}-{secrets.token_hex(3)}"
     gap: str | None = None
-    netns.create(name)
+    try:
+        netns.create(name)
+    except OSError as e:
+        gap = f"no network namespace could be made to probe the kernel's SRv6 ({e}): the testbed needs them"
+        _SRV6_GAP.append(gap)
+        return gap
     try:
         ipr = netns.ipr(name)
         try:

@@ -36,3 +36,17 @@ def test_up_on_a_kernel_without_srv6_names_it_and_builds_nothing(monkeypatch: py
         tb.up(topo, name=name)
     assert set(netns.listing()) == before
     assert not tb.Testbed.path_for(name).exists()
+
+
+def test_a_probe_that_cannot_make_a_namespace_is_a_gap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where no namespace can be made (no CAP_SYS_ADMIN in a container, /run/netns unwritable) the
+    probe answers with the reason instead of raising: the suite's collection (tests/conftest.py) must
+    not fail on it."""
+
+    def refuse(name: str) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(tb, "_SRV6_GAP", [])
+    monkeypatch.setattr(netns, "create", refuse)
+    gap = tb.srv6_gap()
+    assert gap is not None and "Operation not permitted" in gap
