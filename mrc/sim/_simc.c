@@ -469,6 +469,23 @@ arm_timer(Loop *L, PyObject *eng, PyObject *node_obj, long long node, PyObject *
     return rc;
 }
 
+/* What follows every delivery and timer of an endpoint: what it sends now goes out (`send_out`), and
+ * its timer is re-armed (`arm_timer`). */
+static int
+after_event(Loop *L, PyObject *eng, PyObject *node_obj, long long node, PyObject *t_obj, long long t)
+{
+    PyObject *oa[2] = {eng, t_obj};
+    PyObject *out = PyObject_VectorcallMethod(s_dts, oa, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    if (out == NULL)
+        return -1;
+    int any = PyObject_IsTrue(out);
+    int rc = (any < 0 || (any && send_out(L, node, out, t_obj, t) < 0)) ? -1 : 0;
+    Py_DECREF(out);
+    if (rc == 0)
+        rc = arm_timer(L, eng, node_obj, node, t_obj, t);
+    return rc;
+}
+
 static int
 epochs_moved(Loop *L)
 {
@@ -737,7 +754,6 @@ c_run(PyObject *Py_UNUSED(mod), PyObject *args)
                 }
                 Py_INCREF(eng);
                 int ok = -1;
-                PyObject *out = NULL;
                 if (set_now(&L, t_obj) < 0)
                     goto deliver_done;
                 if (L.on_deliver != Py_None) {
@@ -752,18 +768,10 @@ c_run(PyObject *Py_UNUSED(mod), PyObject *args)
                 if (r == NULL)
                     goto deliver_done;
                 Py_DECREF(r);
-                PyObject *oa[2] = {eng, t_obj};
-                out = PyObject_VectorcallMethod(s_dts, oa, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-                if (out == NULL)
-                    goto deliver_done;
-                int any = PyObject_IsTrue(out);
-                if (any < 0 || (any && send_out(&L, node, out, t_obj, t) < 0))
-                    goto deliver_done;
-                if (arm_timer(&L, eng, node_obj, node, t_obj, t) < 0)
+                if (after_event(&L, eng, node_obj, node, t_obj, t) < 0)
                     goto deliver_done;
                 ok = 0;
             deliver_done:
-                Py_XDECREF(out);
                 Py_DECREF(eng);
                 Py_DECREF(node_obj);
                 Py_DECREF(plane);
@@ -860,7 +868,6 @@ c_run(PyObject *Py_UNUSED(mod), PyObject *args)
             }
             Py_INCREF(eng);
             int ok = -1;
-            PyObject *out = NULL;
             PyObject *ta[2] = {eng, t_obj};
             PyObject *r;
             if (set_now(&L, t_obj) < 0)
@@ -869,17 +876,10 @@ c_run(PyObject *Py_UNUSED(mod), PyObject *args)
             if (r == NULL)
                 goto timer_done;
             Py_DECREF(r);
-            out = PyObject_VectorcallMethod(s_dts, ta, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-            if (out == NULL)
-                goto timer_done;
-            int any = PyObject_IsTrue(out);
-            if (any < 0 || (any && send_out(&L, node, out, t_obj, t) < 0))
-                goto timer_done;
-            if (arm_timer(&L, eng, a, node, t_obj, t) < 0)
+            if (after_event(&L, eng, a, node, t_obj, t) < 0)
                 goto timer_done;
             ok = 0;
         timer_done:
-            Py_XDECREF(out);
             Py_DECREF(eng);
             if (ok < 0 || (moved = epochs_moved(&L)) < 0)
                 goto fail;
