@@ -32,6 +32,9 @@
 #define WRITE_HDR_LEN 52
 #define WRITE_IMM_HDR_LEN 56
 #define ICRC_LEN 4
+#define UDP_LEN 8
+#define BTH4_ZERO 0x0F6A70D9u  /* icrc._BTH4_ZERO */
+#define ICRC_CACHE_MAX 8192  /* icrc._PREFIX_CACHE_MAX */
 #define OP_WRITE 0x0A
 #define OP_WRITE_IMM 0x0B
 #define PKEY_PARTITION 0x7FFF
@@ -55,7 +58,7 @@
 /* qpcore's tx_state values */
 #define TX_INFLIGHT 1
 
-#define FASTC_ABI 1  /* fastpath._FASTC_ABI: raise both with any change of setup() or a function's contract */
+#define FASTC_ABI 2  /* fastpath._FASTC_ABI: raise both with any change of setup() or a function's contract */
 
 typedef uint32_t (*crc_fn)(uint32_t init, const unsigned char *buf, uint64_t len);
 
@@ -85,7 +88,7 @@ static Py_ssize_t
     o_wr_msn, o_wr_mr, o_wr_offset, o_wr_length, o_wr_remote_addr, o_wr_rkey, o_wr_imm, o_wr_sent,
     o_wr_first_psn, o_wr_last_psn,
     /* IcrcContext */
-    o_i_start;
+    o_i_start, o_i_src, o_i_dst, o_i_dport;
 
 #define SLOT(o, off) (*(PyObject **)((char *)(o) + (off)))
 
@@ -166,30 +169,71 @@ static inline void put32(unsigned char *p, uint32_t v)
 }
 static inline void put64(unsigned char *p, uint64_t v) { put32(p, (uint32_t)(v >> 32)); put32(p + 4, (uint32_t)v); }
 
-/* the ICRC start value cached in an IcrcContext for (end, sport), or -1 when absent (or on error:
- * the caller then asks the Python side, which computes and caches it) */
+/* IcrcContext.start's value for (end, sport), computed as icrc.py computes it: the CRC of the 56-byte
+ * envelope (8 x 0xFF, the IPv6 header with traffic class, flow label and hop limit masked, the UDP header
+ * with its checksum masked) xor _BTH4_ZERO; -1 where the Python method would do anything else (a length
+ * struct.pack refuses, an address that is not 16 bytes, an odd port), so the caller asks it. */
+static long long
+icrc_envelope(PyObject *ic, long end, long sport)
+{
+    PyObject *src = SLOT(ic, o_i_src), *dst = SLOT(ic, o_i_dst), *dport = SLOT(ic, o_i_dport);
+    long udp_len = UDP_LEN + end + ICRC_LEN;
+    if (src == NULL || dst == NULL || dport == NULL || !PyBytes_CheckExact(src) || PyBytes_GET_SIZE(src) != 16
+        || !PyBytes_CheckExact(dst) || PyBytes_GET_SIZE(dst) != 16 || !PyLong_CheckExact(dport)
+        || end < 0 || udp_len > 0xFFFF || sport < 0 || sport > 0xFFFF)
+        return -1;
+    long dp = PyLong_AsLong(dport);
+    if (dp < 0 || dp > 0xFFFF) {
+        PyErr_Clear();
+        return -1;
+    }
+    unsigned char e[56];
+    memset(e, 0xFF, 8);
+    put32(e + 8, 0x6FFFFFFFu);
+    put16(e + 12, (uint32_t)udp_len);
+    e[14] = 17;
+    e[15] = 0xFF;
+    memcpy(e + 16, PyBytes_AS_STRING(src), 16);
+    memcpy(e + 32, PyBytes_AS_STRING(dst), 16);
+    put16(e + 48, (uint32_t)sport);
+    put16(e + 50, (uint32_t)dp);
+    put16(e + 52, (uint32_t)udp_len);
+    put16(e + 54, 0xFFFF);
+    return (long long)(crc32(0, e, sizeof(e)) ^ BTH4_ZERO);
+}
+
+/* The ICRC start value of an IcrcContext for (end, sport) (`IcrcContext.start`): from its cache, keyed
+ * sport << 32 | end as icrc.py keys it, else computed here and cached under the same bound. -1 when the
+ * Python method must answer (see icrc_envelope), or on error: the caller then calls it. */
 static long long
 icrc_start(PyObject *ic, long end, long sport)
 {
     if (ic == NULL || Py_TYPE(ic) != icrc_type)
         return -1;
     PyObject *cache = SLOT(ic, o_i_start);
-    if (cache == NULL || !PyDict_CheckExact(cache))
+    if (cache == NULL || !PyDict_CheckExact(cache) || end < 0 || end > 0xFFFFFFFFL || sport < 0)
         return -1;
-    PyObject *a = PyLong_FromLong(end), *b = PyLong_FromLong(sport);
-    if (a == NULL || b == NULL) {
-        Py_XDECREF(a); Py_XDECREF(b); PyErr_Clear();
+    PyObject *key = PyLong_FromLongLong(((long long)sport << 32) | end);
+    if (key == NULL) {
+        PyErr_Clear();
         return -1;
     }
-    PyObject *key = PyTuple_Pack(2, a, b);
-    Py_DECREF(a); Py_DECREF(b);
-    if (key == NULL) { PyErr_Clear(); return -1; }
     PyObject *v = PyDict_GetItemWithError(cache, key);  /* borrowed */
+    long long r = -1;
+    if (v != NULL) {
+        r = AS_LL(v);
+    } else if (!PyErr_Occurred() && (r = icrc_envelope(ic, end, sport)) >= 0) {
+        PyObject *vo = PyLong_FromLongLong(r);
+        if (vo != NULL && PyDict_GET_SIZE(cache) >= ICRC_CACHE_MAX)
+            PyDict_Clear(cache);  /* icrc.py's bound: past it the cache starts over */
+        if (vo == NULL || PyDict_SetItem(cache, key, vo) < 0)
+            r = -1;
+        Py_XDECREF(vo);
+    }
     Py_DECREF(key);
-    if (v == NULL) { PyErr_Clear(); return -1; }
-    long long r = AS_LL(v);
-    if (r == -1 && PyErr_Occurred()) { PyErr_Clear(); return -1; }
-    return r;
+    if (r < 0 && PyErr_Occurred())
+        PyErr_Clear();
+    return r < 0 ? -1 : r;
 }
 
 /* c[name] += 1 on the QP's counter dict */
@@ -1764,7 +1808,8 @@ c_setup(PyObject *Py_UNUSED(mod), PyObject *args)
         S(o_wr_msn, "msn"), S(o_wr_mr, "mr"), S(o_wr_offset, "offset"), S(o_wr_length, "length"),
         S(o_wr_remote_addr, "remote_addr"), S(o_wr_rkey, "rkey"), S(o_wr_imm, "imm"), S(o_wr_sent, "sent"),
         S(o_wr_first_psn, "first_psn"), S(o_wr_last_psn, "last_psn"), {NULL, NULL}};
-    const struct slotspec ics[] = {S(o_i_start, "_start"), {NULL, NULL}};
+    const struct slotspec ics[] = {S(o_i_start, "_start"), S(o_i_src, "_src"), S(o_i_dst, "_dst"),
+                                   S(o_i_dport, "_dport"), {NULL, NULL}};
     if (offsets((PyTypeObject *)qpt, qps) || offsets((PyTypeObject *)mrt, mrs)
         || offsets((PyTypeObject *)wrt, wrs)
         || offsets((PyTypeObject *)ict, ics))
@@ -1788,7 +1833,7 @@ static PyObject *
 c_consts(PyObject *Py_UNUSED(mod), PyObject *Py_UNUSED(a))
 {
     return Py_BuildValue(
-        "{sisisisisisisisisisisisisisisisisisisisisisisisisKsisL}",
+        "{sisisisisisisisisisisisisisisisisisisisisisisisisKsisLsisIsi}",
         "WRITE_HDR_LEN", WRITE_HDR_LEN, "WRITE_IMM_HDR_LEN", WRITE_IMM_HDR_LEN, "ICRC_LEN", ICRC_LEN,
         "OP_WRITE", OP_WRITE, "OP_WRITE_IMM", OP_WRITE_IMM, "PKEY_PARTITION", PKEY_PARTITION,
         "DEFAULT_PKEY", DEFAULT_PKEY, "QPN_MASK", (int)QPN_MASK, "PSN_MASK", (int)PSN_MASK, "HALF", (int)HALF,
@@ -1796,7 +1841,8 @@ c_consts(PyObject *Py_UNUSED(mod), PyObject *Py_UNUSED(a))
         "EV_SPORT_BASE", EV_SPORT_BASE, "F_TRIMMED", F_TRIMMED, "F_RETX", F_RETX, "F_FIRST", F_FIRST,
         "F_LAST", F_LAST, "F_ACK_NOW", F_ACK_NOW, "S_RETX", S_RETX, "TX_INFLIGHT", TX_INFLIGHT, "TX_LOST", TX_LOST, "TX_ACKED", TX_ACKED,
         "CRC32_RESIDUE", (int)CRC32_RESIDUE, "ACKREQ_BIT", (unsigned long long)ACKREQ_BIT,
-        "ICRC_LEN_", ICRC_LEN, "NEVER", (long long)NEVER);
+        "ICRC_LEN_", ICRC_LEN, "NEVER", (long long)NEVER, "UDP_LEN", UDP_LEN, "BTH4_ZERO", (unsigned int)BTH4_ZERO,
+        "ICRC_CACHE_MAX", ICRC_CACHE_MAX);
 }
 
 static PyMethodDef methods[] = {

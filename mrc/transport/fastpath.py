@@ -44,13 +44,14 @@ from mrc.wire.consts import (
     PSN_MASK,
     QPN_MASK,
     SACK_MAX_WORDS,
+    UDP_LEN,
     MxhFlag,
     Opcode,
     SackFlag,
 )
 from mrc.wire.control import Sack
 from mrc.wire.crc import crc32, isal_crc32_address
-from mrc.wire.icrc import _ICRC, CRC32_RESIDUE
+from mrc.wire.icrc import _BTH4_ZERO, _ICRC, _PREFIX_CACHE_MAX, CRC32_RESIDUE
 from mrc.wire.packet import _WRITE, _WRITE_IMM, CTRL_HDR_LEN, WRITE_HDR_LEN, WRITE_IMM_HDR_LEN, MrcPacket
 
 from .qpcore import _ACKED, _CE, _HALF, _INFLIGHT, _LOST, _RETX, _RTS, _S_DUP, NEVER, Datagram
@@ -140,10 +141,10 @@ def receive(
         _pure_receive(self, data, now, ecn, port, src)
         return
     ic = qp.rx_icrc
-    key = (end, EV_SPORT_BASE | (ev & EV_INDEX_MAX))
-    v = ic._start.get(key)
+    sport = EV_SPORT_BASE | (ev & EV_INDEX_MAX)
+    v = ic._start.get((sport << 32) | end)
     if v is None:
-        v = ic.start(*key)
+        v = ic.start(end, sport)
     if crc32(data, v) != CRC32_RESIDUE:
         _pure_receive(self, data, now, ecn, port, src)
         return
@@ -205,9 +206,9 @@ def _sack_rx(
             and not flags & _TRIMMED and words >= 1 and n == end + ICRC_LEN and ev <= EV_INDEX_MAX
         ):
             ic = qp.rx_icrc
-            key = (end, EV_SPORT_BASE | (ev & EV_INDEX_MAX))
-            v = ic._start.get(key)
-            if crc32(data, ic.start(*key) if v is None else v) == CRC32_RESIDUE:
+            sport = EV_SPORT_BASE | (ev & EV_INDEX_MAX)
+            v = ic._start.get((sport << 32) | end)
+            if crc32(data, ic.start(end, sport) if v is None else v) == CRC32_RESIDUE:
                 body = Sack(cum & PSN_MASK, eev, eflags, ets, svc,
                             int.from_bytes(data[_SACK_HDR.size : end], "little"), 64 * words)
                 qp.on_sack(
@@ -239,9 +240,9 @@ def sack(
     end = _SACK_HDR.size + 8 * words
     # BTH byte 4 is zero (the QPN is masked): the ICRC is one CRC from the context's start value
     ic = self.tx_icrc
-    key = (end, EV_SPORT_BASE | (cev & EV_INDEX_MAX))
-    v = ic._start.get(key)
-    crc = crc32(bmb, crc32(hdr, ic.start(*key) if v is None else v))
+    sport = EV_SPORT_BASE | (cev & EV_INDEX_MAX)
+    v = ic._start.get((sport << 32) | end)
+    crc = crc32(bmb, crc32(hdr, ic.start(end, sport) if v is None else v))
     buf = bytearray().join((hdr, bmb, _ZERO4))
     _pack_icrc(buf, end, crc)
     if not eflags & _S_DUP:  # as Responder._sack: a duplicate's answer leaves the ACK policy's state
@@ -349,9 +350,9 @@ def send_new(self: Requester, wr: SendWr, now: int, out: list[Datagram]) -> bool
             end = WRITE_HDR_LEN + n + pad
         lo = base + off
         payload = view[lo : lo + n]
-        key = (end, EV_SPORT_BASE | (ev & EV_INDEX_MAX))
-        v = starts.get(key)
-        crc = crc32(payload, crc32(hdr, start_of(*key) if v is None else v))
+        sport = EV_SPORT_BASE | (ev & EV_INDEX_MAX)
+        v = starts.get((sport << 32) | end)
+        crc = crc32(payload, crc32(hdr, start_of(end, sport) if v is None else v))
         if pad:
             crc = crc32(_ZERO4[:pad], crc)
         buf = join((hdr, payload, _ZERO8[: pad + ICRC_LEN]))
@@ -424,7 +425,7 @@ def install(ctx: Any) -> None:
 
 
 #: `_fastc.ABI` of the _fastc.c this file works with
-_FASTC_ABI: Final = 1
+_FASTC_ABI: Final = 2
 #: the C module once set up (`_compiled`), False when it cannot be used
 _C: Any = None
 
@@ -449,6 +450,7 @@ def _expected_consts() -> dict[str, int]:
         "F_LAST": _LAST, "F_ACK_NOW": _ACK_NOW, "S_RETX": _S_RETX, "TX_INFLIGHT": _INFLIGHT, "TX_LOST": _LOST,
         "TX_ACKED": _ACKED,
         "CRC32_RESIDUE": CRC32_RESIDUE, "ACKREQ_BIT": _ACKREQ_BIT, "ICRC_LEN_": ICRC_LEN, "NEVER": NEVER,
+        "UDP_LEN": UDP_LEN, "BTH4_ZERO": _BTH4_ZERO, "ICRC_CACHE_MAX": _PREFIX_CACHE_MAX,
     }
 
 

@@ -381,9 +381,9 @@ class BatchReceiver:
         ev = int(st[S_NEED_EV]) & EV_INDEX_MAX
         if v.starts[ev] < 0:
             ic = qp.rx_icrc
-            key = (end, EV_SPORT_BASE | ev)
-            sv = ic._start.get(key)
-            v.starts[ev] = ic.start(*key) if sv is None else sv
+            sport = EV_SPORT_BASE | ev
+            sv = ic._start.get((sport << 32) | end)
+            v.starts[ev] = ic.start(end, sport) if sv is None else sv
         rkey = int(st[S_NEED_RKEY])
         mr = qp.mrs.get(rkey)
         if mr is None or not mr.remote_write:

@@ -72,7 +72,10 @@ class IcrcContext:
         self._scratch = bytearray(_PSEUDO_LEN)
         self._prefix: dict[tuple[int, int], int] = {}
         self._head: dict[int, int] = {}  # (end, sport, BTH word 0) packed in one int -> CRC through BTH[4]
-        self._start: dict[tuple[int, int], int] = {}  # (end, sport) -> the start value of `start`
+        #: sport << 32 | end -> the start value of `start`. One int, not an (end, sport) tuple: the
+        #: compiled data path (mrc/transport/_fastc.c) reads and fills this dict per packet, and an int key
+        #: is one object to make, hash and compare.
+        self._start: dict[int, int] = {}
 
     # The envelope fields are properties so that changing one drops the CRCs cached for the old value.
     @property
@@ -159,10 +162,10 @@ class IcrcContext:
         sender's ICRC is one crc32 over the packet from byte 0, without a slice at byte 5, and such a
         packet is checked by one call over all of it: crc32(pkt, v) == CRC32_RESIDUE iff its ICRC is
         right."""
-        key = (end, sport)
+        key = (sport << 32) | end
         v = self._start.get(key)
         if v is None:
-            crc = self._prefix.get(key)
+            crc = self._prefix.get((end, sport))
             v = (self._prefix_crc(end, sport) if crc is None else crc) ^ _BTH4_ZERO
             if len(self._start) >= _PREFIX_CACHE_MAX:
                 self._start.clear()

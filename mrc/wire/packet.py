@@ -259,7 +259,7 @@ def write_packet(
     sport = EV_SPORT_BASE | (ev_index & EV_INDEX_MAX)
     # The ICRC: BTH byte 4 is zero (dqpn is masked to 24 bits), so it is a crc32 from the context's start
     # value over the header and payload as they are (ctx.start, inlined on a hit of its cache)
-    v = ctx._start.get((end, sport))
+    v = ctx._start.get((sport << 32) | end)
     crc = crc32(payload, crc32(hdr, ctx.start(end, sport) if v is None else v))
     if pad:
         crc = crc32(_ZERO4[:pad], crc)
@@ -549,7 +549,7 @@ def parse_write(data: bytes | bytearray, ctx: IcrcContext) -> WriteFields | None
     sport = EV_SPORT_BASE | (ev & EV_INDEX_MAX)
     # the ICRC check in one crc32 over the whole packet, its ICRC included (see IcrcContext.start, inlined
     # on a hit of its cache): the residue comes out exactly when the ICRC is right
-    v = ctx._start.get((end, sport))
+    v = ctx._start.get((sport << 32) | end)
     if crc32(data, ctx.start(end, sport) if v is None else v) != CRC32_RESIDUE:
         return None
     return (pw & PSN_MASK, (pw & ACKREQ_BIT) != 0, va, rkey, dma_len, imm, flags, ev, msn, mlen, ts,

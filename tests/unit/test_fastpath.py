@@ -384,3 +384,39 @@ def test_a_call_into_python_that_rebinds_a_slot_frees_nothing_the_c_path_uses() 
     assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
     calls, exact = r.stdout.split()
     assert int(calls) > 0 and exact == "True"
+
+
+def test_the_c_path_computes_icrc_start_values_and_bounds_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An ICRC start value the C path has not cached yet (the first packet of each length on each EV) is
+    computed there as `IcrcContext.start` computes it, without a call into Python (whose `start` also
+    fills `_prefix`), and cached under icrc.py's key and bound: a full cache starts over."""
+    if not _C_BUILT:
+        pytest.skip("mrc/transport/_fastc.c is not built here (gcc and python3-dev: make setup)")
+    from mrc.wire.icrc import _PREFIX_CACHE_MAX, IcrcContext
+
+    _mode(monkeypatch, True, "c")
+    run = L.build(SCENARIOS["padded_small_window"]())
+    full = run.qa.tx_icrc
+    full._start.update({k: 0 for k in range(_PREFIX_CACHE_MAX)})  # keys no packet has (sport 0)
+    doc = L.run_transfer(run)
+    assert doc["bit_exact"]
+    assert 0 < len(full._start) < _PREFIX_CACHE_MAX and min(full._start) >> 32 != 0  # started over
+    asked: list[tuple[int, int, int]] = []
+    start = IcrcContext.start
+
+    def counted(self: IcrcContext, end: int, sport: int) -> int:
+        asked.append((id(self), end, sport))
+        return start(self, end, sport)
+
+    monkeypatch.setattr(IcrcContext, "start", counted)
+    run = L.build(SCENARIOS["clean"]())  # (no retransmission: every data packet is the C path's)
+    assert L.run_transfer(run)["bit_exact"]
+    monkeypatch.undo()
+    # the sender's context: every data packet is built by the C path (the receiver may take a packet
+    # through the Python path, which asks its context as it always did)
+    assert len(asked) > 0 and not [a for a in asked if a[0] == id(run.qa.tx_icrc)], "C asked Python"
+    for ic in (run.qa.tx_icrc, run.qb.rx_icrc):
+        assert len(ic._start) >= 3
+        fresh = IcrcContext(ic.src, ic.dst, ic.dport)
+        for key, v in ic._start.items():
+            assert v == fresh.start(key & 0xFFFF_FFFF, key >> 32)
