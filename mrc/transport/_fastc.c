@@ -35,6 +35,7 @@
 #define UDP_LEN 8
 #define BTH4_ZERO 0x0F6A70D9u  /* icrc._BTH4_ZERO */
 #define ICRC_CACHE_MAX 8192  /* icrc._PREFIX_CACHE_MAX */
+#define RACK_CALM 256  /* recovery.RACK_CALM */
 #define OP_WRITE 0x0A
 #define OP_WRITE_IMM 0x0B
 #define PKEY_PARTITION 0x7FFF
@@ -58,7 +59,7 @@
 /* qpcore's tx_state values */
 #define TX_INFLIGHT 1
 
-#define FASTC_ABI 2  /* fastpath._FASTC_ABI: raise both with any change of setup() or a function's contract */
+#define FASTC_ABI 3  /* fastpath._FASTC_ABI: raise both with any change of setup() or a function's contract */
 
 typedef uint32_t (*crc_fn)(uint32_t init, const unsigned char *buf, uint64_t len);
 
@@ -68,6 +69,7 @@ static PyTypeObject *mr_type = NULL;  /* MemoryRegion */
 static PyTypeObject *wr_type = NULL;  /* SendWr */
 static PyTypeObject *icrc_type = NULL;  /* IcrcContext */
 static PyTypeObject *dg_type = NULL;  /* Datagram (a tuple subclass) */
+static PyObject *sack_type = NULL;  /* mrc.wire.control.Sack */
 static PyObject *st_rts = NULL, *st_rtr = NULL;  /* QpState.RTS, QpState.RTR */
 static PyObject *py_receive = NULL;  /* fastpath.receive: every case this file does not take */
 static PyObject *py_sack = NULL;  /* fastpath.sack */
@@ -381,9 +383,10 @@ out:
 #define OP_SACK 0xC0
 #define SACK_HDR_LEN 56  /* BTH 12 + MXH 24 + the SACK's fixed body 20 */
 #define S_DUP 0x04
+#define SACK_MAX_WORDS 16
 
 static Py_ssize_t o_ack_coalesce_sum;
-static PyObject *s_ctl_ev, *s_ev_port, *s_sack_tx;
+static PyObject *s_ctl_ev, *s_ev_port, *s_sack_tx, *s_sack_rx;
 
 static int
 py_sack_call(PyObject *qp, PyObject *nowo, PyObject *out, uint32_t psn, uint32_t ev, uint64_t ts,
@@ -529,6 +532,77 @@ fail:
     return -1;
 }
 
+/* A SACK as fastpath._sack_rx takes it (every check of `parse`, the ICRC by the residue, BTH bytes 1 and
+ * 4 zero as endpoints send them) given to `Requester.sack_rx(psn, Sack(...), now)` without the Python
+ * receive and parse in between; anything else to the Python path, which takes it from the start. */
+static PyObject *
+sack_receive(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject *qp, const unsigned char *p,
+             Py_ssize_t n, PyObject *nowo)
+{
+    if (sack_type == NULL || n > SACK_HDR_LEN + 8 * SACK_MAX_WORDS + ICRC_LEN)
+        return slow_receive(args, nargs, kwnames);
+    uint32_t b1 = p[1], pkey = be16(p + 2), qw = be32(p + 4), pw = be32(p + 8), ver = p[12], flags = p[13],
+             ev = be16(p + 14), cum = be32(p + 36), eev = be16(p + 40), eflags = p[42], words = p[43],
+             svc = be32(p + 52);
+    uint64_t ets = be64(p + 44);
+    Py_ssize_t end = SACK_HDR_LEN + 8 * (Py_ssize_t)words;
+    if (b1 || (pkey & PKEY_PARTITION) != PKEY_PARTITION || qw > QPN_MASK || ver != MXH_VERSION
+        || (flags & F_TRIMMED) || words < 1 || n != end + ICRC_LEN || ev > EV_INDEX_MAX)
+        return slow_receive(args, nargs, kwnames);
+    long long v = icrc_start(SLOT(qp, o_rx_icrc), (long)end, EV_SPORT_BASE | (long)ev);
+    if (v < 0 || crc32((uint32_t)v, p, (uint64_t)n) != CRC32_RESIDUE)
+        return slow_receive(args, nargs, kwnames);
+    /* the bitmap: int.from_bytes(p[56:end], "little"), 64 bits at a time from the top */
+    PyObject *bits = NULL, *sixty_four = NULL;
+    for (Py_ssize_t w = (Py_ssize_t)words - 1; w >= 0; w--) {
+        const unsigned char *q = p + SACK_HDR_LEN + 8 * w;
+        uint64_t x = 0;
+        for (int k = 7; k >= 0; k--)
+            x = (x << 8) | q[k];
+        PyObject *xo = PyLong_FromUnsignedLongLong(x);
+        if (xo == NULL)
+            goto fail;
+        if (bits == NULL) {
+            bits = xo;
+            continue;
+        }
+        if (sixty_four == NULL && (sixty_four = PyLong_FromLong(64)) == NULL) {
+            Py_DECREF(xo);
+            goto fail;
+        }
+        PyObject *hi = PyNumber_Lshift(bits, sixty_four);
+        Py_SETREF(bits, hi == NULL ? NULL : PyNumber_Or(hi, xo));
+        Py_XDECREF(hi);
+        Py_DECREF(xo);
+        if (bits == NULL)
+            goto fail;
+    }
+    PyObject *sa[7] = {PyLong_FromUnsignedLong(cum & PSN_MASK), PyLong_FromUnsignedLong(eev),
+                       PyLong_FromUnsignedLong(eflags), PyLong_FromUnsignedLongLong(ets),
+                       PyLong_FromUnsignedLong(svc), bits, PyLong_FromLong(64L * (long)words)};
+    bits = NULL;  /* (in sa now) */
+    PyObject *sack = NULL, *psn = NULL, *r = NULL;
+    int bad = 0;
+    for (int i = 0; i < 7; i++)
+        bad |= sa[i] == NULL;
+    if (!bad)
+        sack = PyObject_Vectorcall(sack_type, sa, 7, NULL);
+    for (int i = 0; i < 7; i++)
+        Py_XDECREF(sa[i]);
+    if (sack != NULL && (psn = PyLong_FromUnsignedLong(pw & PSN_MASK)) != NULL) {
+        PyObject *ra[4] = {qp, psn, sack, nowo};
+        r = PyObject_VectorcallMethod(s_sack_rx, ra, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    }
+    Py_XDECREF(sack);
+    Py_XDECREF(psn);
+    Py_XDECREF(sixty_four);
+    return r;
+fail:
+    Py_XDECREF(bits);
+    Py_XDECREF(sixty_four);
+    return NULL;
+}
+
 /* receive(ctx, data, now, ecn=False, port=0, src=None): `fastpath.receive` for the common data packet;
  * everything else (and keyword calls) to it. */
 static PyObject *
@@ -566,7 +640,7 @@ c_receive(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs, PyO
         n = PyByteArray_GET_SIZE(data);
     } else
         return slow_receive(args, nargs, kwnames);
-    if (n < WRITE_HDR_LEN + ICRC_LEN || p[0] != OP_WRITE || !PyLong_CheckExact(nowo))
+    if (n < WRITE_HDR_LEN + ICRC_LEN || (p[0] != OP_WRITE && p[0] != OP_SACK) || !PyLong_CheckExact(nowo))
         return slow_receive(args, nargs, kwnames);
     long long now = AS_LL(nowo);
     if (now < 0)
@@ -594,6 +668,8 @@ c_receive(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs, PyO
         if (gid == NULL || PyObject_RichCompareBool(src, gid, Py_EQ) != 1)
             return slow_receive(args, nargs, kwnames);
     }
+    if (p[0] == OP_SACK)
+        return sack_receive(args, nargs, kwnames, qp, p, n, nowo);
 
     /* ---- parse_write */
     uint32_t b1 = p[1], pkey = be16(p + 2), qw = be32(p + 4), pw = be32(p + 8);
@@ -1339,6 +1415,220 @@ fail:
     return NULL;
 }
 
+/* -------------------------------------------------------------------- loss detection, RTT samples */
+
+static Py_ssize_t o_min_rtt, o_srtt, o_rttvar, o_port_srtt, o_port_rttvar, o_port_thr, o_reo_extra,
+    o_rack_calm, o_rack_reo, o_rack_rtt, o_port_min_rtt, o_rack_thr, o_rack_ser;
+static PyObject *s_pen;  /* (s_ev_port: above) */
+
+/* list[i] as a C integer: 0, or -1 (no exception left) when i is outside the list or the item is not an
+ * int of 64 bits -- the caller then leaves the work to the Python code, which has changed nothing yet */
+static inline int
+lget(PyObject *l, long long i, long long *v)
+{
+    if (i < 0 || i >= PyList_GET_SIZE(l))
+        return -1;
+    PyObject *x = PyList_GET_ITEM(l, i);
+    if (!PyLong_CheckExact(x))
+        return -1;
+    *v = AS_LL(x);
+    if (*v == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    return 0;
+}
+
+static inline int
+lset(PyObject *l, long long i, long long v)
+{
+    return list_set(l, (Py_ssize_t)i, PyLong_FromLongLong(v));
+}
+
+/* loss_scan(qp, p, las, stop, ahead, deadline, now) -> (p, stop, ahead, deadline, code): the walk of
+ * `Recovery._detect_losses` over first transmissions from PSN p (holes not yet due passed over, the
+ * loss timer's deadline lowered), as far as the first transmission it declares lost (code 1, or 2 when
+ * by the same-port rule: p is its PSN; the caller declares it and calls again from p + 1) or the end of
+ * the walk (code 0: p is where it stopped). It changes nothing. Code -1: state it does not read (an item
+ * that is not a 64-bit int, an index outside a list): the Python loop goes on from p. */
+static PyObject *
+c_loss_scan(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7 || Py_TYPE(args[0]) != qp_type) {
+        PyErr_SetString(PyExc_TypeError, "loss_scan(qp, p, las, stop, ahead, deadline, now)");
+        return NULL;
+    }
+    PyObject *qp = args[0];
+    long long p = AS_LL(args[1]), las = AS_LL(args[2]), stop = AS_LL(args[3]), ahead = AS_LL(args[4]),
+              deadline = AS_LL(args[5]), now = AS_LL(args[6]), W, nxt;
+    if (PyErr_Occurred())
+        return NULL;
+    int code = 0;
+    PyObject *tx_state = SLOT(qp, o_tx_state), *tx_retx = SLOT(qp, o_tx_retx), *tx_serial = SLOT(qp, o_tx_serial),
+             *tx_ev = SLOT(qp, o_tx_ev), *tx_time = SLOT(qp, o_tx_time), *port_thr = SLOT(qp, o_port_thr),
+             *rack_ser = SLOT(qp, o_rack_ser), *rack_thr = SLOT(qp, o_rack_thr), *paths = SLOT(qp, o_paths);
+    PyObject *ev_port = NULL, *pen = NULL;
+    if (slot_ll(qp, o_W, &W) || slot_ll(qp, o_snd_nxt, &nxt) || W <= 0 || !is_list(tx_state, W)
+        || !is_list(tx_retx, W) || !is_list(tx_serial, W) || !is_list(tx_ev, W) || !is_list(tx_time, W)
+        || !is_list(port_thr, -1) || !is_list(rack_ser, -1) || !is_list(rack_thr, -1) || paths == NULL
+        || (ev_port = PyObject_GetAttr(paths, s_ev_port)) == NULL || (pen = PyObject_GetAttr(paths, s_pen)) == NULL
+        || !is_list(ev_port, -1) || !is_list(pen, -1)) {
+        PyErr_Clear();
+        code = -1;
+        goto out;
+    }
+    while (p < nxt) {
+        long long slot = ((p % W) + W) % W, st, ser, e, port, thr, rs, rt, sent, pe;
+        if (lget(tx_state, slot, &st)) {
+            code = -1;
+            break;
+        }
+        int retx = PyObject_IsTrue(PyList_GET_ITEM(tx_retx, slot));
+        if (retx < 0) {
+            PyErr_Clear();
+            code = -1;
+            break;
+        }
+        if (st != TX_INFLIGHT || retx) {  /* acknowledged, already lost, or watched by the retransmission queue */
+            p++;
+            continue;
+        }
+        if (lget(tx_serial, slot, &ser)) {
+            code = -1;
+            break;
+        }
+        if (ser > las)
+            break;
+        if (lget(tx_ev, slot, &e) || lget(ev_port, e, &port) || lget(port_thr, port, &thr)
+            || lget(rack_ser, port, &rs) || lget(rack_thr, port, &rt) || lget(pen, e, &pe)
+            || lget(tx_time, slot, &sent)) {
+            code = -1;
+            break;
+        }
+        int rack = ser < rs && rt < thr && !pe;
+        if (rack)
+            thr = rt;
+        long long t;
+        if (__builtin_add_overflow(sent, thr, &t)) {
+            code = -1;
+            break;
+        }
+        if (t > now || (stop >= 0 && !rack)) {
+            if (now < t && t < deadline)
+                deadline = t;
+            if (stop < 0)
+                stop = p;
+            if (ahead == 0)
+                break;
+            ahead--;
+            p++;
+            continue;
+        }
+        code = rack ? 2 : 1;
+        break;
+    }
+out:
+    Py_XDECREF(ev_port);
+    Py_XDECREF(pen);
+    return Py_BuildValue("(LLLLi)", p, stop, ahead, deadline, code);
+}
+
+/* rtt_sample(qp, rtt, port, rack) -> bool: `Recovery._rtt_sample(rtt, port)` and, when `rack`,
+ * `_rack_sample(rtt, port)`, the same state. False, with nothing changed, where it does not read the
+ * state (see lget): the caller then calls those methods. */
+static PyObject *
+c_rtt_sample(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || Py_TYPE(args[0]) != qp_type) {
+        PyErr_SetString(PyExc_TypeError, "rtt_sample(qp, rtt, port, rack)");
+        return NULL;
+    }
+    PyObject *qp = args[0];
+    long long rtt = AS_LL(args[1]), port = AS_LL(args[2]);
+    int rack = PyObject_IsTrue(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    PyObject *port_srtt = SLOT(qp, o_port_srtt), *port_rttvar = SLOT(qp, o_port_rttvar),
+             *port_thr = SLOT(qp, o_port_thr), *rack_calm = SLOT(qp, o_rack_calm), *rack_reo = SLOT(qp, o_rack_reo),
+             *rack_rtt = SLOT(qp, o_rack_rtt), *pmin = SLOT(qp, o_port_min_rtt), *rack_thr = SLOT(qp, o_rack_thr);
+    long long min_rtt, srtt, rttvar, reo_extra, psrtt = 0, pvar = 0, calm = 0, reo = 0, base = 0;
+    /* ---- every read first */
+    if (slot_ll(qp, o_min_rtt, &min_rtt) || slot_ll(qp, o_srtt, &srtt) || slot_ll(qp, o_rttvar, &rttvar)
+        || slot_ll(qp, o_reo_extra, &reo_extra) || !is_list(port_srtt, -1) || !is_list(port_rttvar, -1)
+        || !is_list(port_thr, -1) || !is_list(rack_calm, -1) || !is_list(rack_reo, -1) || !is_list(rack_rtt, -1)
+        || !is_list(pmin, -1) || !is_list(rack_thr, -1))
+        goto python;
+    if (port >= 0 && (lget(port_srtt, port, &psrtt) || lget(port_rttvar, port, &pvar)
+                      || port >= PyList_GET_SIZE(port_thr)))
+        goto python;
+    Py_ssize_t nports = PyList_GET_SIZE(rack_thr);
+    if (rack) {
+        if (port < 0 || lget(rack_calm, port, &calm) || lget(rack_reo, port, &reo) || lget(pmin, port, &base)
+            || port >= PyList_GET_SIZE(rack_rtt) || PyList_GET_SIZE(pmin) < nports
+            || PyList_GET_SIZE(rack_rtt) < nports || PyList_GET_SIZE(rack_reo) < nports)
+            goto python;
+        for (Py_ssize_t q = 0; q < nports; q++) {
+            long long x;
+            if (lget(pmin, q, &x) || lget(rack_rtt, q, &x) || lget(rack_reo, q, &x))
+                goto python;
+        }
+    }
+    /* ---- _rtt_sample */
+    if (rtt < min_rtt && slot_set_ll(qp, o_min_rtt, rtt))
+        return NULL;
+    if (srtt == 0) {
+        srtt = rtt;
+        rttvar = rtt >> 1;
+    } else {
+        long long err = rtt - srtt;
+        srtt += err >> 3;
+        rttvar += ((err >= 0 ? err : -err) - rttvar) >> 2;
+    }
+    if (slot_set_ll(qp, o_srtt, srtt) || slot_set_ll(qp, o_rttvar, rttvar))
+        return NULL;
+    if (port >= 0) {
+        if (psrtt == 0) {
+            psrtt = rtt;
+            pvar = rtt >> 1;
+        } else {
+            long long err = rtt - psrtt;
+            psrtt += err >> 3;
+            pvar += ((err >= 0 ? err : -err) - pvar) >> 2;
+        }
+        if (lset(port_srtt, port, psrtt) || lset(port_rttvar, port, pvar)
+            || lset(port_thr, port, psrtt + 4 * pvar + reo_extra))
+            return NULL;
+    }
+    /* ---- _rack_sample */
+    if (rack) {
+        calm += 1;
+        if (calm >= RACK_CALM) {
+            calm = 0;
+            reo >>= 1;
+            if (lset(rack_reo, port, reo > reo_extra ? reo : reo_extra))
+                return NULL;
+        }
+        if (lset(rack_calm, port, calm) || lset(rack_rtt, port, rtt))
+            return NULL;
+        long long excess = rtt - base;
+        for (Py_ssize_t q = 0; q < nports; q++) {
+            long long b, r, ro;
+            lget(pmin, q, &b);  /* (all read above) */
+            if (b == NEVER)
+                continue;
+            lget(rack_rtt, q, &r);
+            lget(rack_reo, q, &ro);
+            long long est = b + excess;
+            if (lset(rack_thr, q, (r > est ? r : est) + ro))
+                return NULL;
+        }
+    }
+    Py_RETURN_TRUE;
+python:
+    PyErr_Clear();
+    Py_RETURN_FALSE;
+}
+
 /* ---------------------------------------------------------------------------------- loopback run */
 
 /* The loopback harness's events (mrc/sim/loopback.py's heap entries (t, seq, j, data, port, ecn)),
@@ -1772,11 +2062,11 @@ offsets(PyTypeObject *tp, const struct slotspec *s)
 static PyObject *
 c_setup(PyObject *Py_UNUSED(mod), PyObject *args)
 {
-    PyObject *qpt, *mrt, *wrt, *ict, *dgt, *rts, *rtr, *recv, *sack, *send;
+    PyObject *qpt, *mrt, *wrt, *ict, *dgt, *rts, *rtr, *recv, *sack, *send, *sackt;
     unsigned long long crc_addr;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!O!OOOOOK:setup", &PyType_Type, &qpt, &PyType_Type, &mrt,
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!OOOOOKO!:setup", &PyType_Type, &qpt, &PyType_Type, &mrt,
                           &PyType_Type, &wrt, &PyType_Type, &ict, &PyType_Type, &dgt,
-                          &rts, &rtr, &recv, &sack, &send, &crc_addr))
+                          &rts, &rtr, &recv, &sack, &send, &crc_addr, &PyType_Type, &sackt))
         return NULL;
     if (crc_addr == 0) {
         PyErr_SetString(PyExc_ValueError, "no CRC-32 function");
@@ -1801,7 +2091,11 @@ c_setup(PyObject *Py_UNUSED(mod), PyObject *args)
         S(o_ackreq_div, "ackreq_div"), S(o_cur, "cur"), S(o_tx_bytes, "tx_bytes"),
         S(o_max_outstanding, "max_outstanding"), S(o_parked, "parked"), S(o_retx_q, "retx_q"),
         S(o_send_q, "send_q"), S(o_oow_q, "oow_q"), S(o_aux_deadline, "aux_deadline"),
-        S(o_loss_deadline, "loss_deadline"), S(o_ack_coalesce_sum, "ack_coalesce_sum"), {NULL, NULL}};
+        S(o_loss_deadline, "loss_deadline"), S(o_ack_coalesce_sum, "ack_coalesce_sum"),
+        S(o_min_rtt, "min_rtt"), S(o_srtt, "srtt"), S(o_rttvar, "rttvar"), S(o_port_srtt, "port_srtt"),
+        S(o_port_rttvar, "port_rttvar"), S(o_port_thr, "port_thr"), S(o_reo_extra, "reo_extra"),
+        S(o_rack_calm, "rack_calm"), S(o_rack_reo, "rack_reo"), S(o_rack_rtt, "rack_rtt"),
+        S(o_port_min_rtt, "port_min_rtt"), S(o_rack_thr, "rack_thr"), S(o_rack_ser, "rack_ser"), {NULL, NULL}};
     const struct slotspec mrs[] = {S(o_mr_addr, "addr"), S(o_mr_length, "length"),
                                    S(o_mr_remote_write, "remote_write"), S(o_mr_view, "view"), {NULL, NULL}};
     const struct slotspec wrs[] = {
@@ -1819,6 +2113,7 @@ c_setup(PyObject *Py_UNUSED(mod), PyObject *args)
     Py_XSETREF(wr_type, (PyTypeObject *)Py_NewRef(wrt));
     Py_XSETREF(icrc_type, (PyTypeObject *)Py_NewRef(ict));
     Py_XSETREF(dg_type, (PyTypeObject *)Py_NewRef(dgt));
+    Py_XSETREF(sack_type, Py_NewRef(sackt));
     Py_XSETREF(st_rts, Py_NewRef(rts));
     Py_XSETREF(st_rtr, Py_NewRef(rtr));
     Py_XSETREF(py_receive, Py_NewRef(recv));
@@ -1833,7 +2128,7 @@ static PyObject *
 c_consts(PyObject *Py_UNUSED(mod), PyObject *Py_UNUSED(a))
 {
     return Py_BuildValue(
-        "{sisisisisisisisisisisisisisisisisisisisisisisisisKsisLsisIsi}",
+        "{sisisisisisisisisisisisisisisisisisisisisisisisisKsisLsisIsisisi}",
         "WRITE_HDR_LEN", WRITE_HDR_LEN, "WRITE_IMM_HDR_LEN", WRITE_IMM_HDR_LEN, "ICRC_LEN", ICRC_LEN,
         "OP_WRITE", OP_WRITE, "OP_WRITE_IMM", OP_WRITE_IMM, "PKEY_PARTITION", PKEY_PARTITION,
         "DEFAULT_PKEY", DEFAULT_PKEY, "QPN_MASK", (int)QPN_MASK, "PSN_MASK", (int)PSN_MASK, "HALF", (int)HALF,
@@ -1842,7 +2137,8 @@ c_consts(PyObject *Py_UNUSED(mod), PyObject *Py_UNUSED(a))
         "F_LAST", F_LAST, "F_ACK_NOW", F_ACK_NOW, "S_RETX", S_RETX, "TX_INFLIGHT", TX_INFLIGHT, "TX_LOST", TX_LOST, "TX_ACKED", TX_ACKED,
         "CRC32_RESIDUE", (int)CRC32_RESIDUE, "ACKREQ_BIT", (unsigned long long)ACKREQ_BIT,
         "ICRC_LEN_", ICRC_LEN, "NEVER", (long long)NEVER, "UDP_LEN", UDP_LEN, "BTH4_ZERO", (unsigned int)BTH4_ZERO,
-        "ICRC_CACHE_MAX", ICRC_CACHE_MAX);
+        "ICRC_CACHE_MAX", ICRC_CACHE_MAX, "RACK_CALM", RACK_CALM,
+        "SACK_MAX_WORDS", SACK_MAX_WORDS);
 }
 
 static PyMethodDef methods[] = {
@@ -1854,6 +2150,10 @@ static PyMethodDef methods[] = {
      "datagrams_to_send(ctx, now): Context.datagrams_to_send in C."},
     {"ack_bits", (PyCFunction)(void (*)(void))c_ack_bits, METH_FASTCALL,
      "Requester.on_sack's loop over newly acknowledged PSNs, up to the first LOST slot."},
+    {"loss_scan", (PyCFunction)(void (*)(void))c_loss_scan, METH_FASTCALL,
+     "Recovery._detect_losses' walk over first transmissions, up to the next one it declares lost."},
+    {"rtt_sample", (PyCFunction)(void (*)(void))c_rtt_sample, METH_FASTCALL,
+     "Recovery._rtt_sample and _rack_sample of one SACK's RTT."},
     {"next_deadline", c_next_deadline, METH_O, "next_deadline(ctx): Context.next_deadline in C."},
     {"loopback_run", c_loopback_run, METH_VARARGS,
      "The loopback harness's event loop for an unimpaired fabric (mrc/sim/loopback.py)."},
@@ -1889,10 +2189,12 @@ PyInit__fastc(void)
     INTERN(s_next_ev, "next_ev");
     INTERN(s_rto_interval, "_rto_interval");
     INTERN(s_start, "start");
+    INTERN(s_pen, "pen");
     INTERN(s_active, "_active");
     INTERN(s_ctl_ev, "ctl_ev");
     INTERN(s_ev_port, "ev_port");
     INTERN(s_sack_tx, "sack_tx");
+    INTERN(s_sack_rx, "sack_rx");
     INTERN(s_send, "send");
     INTERN(s_paths, "paths");
     INTERN(s_next_probe_deadline, "next_probe_deadline");

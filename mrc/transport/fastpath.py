@@ -52,9 +52,10 @@ from mrc.wire.consts import (
 from mrc.wire.control import Sack
 from mrc.wire.crc import crc32, isal_crc32_address
 from mrc.wire.icrc import _BTH4_ZERO, _ICRC, _PREFIX_CACHE_MAX, CRC32_RESIDUE
-from mrc.wire.packet import _WRITE, _WRITE_IMM, CTRL_HDR_LEN, WRITE_HDR_LEN, WRITE_IMM_HDR_LEN, MrcPacket
+from mrc.wire.packet import _WRITE, _WRITE_IMM, CTRL_HDR_LEN, WRITE_HDR_LEN, WRITE_IMM_HDR_LEN
 
 from .qpcore import _ACKED, _CE, _HALF, _INFLIGHT, _LOST, _RETX, _RTS, _S_DUP, NEVER, Datagram
+from .recovery import RACK_CALM
 from .verbs import QpState
 
 if TYPE_CHECKING:
@@ -95,7 +96,6 @@ assert _SACK_HDR.size == CTRL_HDR_LEN + 20
 _unpack_sack: Final = _SACK_HDR.unpack_from
 #: the longest SACK (the most bitmap words)
 _SACK_RX_MAX: Final = _SACK_HDR.size + 8 * SACK_MAX_WORDS + ICRC_LEN
-_EMPTY: Final = memoryview(b"")
 
 
 def receive(
@@ -194,10 +194,10 @@ def _sack_rx(
     src: bytes | None,
 ) -> None:
     """A SACK as `parse` accepts it with a good ICRC (BTH byte 1 and 4 zero, as endpoints send it),
-    parsed in one unpack into the `MrcPacket` `parse` builds and given to `on_sack`; anything else to
-    the pure path."""
+    parsed in one unpack into the `Sack` `parse` builds and given to `Requester.sack_rx` (what `on_sack`
+    reads of the packet: its PSN and body); anything else to the pure path."""
     if n <= _SACK_RX_MAX:
-        (op, b1, pkey, qw, pw, ver, flags, ev, msn, mlen, moff, ts, cum, eev, eflags, words, ets, svc) = (
+        (_, b1, pkey, qw, pw, ver, flags, ev, _, _, _, _, cum, eev, eflags, words, ets, svc) = (
             _unpack_sack(data)
         )
         end = _SACK_HDR.size + 8 * words
@@ -209,13 +209,8 @@ def _sack_rx(
             sport = EV_SPORT_BASE | (ev & EV_INDEX_MAX)
             v = ic._start.get((sport << 32) | end)
             if crc32(data, ic.start(end, sport) if v is None else v) == CRC32_RESIDUE:
-                body = Sack(cum & PSN_MASK, eev, eflags, ets, svc,
-                            int.from_bytes(data[_SACK_HDR.size : end], "little"), 64 * words)
-                qp.on_sack(
-                    MrcPacket(op, 0, pkey, False, False, qw, (pw & _ACKREQ_BIT) != 0, pw & PSN_MASK, 0, 0, 0,
-                              None, flags, ev, msn, mlen, moff, ts, _EMPTY, body, "ok", n),
-                    now,
-                )
+                bits = int.from_bytes(data[_SACK_HDR.size : end], "little")
+                qp.sack_rx(pw & PSN_MASK, Sack(cum & PSN_MASK, eev, eflags, ets, svc, bits, 64 * words), now)
                 return
     _pure_receive(self, data, now, ecn, port, src)
 
@@ -408,6 +403,8 @@ def install(ctx: Any) -> None:
     ctx.fastpath = ENABLED
     ctx.fast_send = None
     ctx.fast_acks = None
+    ctx.fast_losses = None
+    ctx.fast_rtt = None
     if not ENABLED:
         return
     if _pure_receive is _unset:
@@ -419,13 +416,15 @@ def install(ctx: Any) -> None:
         ctx.next_deadline = MethodType(c.next_deadline, ctx)
         ctx.fast_send = c.send_new
         ctx.fast_acks = c.ack_bits
+        ctx.fast_losses = c.loss_scan
+        ctx.fast_rtt = c.rtt_sample
     else:
         ctx.receive = receive.__get__(ctx)
         ctx.fast_send = send_new
 
 
 #: `_fastc.ABI` of the _fastc.c this file works with
-_FASTC_ABI: Final = 2
+_FASTC_ABI: Final = 3
 #: the C module once set up (`_compiled`), False when it cannot be used
 _C: Any = None
 
@@ -451,6 +450,7 @@ def _expected_consts() -> dict[str, int]:
         "TX_ACKED": _ACKED,
         "CRC32_RESIDUE": CRC32_RESIDUE, "ACKREQ_BIT": _ACKREQ_BIT, "ICRC_LEN_": ICRC_LEN, "NEVER": NEVER,
         "UDP_LEN": UDP_LEN, "BTH4_ZERO": _BTH4_ZERO, "ICRC_CACHE_MAX": _PREFIX_CACHE_MAX,
+        "RACK_CALM": RACK_CALM, "SACK_MAX_WORDS": SACK_MAX_WORDS,
     }
 
 
@@ -468,5 +468,5 @@ def _load_compiled() -> Any:
     if not addr or getattr(_fastc, "ABI", None) != _FASTC_ABI or _fastc.consts() != _expected_consts():
         return None  # no ISA-L symbol, or a build of another version of _fastc.c (make setup rebuilds it)
     _fastc.setup(QueuePair, MemoryRegion, SendWr, IcrcContext, Datagram, _RTS, _RTR, receive, sack, send_new,
-                 addr)
+                 addr, Sack)
     return _fastc

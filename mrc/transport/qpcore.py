@@ -105,7 +105,7 @@ class QpCore:
         "max_trim_recovery_ns", "trim_recoveries", "aux_deadline", "tx_old", "tx_old_ev", "first_psn",
         "wimm_out",
         "rnr", "gc_at", "max_rx_msgs", "ts_off", "steer_delay", "cc_spec", "ackreq_since", "ackreq_div",
-        "Wd", "hint", "fast", "fast_acks", "nack_retx_mark", "wlim", "oow_q",
+        "Wd", "hint", "fast", "fast_acks", "fast_losses", "fast_rtt", "nack_retx_mark", "wlim", "oow_q",
     )
 
     def _reset_rack(self, nports: int) -> None:
@@ -146,6 +146,12 @@ class QpCore:
         self.fast: Callable[[Any, SendWr, int, list[Datagram]], bool] | None = getattr(ctx, "fast_send", None)
         #: the C path's loop over a SACK's newly acknowledged PSNs (fastpath.install), else None
         self.fast_acks: Callable[..., tuple[int, int, int, int]] | None = getattr(ctx, "fast_acks", None)
+        #: the C path's walk of loss detection (`Recovery._detect_losses`) and its RTT estimators
+        #: (`_rtt_sample`, `_rack_sample`), else None
+        self.fast_losses: Callable[..., tuple[int, int, int, int, int]] | None = getattr(
+            ctx, "fast_losses", None
+        )
+        self.fast_rtt: Callable[[Any, int, int, bool], bool] | None = getattr(ctx, "fast_rtt", None)
         self.qpn = qpn
         self.send_cq = send_cq
         self.recv_cq = recv_cq

@@ -177,30 +177,42 @@ class Recovery(QpCore):
         # rule; past the first, only this rule declares (the cross-port one keeps its PSN order)
         stop = -1
         ahead = RACK_LOOKAHEAD if self.same_port_rack else 0
+        scan = self.fast_losses
         while p < nxt:
-            slot = p % W
-            if tx_state[slot] != _INFLIGHT or tx_retx[slot]:
-                p += 1  # acknowledged, already lost, or watched by the retransmission queue
-                continue
-            ser = tx_serial[slot]
-            if ser > las:
-                break
-            port = ev_port[tx_ev[slot]]
-            thr = port_thr[port]
-            rack = ser < rack_ser[port] and rack_thr[port] < thr and not pen[tx_ev[slot]]
-            if rack:
-                thr = rack_thr[port]
-            t = tx_time[slot] + thr
-            if t > now or (stop >= 0 and not rack):
-                if now < t < deadline:
-                    deadline = t
-                if stop < 0:
-                    stop = p
-                if ahead == 0:
+            if scan is not None:  # the C path: this loop's walk up to the next PSN it declares lost
+                p, stop, ahead, deadline, code = scan(self, p, las, stop, ahead, deadline, now)
+                if code == 0:
                     break
-                ahead -= 1
-                p += 1
-                continue
+                if code < 0:  # state the C walk does not read: this loop from p
+                    scan = None
+                    continue
+                slot = p % W
+                port = ev_port[tx_ev[slot]]
+                rack = code == 2
+            else:
+                slot = p % W
+                if tx_state[slot] != _INFLIGHT or tx_retx[slot]:
+                    p += 1  # acknowledged, already lost, or watched by the retransmission queue
+                    continue
+                ser = tx_serial[slot]
+                if ser > las:
+                    break
+                port = ev_port[tx_ev[slot]]
+                thr = port_thr[port]
+                rack = ser < rack_ser[port] and rack_thr[port] < thr and not pen[tx_ev[slot]]
+                if rack:
+                    thr = rack_thr[port]
+                t = tx_time[slot] + thr
+                if t > now or (stop >= 0 and not rack):
+                    if now < t < deadline:
+                        deadline = t
+                    if stop < 0:
+                        stop = p
+                    if ahead == 0:
+                        break
+                    ahead -= 1
+                    p += 1
+                    continue
             self.c["retx_sack"] += 1
             if rack:
                 self.c["retx_same_port"] += 1

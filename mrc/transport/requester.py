@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Final
 
 from mrc.wire.consts import FATAL_NACK_CODES, PSN_MASK, PSN_MOD, MxhFlag, NackCode
+from mrc.wire.control import Sack
 from mrc.wire.packet import MrcPacket, write_packet
 
 from .drops import EngineDrop
@@ -320,14 +321,19 @@ class Requester(Recovery):
     # ================================================================== feedback
 
     def on_sack(self, pkt: MrcPacket, now: int) -> None:
-        self.parked = False
         s = pkt.body
-        assert s is not None
+        assert isinstance(s, Sack)
+        self.sack_rx(pkt.psn, s, now)
+
+    def sack_rx(self, psn: int, s: Sack, now: int) -> None:
+        """A SACK for PSN `psn` (BTH) with body `s`: all `on_sack` reads of the packet, so that the fast
+        paths (fastpath.py, _fastc.c) give it what they parsed without building an `MrcPacket`."""
+        self.parked = False
         c = self.c
         # A genuine SACK echoes the PSN and send timestamp of the packet that triggered it: one that
         # names no transmission of ours is stray or forged and acknowledges nothing.
-        ts = s.echo_timestamp_ns - self.ts_off  # type: ignore[union-attr]
-        own = self._own_slot(pkt.psn, ts)
+        ts = s.echo_timestamp_ns - self.ts_off
+        own = self._own_slot(psn, ts)
         if own == -1:
             self._unmatched(EngineDrop.SACK_UNMATCHED)
             return
@@ -335,16 +341,16 @@ class Requester(Recovery):
         paths = self.paths
         # the transmission that triggered it was delivered: when its EV was retired by the loss of it
         # (or of one sent before it), that call was wrong (paths.refute)
-        e = s.echo_ev_index  # type: ignore[union-attr]
+        e = s.echo_ev_index
         if e < paths.n and paths.state[e] == _ASSUMED_BAD and self.ev_refute:
-            p = self._abs_psn(pkt.psn)
+            p = self._abs_psn(psn)
             if self._sent_on(own, p, ts) == e:
                 paths.refute(e, ts, p, now)
         # a second copy of that PSN arrived: when we had sent it more than once, one of those
         # transmissions was not needed
-        if s.echo_flags & _S_DUP and self.tx_retx[own if own >= 0 else -2 - own]:  # type: ignore[union-attr]
+        if s.echo_flags & _S_DUP and self.tx_retx[own if own >= 0 else -2 - own]:
             c["retx_spurious"] += 1
-            p = self._abs_psn(pkt.psn)
+            p = self._abs_psn(psn)
             if self.rack_lost:
                 self._rack_refuted(p, now)
             if own >= 0 and self.ev_refute:  # this copy came second: the earlier one (if one) came first
@@ -353,7 +359,7 @@ class Requester(Recovery):
                     paths.refute(self.tx_old_ev[p][0], sent[0], p, now)
         una = self.snd_una
         outstanding = self.snd_nxt - una
-        rel = (s.cum_psn - una) & PSN_MASK  # type: ignore[union-attr]
+        rel = (s.cum_psn - una) & PSN_MASK
         if rel >= _HALF:
             rel -= PSN_MOD
         if rel > outstanding:
@@ -361,7 +367,7 @@ class Requester(Recovery):
             return
         acked = 0
         if outstanding:
-            bm = s.bitmap  # type: ignore[union-attr]
+            bm = s.bitmap
             S = (((1 << rel) - 1) | (bm << (rel + 1))) if rel >= 0 else bm >> (-rel - 1)
             S &= (1 << outstanding) - 1
             newly = S & ~self.sacked
@@ -446,7 +452,7 @@ class Requester(Recovery):
                 self.nack_retx_mark = c["retx_trim"] + c["retx_nack"]
                 self.rto_deadline = now + self.ack_timeout if self.snd_nxt != una else NEVER
         # per-EV steering from the echo of the triggering packet
-        ecn = bool(s.echo_flags & _CE)  # type: ignore[union-attr]
+        ecn = bool(s.echo_flags & _CE)
         hot = False
         if e < paths.n:
             if ecn:
@@ -457,7 +463,7 @@ class Requester(Recovery):
                 paths.relieve(e)
         # RTT sample (per transmission timestamps: no retransmission ambiguity)
         rtt = -1
-        svc = s.service_time_ns  # type: ignore[union-attr]
+        svc = s.service_time_ns
         # a send time of ours (_own_slot); one at exactly 0 is not sampled (docs: Time); a service time
         # longer than the whole round trip is a wrong one (a peer's clock or a forged field): no sample,
         # where a sample clamped to 0 pinned the QP's and the port's minimum RTT to 0 for good
@@ -482,9 +488,11 @@ class Requester(Recovery):
                     c["delay_steered"] += 1
                     paths.penalise(e)
                     hot = 4 * paths.npen <= paths.good_count
-                self._rtt_sample(rtt, port)
-                if self.same_port_rack:
-                    self._rack_sample(rtt, port)
+                fast_rtt = self.fast_rtt
+                if fast_rtt is None or not fast_rtt(self, rtt, port, self.same_port_rack):
+                    self._rtt_sample(rtt, port)
+                    if self.same_port_rack:
+                        self._rack_sample(rtt, port)
             else:
                 self._rtt_sample(rtt, -1)
         if hot:

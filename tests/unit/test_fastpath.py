@@ -420,3 +420,24 @@ def test_the_c_path_computes_icrc_start_values_and_bounds_them(monkeypatch: pyte
         fresh = IcrcContext(ic.src, ic.dst, ic.dport)
         for key, v in ic._start.items():
             assert v == fresh.start(key & 0xFFFF_FFFF, key >> 32)
+
+
+def test_the_c_path_takes_sacks_without_the_python_receive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A well-formed SACK goes from the C receive to `Requester.sack_rx` directly: the Python receive
+    (which hands SACKs to `fastpath._sack_rx`) sees none of a clean transfer's; a SACK the C path does not
+    take still arrives through it (test_malformed_packets_same_on_every_path)."""
+    if not _C_BUILT:
+        pytest.skip("mrc/transport/_fastc.c is not built here (gcc and python3-dev: make setup)")
+    seen: list[int] = []
+    sack_rx = fastpath._sack_rx
+
+    def counted(*a: Any) -> None:
+        seen.append(1)
+        sack_rx(*a)
+
+    monkeypatch.setattr(fastpath, "_sack_rx", counted)
+    _mode(monkeypatch, True, "c")
+    run = L.build(SCENARIOS["clean"]())
+    doc = L.run_transfer(run)
+    assert doc["bit_exact"] and run.qa.c["sack_rx"] > 50
+    assert not seen

@@ -355,13 +355,13 @@ def test_every_ev_gets_acknowledgement_feedback(monkeypatch: pytest.MonkeyPatch)
     transfer): the rest had no delay samples, and a penalised one was never relieved. Alternating runs
     of 16 and 15 reach every EV."""
     echoed: set[int] = set()
-    on_sack = QueuePair.on_sack
+    sack_rx = QueuePair.sack_rx  # (every SACK the requester takes, from every receive path)
 
-    def spy(self: QueuePair, pkt: Any, now: int) -> None:
-        echoed.add(pkt.body.echo_ev_index)
-        on_sack(self, pkt, now)
+    def spy(self: QueuePair, psn: int, s: Any, now: int) -> None:
+        echoed.add(s.echo_ev_index)
+        sack_rx(self, psn, s, now)
 
-    monkeypatch.setattr(QueuePair, "on_sack", spy)
+    monkeypatch.setattr(QueuePair, "sack_rx", spy)
     for evs in (128, 120, 64):
         echoed.clear()
         r = build(LoopbackConfig(size=16 << 20, seed=1, evs=evs))
