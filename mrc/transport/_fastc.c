@@ -96,6 +96,7 @@ static Py_ssize_t
 
 static int ready = 0;
 static PyObject *receive_fn = NULL;  /* this module's `receive` function object (set at import) */
+static PyObject *send_new_fn = NULL;  /* this module's `send_new` (set at import) */
 
 /* ------------------------------------------------------------------------------------------ helpers */
 
@@ -1141,7 +1142,7 @@ slow:
 
 static PyObject *s_active, *s_send, *s_paths, *s_next_probe_deadline, *s_receive, *s_handle_timer,
     *s_datagrams_to_send, *s_next_deadline_m, *s_now, *s_last_t, *s_seq;
-static Py_ssize_t o_parked, o_retx_q, o_send_q, o_oow_q, o_aux_deadline, o_loss_deadline;
+static Py_ssize_t o_parked, o_retx_q, o_send_q, o_oow_q, o_aux_deadline, o_loss_deadline, o_fast;
 
 static PyObject *
 negative_time(long long now)
@@ -1156,6 +1157,69 @@ static inline int
 truthy(PyObject *o)
 {
     return o == NULL ? 0 : PyObject_IsTrue(o);
+}
+
+/* `Requester.send(now, out)` for the common call of a busy QP (RTS, nothing to resend or release, a
+ * message under way, `qp.fast` this module's send_new): the full-window check, then send_new on the
+ * current message. When that message is done, `send` itself goes on (it takes the next from send_q).
+ * Anything else: `send`. 0, or -1 with an exception. */
+static int
+send_common(PyObject *qp, PyObject *nowo, long long now, PyObject *out)
+{
+    PyObject *wr = SLOT(qp, o_cur), *cc = SLOT(qp, o_cc), *fast = SLOT(qp, o_fast);
+    long long sent, length, inflight, nxt, una, wlim, mtu, rto;
+    if (wr == NULL || Py_TYPE(wr) != wr_type || fast != send_new_fn || cc == NULL || truthy(SLOT(qp, o_retx_q))
+        || truthy(SLOT(qp, o_oow_q)) || slot_ll(wr, o_wr_sent, &sent) || slot_ll(wr, o_wr_length, &length)
+        || slot_ll(qp, o_inflight, &inflight) || slot_ll(qp, o_snd_nxt, &nxt) || slot_ll(qp, o_snd_una, &una)
+        || slot_ll(qp, o_wlim, &wlim) || slot_ll(qp, o_mtu, &mtu) || slot_ll(qp, o_rto_deadline, &rto))
+        goto python;
+    if (sent && inflight && nxt < una + wlim) {
+        long long n = length - sent;
+        if (n > mtu)
+            n = mtu;
+        PyObject *cwndo = PyObject_GetAttr(cc, s_cwnd);
+        if (cwndo == NULL)
+            return -1;
+        PyObject *need = PyLong_FromLongLong(inflight + n);
+        int full = need == NULL ? -1 : PyObject_RichCompareBool(need, cwndo, Py_GT);
+        Py_XDECREF(need);
+        Py_DECREF(cwndo);
+        if (full < 0)
+            return -1;
+        if (full) {
+            PyObject *c = SLOT(qp, o_c);
+            if (c == NULL || !PyDict_CheckExact(c) || count(c, s_cwnd_limited))
+                return -1;
+            if (rto == NEVER && nxt != una) {
+                PyObject *ri = PyObject_CallMethodNoArgs(qp, s_rto_interval);
+                if (ri == NULL)
+                    return -1;
+                PyObject *dl = PyNumber_Add(nowo, ri);
+                Py_DECREF(ri);
+                if (dl == NULL)
+                    return -1;
+                slot_set(qp, o_rto_deadline, dl);
+            }
+            return slot_set(qp, o_parked, Py_NewRef(Py_True));
+        }
+    }
+    slot_set(qp, o_parked, Py_NewRef(Py_False));
+    PyObject *sa[4] = {qp, wr, nowo, out};
+    Py_INCREF(wr);
+    PyObject *r = c_send_new(NULL, sa, 4);
+    Py_DECREF(wr);
+    if (r == NULL)
+        return -1;
+    int done = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    if (done <= 0)
+        return done;
+python:
+    if (PyErr_Occurred())
+        PyErr_Clear();
+    PyObject *x = PyObject_CallMethodObjArgs(qp, s_send, nowo, out, NULL);
+    Py_XDECREF(x);
+    return x == NULL ? -1 : 0;
 }
 
 /* datagrams_to_send(ctx, now): `Context.datagrams_to_send` */
@@ -1214,11 +1278,8 @@ c_datagrams_to_send(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t 
                     if (want == 0)
                         want = truthy(SLOT(qp, o_oow_q));
                     r = want;
-                    if (want > 0) {
-                        PyObject *x = PyObject_CallMethodObjArgs(qp, s_send, nowo, out, NULL);
-                        r = x ? 0 : -1;
-                        Py_XDECREF(x);
-                    }
+                    if (want > 0)
+                        r = send_common(qp, nowo, now, out);
                 }
             }
         }
@@ -2095,7 +2156,8 @@ c_setup(PyObject *Py_UNUSED(mod), PyObject *args)
         S(o_min_rtt, "min_rtt"), S(o_srtt, "srtt"), S(o_rttvar, "rttvar"), S(o_port_srtt, "port_srtt"),
         S(o_port_rttvar, "port_rttvar"), S(o_port_thr, "port_thr"), S(o_reo_extra, "reo_extra"),
         S(o_rack_calm, "rack_calm"), S(o_rack_reo, "rack_reo"), S(o_rack_rtt, "rack_rtt"),
-        S(o_port_min_rtt, "port_min_rtt"), S(o_rack_thr, "rack_thr"), S(o_rack_ser, "rack_ser"), {NULL, NULL}};
+        S(o_port_min_rtt, "port_min_rtt"), S(o_rack_thr, "rack_thr"), S(o_rack_ser, "rack_ser"),
+        S(o_fast, "fast"), {NULL, NULL}};
     const struct slotspec mrs[] = {S(o_mr_addr, "addr"), S(o_mr_length, "length"),
                                    S(o_mr_remote_write, "remote_write"), S(o_mr_view, "view"), {NULL, NULL}};
     const struct slotspec wrs[] = {
@@ -2178,6 +2240,10 @@ PyInit__fastc(void)
     if (PyModule_AddIntConstant(m, "ABI", FASTC_ABI) < 0)
         return NULL;
 #define INTERN(var, s) if ((var = PyUnicode_InternFromString(s)) == NULL) return NULL
+    if ((send_new_fn = PyObject_GetAttrString(m, "send_new")) == NULL) {
+        Py_DECREF(m);
+        return NULL;
+    }
     if ((receive_fn = PyObject_GetAttrString(m, "receive")) == NULL)
         return NULL;
     INTERN(s_qps, "qps");

@@ -441,3 +441,26 @@ def test_the_c_path_takes_sacks_without_the_python_receive(monkeypatch: pytest.M
     doc = L.run_transfer(run)
     assert doc["bit_exact"] and run.qa.c["sack_rx"] > 50
     assert not seen
+
+
+def test_the_c_path_sends_a_busy_qps_message_without_the_python_send(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`_fastc.datagrams_to_send` takes `Requester.send`'s common call (a message under way: the window
+    check, then send_new) itself: the Python method runs only to start a message, where the Python fast
+    path calls it on every event of the busy QP."""
+    if not _C_BUILT:
+        pytest.skip("mrc/transport/_fastc.c is not built here (gcc and python3-dev: make setup)")
+    from mrc.transport.qp import QueuePair
+
+    calls = {"py": 0, "c": 0}
+    send = QueuePair.send
+    for mode in ("py", "c"):
+        def counted(self: Any, now: int, out: list[Any], mode: str = mode) -> None:
+            calls[mode] += 1
+            send(self, now, out)
+
+        monkeypatch.setattr(QueuePair, "send", counted)
+        _mode(monkeypatch, True, mode)
+        run = L.build(SCENARIOS["clean"]())
+        assert L.run_transfer(run)["bit_exact"]
+        monkeypatch.undo()
+    assert calls["py"] > 50 and calls["c"] <= 2  # (one message)
