@@ -1,13 +1,14 @@
 /* The engine's fast path in C: `fastpath.receive` and `fastpath.send_new` for the common data packet,
- * on the engine's own Python objects.
+ * and the SACK path's common case (`_sack_rx` to `Requester.sack_rx`, on_sack's acknowledgement loop,
+ * loss detection's walk, the RTT estimators), on the engine's own Python objects.
  *
  * Why C and not numba: the per-packet cost left on the fast path is the interpreter's (attribute
  * loads and stores, calls, int boxing), not arithmetic. The engine's state lives in `__slots__`, so a
  * slot is a pointer at a fixed offset of its object: this module reads the offsets from the classes'
  * member descriptors once (`setup`) and then loads and stores the same Python objects the pure path
  * uses. No state is copied in or out, nothing changes for the pure path, and every case this file does
- * not handle (any packet but a plain WRITE in the middle of a message, any failed check, an unexpected
- * type) goes to the Python fast path before any state has changed, which in turn sends the rare cases
+ * not handle (any packet but a plain WRITE in the middle of a message or a SACK, any failed check, an
+ * unexpected type) goes to the Python fast path before any state has changed, which in turn sends the rare cases
  * to the pure path. So there is one implementation of every rule, and this one is a transcription of
  * `fastpath.py`'s common case, checked datagram by datagram against the pure path
  * (tests/unit/test_fastpath.py).
