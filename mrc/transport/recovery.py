@@ -162,11 +162,8 @@ class Recovery(QpCore):
         una = self.snd_una
         nxt = self.snd_nxt
         las = self.latest_acked_serial
-        port_thr = self.port_thr
-        rack_ser = self.rack_ser  # all 0 with the same-port rule off (no samples are taken)
-        rack_thr = self.rack_thr
-        ev_port, pen = self.paths.ev_port, self.paths.pen
-        tx_serial, tx_state, tx_time, tx_ev = self.tx_serial, self.tx_state, self.tx_time, self.tx_ev
+        ev_port = self.paths.ev_port
+        tx_serial, tx_state, tx_ev = self.tx_serial, self.tx_state, self.tx_ev
         tx_retx = self.tx_retx
         deadline = NEVER
         p = self.rack_next
@@ -197,12 +194,7 @@ class Recovery(QpCore):
                 ser = tx_serial[slot]
                 if ser > las:
                     break
-                port = ev_port[tx_ev[slot]]
-                thr = port_thr[port]
-                rack = ser < rack_ser[port] and rack_thr[port] < thr and not pen[tx_ev[slot]]
-                if rack:
-                    thr = rack_thr[port]
-                t = tx_time[slot] + thr
+                port, rack, t = self._due(slot, ser)
                 if t > now or (stop >= 0 and not rack):
                     if now < t < deadline:
                         deadline = t
@@ -213,11 +205,7 @@ class Recovery(QpCore):
                     ahead -= 1
                     p += 1
                     continue
-            self.c["retx_sack"] += 1
-            if rack:
-                self.c["retx_same_port"] += 1
-                self._rack_declared(p, port, now)
-            self._lost(p, slot, now, True)
+            self._declare(p, slot, port, rack, now)
             p += 1
         self.rack_next = stop if stop >= 0 else p
         rtxq = self.rtxq
@@ -232,23 +220,34 @@ class Recovery(QpCore):
                 continue
             if ser > las:
                 break
-            port = ev_port[tx_ev[slot]]
-            thr = port_thr[port]
-            rack = ser < rack_ser[port] and rack_thr[port] < thr and not pen[tx_ev[slot]]
-            if rack:
-                thr = rack_thr[port]
-            t = tx_time[slot] + thr
+            port, rack, t = self._due(slot, ser)
             if t > now:
                 if t < deadline:
                     deadline = t
                 break
             rtxq.popleft()
-            self.c["retx_sack"] += 1
-            if rack:
-                self.c["retx_same_port"] += 1
-                self._rack_declared(psn, port, now)
-            self._lost(psn, slot, now, True)
+            self._declare(psn, slot, port, rack, now)
         self.loss_deadline = deadline
+
+    def _due(self, slot: int, ser: int) -> tuple[int, bool, int]:
+        """The transmission in `slot` (serial `ser`, acknowledged after it): its port, whether the same-port
+        rule applies (its port has acknowledged a later serial, its threshold is the lower, and its EV is
+        not penalised; `rack_ser` is all 0 with the rule off, as no samples are taken), and the time it
+        is lost at by the rule that applies."""
+        ev = self.tx_ev[slot]
+        port = self.paths.ev_port[ev]
+        thr = self.port_thr[port]
+        rack_thr = self.rack_thr[port]
+        rack = ser < self.rack_ser[port] and rack_thr < thr and not self.paths.pen[ev]
+        return port, rack, self.tx_time[slot] + (rack_thr if rack else thr)
+
+    def _declare(self, psn: int, slot: int, port: int, rack: bool, now: int) -> None:
+        """Loss detection found `psn` (in `slot`, sent on `port`) lost, by the same-port rule when `rack`."""
+        self.c["retx_sack"] += 1
+        if rack:
+            self.c["retx_same_port"] += 1
+            self._rack_declared(psn, port, now)
+        self._lost(psn, slot, now, True)
 
     def _lost(self, psn: int, slot: int, now: int, blame_ev: bool) -> None:
         self.tx_state[slot] = _LOST
