@@ -1165,7 +1165,7 @@ truthy(PyObject *o)
  * current message. When that message is done, `send` itself goes on (it takes the next from send_q).
  * Anything else: `send`. 0, or -1 with an exception. */
 static int
-send_common(PyObject *qp, PyObject *nowo, long long now, PyObject *out)
+send_common(PyObject *qp, PyObject *nowo, PyObject *out)
 {
     PyObject *wr = SLOT(qp, o_cur), *cc = SLOT(qp, o_cc), *fast = SLOT(qp, o_fast);
     long long sent, length, inflight, nxt, una, wlim, mtu, rto;
@@ -1174,48 +1174,50 @@ send_common(PyObject *qp, PyObject *nowo, long long now, PyObject *out)
         || slot_ll(qp, o_inflight, &inflight) || slot_ll(qp, o_snd_nxt, &nxt) || slot_ll(qp, o_snd_una, &una)
         || slot_ll(qp, o_wlim, &wlim) || slot_ll(qp, o_mtu, &mtu) || slot_ll(qp, o_rto_deadline, &rto))
         goto python;
+    /* held: reading the window (`cc.cwnd`) and the timer call run Python, which could rebind the slots */
+    Py_INCREF(wr);
+    Py_INCREF(cc);
+    int rc = -1, done = 0;
     if (sent && inflight && nxt < una + wlim) {
         long long n = length - sent;
         if (n > mtu)
             n = mtu;
         PyObject *cwndo = PyObject_GetAttr(cc, s_cwnd);
-        if (cwndo == NULL)
-            return -1;
-        PyObject *need = PyLong_FromLongLong(inflight + n);
+        PyObject *need = cwndo == NULL ? NULL : PyLong_FromLongLong(inflight + n);
         int full = need == NULL ? -1 : PyObject_RichCompareBool(need, cwndo, Py_GT);
         Py_XDECREF(need);
-        Py_DECREF(cwndo);
+        Py_XDECREF(cwndo);
         if (full < 0)
-            return -1;
-        if (full) {
+            goto out;
+        if (full) {  /* as send: counted, the ACK timer armed, parked */
             PyObject *c = SLOT(qp, o_c);
             if (c == NULL || !PyDict_CheckExact(c) || count(c, s_cwnd_limited))
-                return -1;
+                goto out;
             if (rto == NEVER && nxt != una) {
                 PyObject *ri = PyObject_CallMethodNoArgs(qp, s_rto_interval);
-                if (ri == NULL)
-                    return -1;
-                PyObject *dl = PyNumber_Add(nowo, ri);
-                Py_DECREF(ri);
-                if (dl == NULL)
-                    return -1;
-                slot_set(qp, o_rto_deadline, dl);
+                PyObject *dl = ri == NULL ? NULL : PyNumber_Add(nowo, ri);
+                Py_XDECREF(ri);
+                if (slot_set(qp, o_rto_deadline, dl))
+                    goto out;
             }
-            return slot_set(qp, o_parked, Py_NewRef(Py_True));
+            rc = slot_set(qp, o_parked, Py_NewRef(Py_True));
+            goto out;
         }
     }
     slot_set(qp, o_parked, Py_NewRef(Py_False));
     PyObject *sa[4] = {qp, wr, nowo, out};
-    Py_INCREF(wr);
     PyObject *r = c_send_new(NULL, sa, 4);
+    if (r != NULL) {
+        done = PyObject_IsTrue(r);
+        rc = done < 0 ? -1 : 0;
+        Py_DECREF(r);
+    }
+out:
     Py_DECREF(wr);
-    if (r == NULL)
-        return -1;
-    int done = PyObject_IsTrue(r);
-    Py_DECREF(r);
-    if (done <= 0)
-        return done;
-python:
+    Py_DECREF(cc);
+    if (rc < 0 || !done)
+        return rc;
+python:  /* (also when the message is done: `send` takes the next one) */
     if (PyErr_Occurred())
         PyErr_Clear();
     PyObject *x = PyObject_CallMethodObjArgs(qp, s_send, nowo, out, NULL);
@@ -1280,7 +1282,7 @@ c_datagrams_to_send(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t 
                         want = truthy(SLOT(qp, o_oow_q));
                     r = want;
                     if (want > 0)
-                        r = send_common(qp, nowo, now, out);
+                        r = send_common(qp, nowo, out);
                 }
             }
         }

@@ -111,7 +111,6 @@ def test_loss_scan_hands_state_it_does_not_read_back_to_python(monkeypatch: pyte
         else:
             st["tx_time"] = [t + (1 << 70) if rng.random() < 0.5 else t for t in st["tx_time"]]
         py = _walk(qp, st, False, monkeypatch)
-        _apply(qp, st)
         codes: list[int] = []
 
         def spy(*a: Any, scan: Any = C.loss_scan, codes: list[int] = codes) -> Any:
