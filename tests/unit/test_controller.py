@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import selectors
 import socket
-import time
 from pathlib import Path
 
 import pytest
@@ -453,16 +452,15 @@ def test_an_unreachable_peer_does_not_delay_the_local_deny(tmp_path: Path) -> No
         qp = h.qp("h2")
         through = _spine0_plane0()
         h.events(_bad(qp, through, 1000))
-        t0 = time.monotonic()
         effects = h.tick(2000)
         notifier.pump(0)
-        elapsed = time.monotonic() - t0
-        assert elapsed < 0.02, elapsed
         assert any(isinstance(e, Deny) for e in effects) and any(isinstance(e, SetPath) for e in effects)
         assert qp.paths.state[through[0]] == EvState.DENIED
         assert h.denied_links() == {"p0l0-p0s0", "p0l1-p0s0"}
         assert notifier.tally == {"sent": 0, "dropped": 2}  # h2's socket does not exist: both lines
         assert len(notifier.pending) == 2 and notifier.busy()  # h1's: EAGAIN, retried later
+        # nothing waited on a peer: every socket the notifier opened is non-blocking (time is not measured)
+        assert all(n.sock is not None and n.sock.gettimeout() == 0.0 for n in notifier.pending)
         for key, _mask in sel.select(1.0):
             notifier.on_writable(key.data, 0)
         assert notifier.tally["sent"] == 2
