@@ -60,7 +60,7 @@
 /* qpcore's tx_state values */
 #define TX_INFLIGHT 1
 
-#define FASTC_ABI 3  /* fastpath._FASTC_ABI: raise both with any change of setup() or a function's contract */
+#define FASTC_ABI 4  /* fastpath._FASTC_ABI: raise both with any change of setup() or a function's contract */
 
 typedef uint32_t (*crc_fn)(uint32_t init, const unsigned char *buf, uint64_t len);
 
@@ -822,6 +822,97 @@ done:
 
 /* ---------------------------------------------------------------------------------------- send */
 
+/* ------------------------------------------------------------------------------ the send ring */
+
+/* txring.TxRing, written in place (its module doc has the layout): the slots' memory and the ring's
+ * counters, read when a send starts and the tail written back when it ends */
+#define RING_SLOT 9216  /* txring.SLOT */
+static PyTypeObject *ring_type = NULL;
+static Py_ssize_t o_r_cap, o_r_data, o_r_lens, o_r_ports, o_r_evs, o_r_dst, o_r_head, o_r_tail;
+static PyObject *s_reserve, *s_append;
+
+typedef struct {
+    PyObject *ring;
+    long long cap, head, tail;
+    unsigned char *data, *dst;
+    int64_t *lens, *ports, *evs;
+} ringw;
+
+static inline int
+ring_bytes(PyObject *ring, Py_ssize_t off, long long want, unsigned char **p)
+{
+    PyObject *b = SLOT(ring, off);
+    if (b == NULL || !PyByteArray_CheckExact(b) || PyByteArray_GET_SIZE(b) != want) {
+        PyErr_SetString(PyExc_TypeError, "TxRing's arrays do not match its capacity");
+        return -1;
+    }
+    *p = (unsigned char *)PyByteArray_AS_STRING(b);
+    return 0;
+}
+
+/* read `ring`'s counters and arrays into `w`: 0, or -1 with an exception (nothing changed) */
+static int
+ring_open(ringw *w, PyObject *ring)
+{
+    unsigned char *lens, *ports, *evs;
+    w->ring = ring;
+    if (slot_ll(ring, o_r_cap, &w->cap) || slot_ll(ring, o_r_head, &w->head) || slot_ll(ring, o_r_tail, &w->tail))
+        return -1;
+    if (w->cap < 1 || (w->cap & (w->cap - 1)) || w->cap > (PY_SSIZE_T_MAX / RING_SLOT) || w->head < 0
+        || w->tail < w->head || w->tail - w->head > w->cap) {
+        PyErr_SetString(PyExc_ValueError, "TxRing's counters are inconsistent");
+        return -1;
+    }
+    if (ring_bytes(ring, o_r_data, w->cap * RING_SLOT, &w->data) || ring_bytes(ring, o_r_lens, 8 * w->cap, &lens)
+        || ring_bytes(ring, o_r_ports, 8 * w->cap, &ports) || ring_bytes(ring, o_r_evs, 8 * w->cap, &evs)
+        || ring_bytes(ring, o_r_dst, 16 * w->cap, &w->dst))
+        return -1;
+    w->lens = (int64_t *)lens;
+    w->ports = (int64_t *)ports;
+    w->evs = (int64_t *)evs;
+    return 0;
+}
+
+/* write the tail back (the entries up to it are filled) */
+static int
+ring_close(ringw *w)
+{
+    return slot_set_ll(w->ring, o_r_tail, w->tail);
+}
+
+/* the next free slot's index, the ring grown first when it is full (`TxRing.reserve`, which moves the
+ * live entries and so the arrays: read again); -1 with an exception */
+static long long
+ring_slot(ringw *w)
+{
+    if (w->tail - w->head >= w->cap) {
+        if (ring_close(w) < 0)
+            return -1;
+        PyObject *r = PyObject_CallMethodNoArgs(w->ring, s_reserve);
+        if (r == NULL)
+            return -1;
+        Py_DECREF(r);
+        if (ring_open(w, w->ring) < 0)
+            return -1;
+        if (w->tail - w->head >= w->cap) {
+            PyErr_SetString(PyExc_RuntimeError, "TxRing.reserve left no free slot");
+            return -1;
+        }
+    }
+    return w->tail & (w->cap - 1);
+}
+
+/* the entry in slot `rs` is complete: its fields, then the tail */
+static inline void
+ring_push(ringw *w, long long rs, Py_ssize_t len, Py_ssize_t port, long ev, const char *gid16)
+{
+    w->lens[rs] = (int64_t)len;
+    w->ports[rs] = (int64_t)port;
+    w->evs[rs] = (int64_t)ev;
+    memcpy(w->dst + 16 * rs, gid16, 16);
+    w->tail += 1;
+}
+
 static PyObject *py_send_new = NULL;  /* fastpath.send_new: every call this file does not take */
 
 
@@ -861,7 +952,9 @@ c_send_new(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
     if (!ready || nargs != 4)
         goto slow;
     PyObject *self = args[0], *wr = args[1], *nowo = args[2], *out = args[3];
-    if (Py_TYPE(self) != qp_type || Py_TYPE(wr) != wr_type || !PyLong_CheckExact(nowo) || !PyList_CheckExact(out))
+    int to_ring = ring_type != NULL && Py_TYPE(out) == ring_type;
+    if (Py_TYPE(self) != qp_type || Py_TYPE(wr) != wr_type || !PyLong_CheckExact(nowo)
+        || !(to_ring || PyList_CheckExact(out)))
         goto slow;
     long long now = AS_LL(nowo);
     if (now == -1 && PyErr_Occurred())
@@ -903,6 +996,10 @@ c_send_new(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
              *paths = SLOT(self, o_paths), *cc = SLOT(self, o_cc), *mr = SLOT(wr, o_wr_mr);
     if (c == NULL || !PyDict_CheckExact(c) || gid == NULL || icrc == NULL || paths == NULL || cc == NULL
         || mr == NULL || Py_TYPE(mr) != mr_type)
+        goto slow;
+    ringw rw;
+    /* into a ring: its destination field holds 16 bytes (another GID: the Python path, whose append pads) */
+    if (to_ring && (!PyBytes_CheckExact(gid) || PyBytes_GET_SIZE(gid) != 16 || ring_open(&rw, out) < 0))
         goto slow;
     PyObject *cwndo = PyObject_GetAttr(cc, s_cwnd);
     if (cwndo == NULL)
@@ -1024,10 +1121,18 @@ c_send_new(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
         int with_imm = last && imm != Py_None;
         Py_ssize_t hl = with_imm ? WRITE_IMM_HDR_LEN : WRITE_HDR_LEN;
         Py_ssize_t end = hl + (Py_ssize_t)n + pad;
-        PyObject *buf = PyByteArray_FromStringAndSize(NULL, end + ICRC_LEN);
-        if (buf == NULL)
-            goto done;
-        unsigned char *b = (unsigned char *)PyByteArray_AS_STRING(buf);
+        PyObject *buf = NULL;
+        unsigned char *b;
+        long long rs = 0;
+        if (to_ring) {  /* written in its slot (end + ICRC_LEN <= MAX_PAYLOAD + 64 < RING_SLOT) */
+            if ((rs = ring_slot(&rw)) < 0)
+                goto done;
+            b = rw.data + rs * RING_SLOT;
+        } else {
+            if ((buf = PyByteArray_FromStringAndSize(NULL, end + ICRC_LEN)) == NULL)
+                goto done;
+            b = (unsigned char *)PyByteArray_AS_STRING(buf);
+        }
         b[0] = with_imm ? OP_WRITE_IMM : OP_WRITE;
         b[1] = (unsigned char)(pad << 4);
         put16(b + 2, DEFAULT_PKEY);
@@ -1051,7 +1156,7 @@ c_send_new(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
         memcpy(b + hl, src + base + off, (size_t)n);
         memset(b + hl + n, 0, pad + ICRC_LEN);
         if (icrc_seal(icrc, b, end, EV_SPORT_BASE | (ev & EV_INDEX_MAX))) {
-            Py_DECREF(buf);
+            Py_XDECREF(buf);
             goto done;
         }
         /* ---- bookkeeping (as _send_new) */
@@ -1062,7 +1167,7 @@ c_send_new(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
         if ((pi == -1 && PyErr_Occurred()) || pi < 0 || pi >= PyList_GET_SIZE(port_bytes)) {
             if (!PyErr_Occurred())
                 PyErr_SetString(PyExc_IndexError, "EV's port outside port_bytes");
-            Py_DECREF(buf);
+            Py_XDECREF(buf);
             goto done;
         }
         if (list_set(tx_wr, slot, Py_NewRef(wr)) || list_set(tx_off, slot, PyLong_FromLongLong(off))
@@ -1070,13 +1175,17 @@ c_send_new(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
             || list_set(tx_ev, slot, PyLong_FromLong(ev)) || list_set(tx_time, slot, Py_NewRef(nowo))
             || list_set(tx_serial, slot, PyLong_FromLongLong(serial)) || list_set(tx_retx, slot, Py_NewRef(Py_False))
             || list_set(port_bytes, pi, PyNumber_Add(PyList_GET_ITEM(port_bytes, pi), PyList_GET_ITEM(tx_len, slot)))) {
-            Py_DECREF(buf);
+            Py_XDECREF(buf);
             goto done;
         }
         inflight += n;
+        if (to_ring) {
+            ring_push(&rw, rs, end + ICRC_LEN, pi, ev, PyBytes_AS_STRING(gid));
+            goto pushed;
+        }
         PyObject *dg = dg_type->tp_alloc(dg_type, 4);
         if (dg == NULL) {
-            Py_DECREF(buf);
+            Py_XDECREF(buf);
             goto done;
         }
         PyTuple_SET_ITEM(dg, 0, buf);
@@ -1088,6 +1197,7 @@ c_send_new(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
             goto done;
         }
         Py_DECREF(dg);
+    pushed:
         psn += 1;
         if (last) {
             if (slot_set_ll(wr, o_wr_last_psn, psn - 1) || slot_set(self, o_cur, Py_NewRef(Py_None)))
@@ -1123,6 +1233,15 @@ c_send_new(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
     }
     res = Py_NewRef(ok ? Py_True : Py_False);
 done:
+    if (to_ring) {  /* what was written is sent, also when an error ends the loop (its state changed) */
+        PyObject *et, *ev_, *tb;
+        PyErr_Fetch(&et, &ev_, &tb);
+        if (ring_close(&rw) < 0) {
+            Py_CLEAR(res);
+            Py_XDECREF(et); Py_XDECREF(ev_); Py_XDECREF(tb);
+        } else
+            PyErr_Restore(et, ev_, tb);
+    }
     PyBuffer_Release(&vb);
     Py_DECREF(ev_port);
     Py_DECREF(port_bytes);
@@ -1225,21 +1344,57 @@ python:  /* (also when the message is done: `send` takes the next one) */
     return x == NULL ? -1 : 0;
 }
 
-/* datagrams_to_send(ctx, now): `Context.datagrams_to_send` */
+/* the control packets `receive` and `handle_timer` left in ctx._out, appended to `ring` in order, and
+ * ctx._out a new list: the ring then, or NULL with an exception */
+static PyObject *
+ring_take_out(PyObject *ctx, PyObject *ring)
+{
+    PyObject *out = PyObject_GetAttr(ctx, s_out);
+    if (out == NULL)
+        return NULL;
+    if (!PyList_Check(out)) {
+        PyErr_SetString(PyExc_TypeError, "Context._out must be a list");
+        Py_DECREF(out);
+        return NULL;
+    }
+    PyObject *fresh = PyList_New(0);
+    if (fresh == NULL || PyObject_SetAttr(ctx, s_out, fresh)) {
+        Py_XDECREF(fresh);
+        Py_DECREF(out);
+        return NULL;
+    }
+    Py_DECREF(fresh);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(out); i++) {
+        PyObject *r = PyObject_CallMethodOneArg(ring, s_append, PyList_GET_ITEM(out, i));
+        if (r == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(r);
+    }
+    Py_DECREF(out);
+    return Py_NewRef(ring);
+}
+
+/* datagrams_to_send(ctx, now): `Context.datagrams_to_send`; datagrams_to_send(ctx, now, ring):
+ * `Context.datagrams_into`, which returns how many entries the ring gained */
 static PyObject *
 c_datagrams_to_send(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "datagrams_to_send(ctx, now)");
+    if (nargs != 2 && !(nargs == 3 && ring_type != NULL && Py_TYPE(args[2]) == ring_type)) {
+        PyErr_SetString(PyExc_TypeError, "datagrams_to_send(ctx, now) or datagrams_to_send(ctx, now, TxRing)");
         return NULL;
     }
-    PyObject *ctx = args[0], *nowo = args[1];
+    PyObject *ctx = args[0], *nowo = args[1], *ring = nargs == 3 ? args[2] : NULL;
     long long now = AS_LL(nowo);
     if (now == -1 && PyErr_Occurred())
         return NULL;
     if (now < 0)
         return negative_time(now);
-    PyObject *out = PyObject_GetAttr(ctx, s_out);
+    long long tail0 = 0;
+    if (ring != NULL && slot_ll(ring, o_r_tail, &tail0))
+        return NULL;
+    PyObject *out = ring != NULL ? ring_take_out(ctx, ring) : PyObject_GetAttr(ctx, s_out);
     PyObject *active = out ? PyObject_GetAttr(ctx, s_active) : NULL;
     if (active == NULL || !PyList_Check(active)) {
         if (active != NULL)
@@ -1296,6 +1451,13 @@ c_datagrams_to_send(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t 
         }
     }
     Py_DECREF(active);
+    if (ring != NULL) {
+        Py_DECREF(out);
+        long long tail;
+        if (slot_ll(ring, o_r_tail, &tail))
+            return NULL;
+        return PyLong_FromLongLong(tail - tail0);
+    }
     PyObject *fresh = PyList_New(0);
     if (fresh == NULL || PyObject_SetAttr(ctx, s_out, fresh)) {
         Py_XDECREF(fresh);
@@ -2189,6 +2351,28 @@ c_setup(PyObject *Py_UNUSED(mod), PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* setup_ring(TxRing, slot): the ring type whose instances `datagrams_to_send` and `send_new` write into */
+static PyObject *
+c_setup_ring(PyObject *Py_UNUSED(mod), PyObject *args)
+{
+    PyObject *rt;
+    Py_ssize_t slot;
+    if (!PyArg_ParseTuple(args, "O!n:setup_ring", &PyType_Type, &rt, &slot))
+        return NULL;
+    if (slot != RING_SLOT) {
+        PyErr_Format(PyExc_ValueError, "TxRing slots of %zd bytes; this build writes %d", slot, RING_SLOT);
+        return NULL;
+    }
+    const struct slotspec rs[] = {S(o_r_cap, "cap"), S(o_r_data, "data"), S(o_r_lens, "lens"),
+                                  S(o_r_ports, "ports"), S(o_r_evs, "evs"), S(o_r_dst, "dst"),
+                                  S(o_r_head, "head"), S(o_r_tail, "tail"), {NULL, NULL}};
+    Py_CLEAR(ring_type);
+    if (offsets((PyTypeObject *)rt, rs))
+        return NULL;
+    ring_type = (PyTypeObject *)Py_NewRef(rt);
+    Py_RETURN_NONE;
+}
+
 static PyObject *
 c_consts(PyObject *Py_UNUSED(mod), PyObject *Py_UNUSED(a))
 {
@@ -2212,7 +2396,7 @@ static PyMethodDef methods[] = {
     {"send_new", (PyCFunction)(void (*)(void))c_send_new, METH_FASTCALL,
      "send_new(qp, wr, now, out) -> bool: fastpath.send_new in C."},
     {"datagrams_to_send", (PyCFunction)(void (*)(void))c_datagrams_to_send, METH_FASTCALL,
-     "datagrams_to_send(ctx, now): Context.datagrams_to_send in C."},
+     "datagrams_to_send(ctx, now[, ring]): Context.datagrams_to_send (datagrams_into with a TxRing) in C."},
     {"ack_bits", (PyCFunction)(void (*)(void))c_ack_bits, METH_FASTCALL,
      "Requester.on_sack's loop over newly acknowledged PSNs, up to the first LOST slot."},
     {"loss_scan", (PyCFunction)(void (*)(void))c_loss_scan, METH_FASTCALL,
@@ -2223,6 +2407,7 @@ static PyMethodDef methods[] = {
     {"loopback_run", c_loopback_run, METH_VARARGS,
      "The loopback harness's event loop for an unimpaired fabric (mrc/sim/loopback.py)."},
     {"setup", c_setup, METH_VARARGS, "Resolve the engine's slot offsets and the Python fallbacks."},
+    {"setup_ring", c_setup_ring, METH_VARARGS, "setup_ring(TxRing, SLOT): the send ring's slot offsets."},
     {"consts", c_consts, METH_NOARGS, "The wire constants compiled in (checked against mrc.wire.consts)."},
     {NULL, NULL, 0, NULL},
 };
@@ -2274,5 +2459,7 @@ PyInit__fastc(void)
     INTERN(s_now, "now");
     INTERN(s_last_t, "last_t");
     INTERN(s_seq, "seq");
+    INTERN(s_reserve, "reserve");
+    INTERN(s_append, "append");
     return m;
 }

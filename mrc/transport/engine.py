@@ -27,6 +27,7 @@ from .cc import NsccConfig
 from .drops import EngineDrop
 from .paths import EvEvent, EvEventCq, EvProfile, ProbeResult
 from .qp import NEVER, Datagram, QueuePair
+from .txring import TxRing
 from .verbs import (
     Access,
     AsyncEventKind,
@@ -512,13 +513,30 @@ class Context:
         if now < 0:
             raise_negative_time(now)
         out = self._out
+        self._send(now, out)
+        self._out = []
+        return out
+
+    def datagrams_into(self, now: int, ring: TxRing) -> int:
+        """`datagrams_to_send` written into `ring` (txring.py): the same datagrams, bytes and order,
+        without a Python object per data packet where the compiled send path builds them in their
+        slots. Returns how many entries the ring gained."""
+        if now < 0:
+            raise_negative_time(now)
+        t0 = ring.tail
+        out = self._out
+        self._out = []
+        for dg in out:
+            ring.append(dg)
+        self._send(now, ring)
+        return ring.tail - t0
+
+    def _send(self, now: int, out: list[Datagram] | TxRing) -> None:
         for qp in self._active:
             if qp.parked:  # still window-full since its last send: what send would find (and count)
                 qp.c["cwnd_limited"] += 1
             elif qp.state == _RTS and (qp.retx_q or qp.cur is not None or qp.send_q or qp.oow_q):
-                qp.send(now, out)
-        self._out = []
-        return out
+                qp.send(now, out)  # type: ignore[arg-type]  # (a TxRing takes `append` as a list does)
 
     def next_deadline(self) -> int | None:
         """The earliest armed timer (ns on the driver's clock), or None."""

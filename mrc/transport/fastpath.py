@@ -413,6 +413,7 @@ def install(ctx: Any) -> None:
     if c is not None:
         ctx.receive = MethodType(c.receive, ctx)
         ctx.datagrams_to_send = MethodType(c.datagrams_to_send, ctx)
+        ctx.datagrams_into = MethodType(c.datagrams_to_send, ctx)
         ctx.next_deadline = MethodType(c.next_deadline, ctx)
         ctx.fast_send = c.send_new
         ctx.fast_acks = c.ack_bits
@@ -424,7 +425,7 @@ def install(ctx: Any) -> None:
 
 
 #: `_fastc.ABI` of the _fastc.c this file works with
-_FASTC_ABI: Final = 3
+_FASTC_ABI: Final = 4
 #: the C module once set up (`_compiled`), False when it cannot be used
 _C: Any = None
 
@@ -462,6 +463,8 @@ def _load_compiled() -> Any:
     from mrc.wire.icrc import IcrcContext
 
     from .qp import QueuePair
+    from .txring import SLOT as RING_SLOT
+    from .txring import TxRing
     from .verbs import MemoryRegion, SendWr
 
     addr = isal_crc32_address()
@@ -469,4 +472,5 @@ def _load_compiled() -> Any:
         return None  # no ISA-L symbol, or a build of another version of _fastc.c (make setup rebuilds it)
     _fastc.setup(QueuePair, MemoryRegion, SendWr, IcrcContext, Datagram, _RTS, _RTR, receive, sack, send_new,
                  addr, Sack)
+    _fastc.setup_ring(TxRing, RING_SLOT)
     return _fastc

@@ -20,6 +20,7 @@ import pytest
 
 from mrc.transport import fastpath
 from mrc.transport.engine import Context
+from mrc.transport.txring import TxRing
 from mrc.transport.verbs import QpAttr
 
 L = importlib.import_module("mrc.sim.loopback")
@@ -62,8 +63,23 @@ def _mode(monkeypatch: pytest.MonkeyPatch, fast: bool, mode: str = "py") -> None
     monkeypatch.setattr(fastpath, "C_ENABLED", mode == "c")
 
 
+def _via_ring(ctx: Context, cap: int) -> TxRing:
+    """`ctx.datagrams_to_send` replaced by `datagrams_into` a TxRing of `cap` slots, taken whole: every
+    datagram the run sends went through the ring (a small one: it wraps and grows)."""
+    ring = TxRing(cap)
+    into = ctx.datagrams_into
+
+    def send(now: int) -> list[Any]:
+        k = into(now, ring)
+        assert k == len(ring)
+        return ring.take()
+
+    ctx.datagrams_to_send = send  # type: ignore[method-assign]
+    return ring
+
+
 def _run(cfg: Any, fast: bool, bufs: tuple[np.ndarray, np.ndarray] | None,
-         monkeypatch: pytest.MonkeyPatch, with_src: bool = False, mode: str = "py",
+         monkeypatch: pytest.MonkeyPatch, with_src: bool = False, mode: str = "py", ring: int = 0,
          ) -> tuple[list[tuple[Any, ...]], dict[str, Any], Any]:
     wire: list[tuple[Any, ...]] = []
     orig = L.LoopbackFabric.transmit
@@ -87,7 +103,9 @@ def _run(cfg: Any, fast: bool, bufs: tuple[np.ndarray, np.ndarray] | None,
     if with_src:  # as the socket driver calls it: the source address of every datagram checked
         for ctx, peer in ((run.a, L.GID_B), (run.b, L.GID_A)):
             ctx.receive = functools.partial(ctx.receive, src=peer)
+    rings = [_via_ring(ctx, ring) for ctx in (run.a, run.b)] if ring else []
     doc = L.run_transfer(run)
+    run.rings = rings
     for k in _TIMING:
         doc.pop(k)
     state = {
@@ -117,6 +135,27 @@ def test_same_wire_bytes_and_state(
     for i, (a, b) in enumerate(zip(wire0, wire1, strict=True)):
         assert a == b, f"{name}: datagram {i} differs"
     assert state1 == state0
+
+
+@pytest.mark.parametrize(("fast", "mode"), [(False, "py"), (True, "py"), (True, "c")])
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_the_send_ring_carries_the_same_datagrams(
+    name: str, fast: bool, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`datagrams_into` a TxRing (the engine's C path writes data packets in their slots; the Python paths
+    append copies) against the pure path's lists: the same datagrams on the wire, byte for byte and in
+    the same order (port, EV and destination too), and the same end state. A ring of 8 slots wraps on
+    every path and grows where one call sends more than it holds."""
+    cfg = SCENARIOS[name]
+    wire0, state0, run0 = _run(cfg(), False, None, monkeypatch)
+    wire1, state1, run1 = _run(cfg(), fast, (run0.src, run0.dst), monkeypatch, mode=mode, ring=8)
+    assert len(wire1) == len(wire0)
+    for i, (a, b) in enumerate(zip(wire0, wire1, strict=True)):
+        assert a == b, f"{name}: datagram {i} differs"
+    assert state1 == state0
+    ra, _ = run1.rings
+    assert ra.head == ra.tail > ra.cap and ra.oversize == 0  # wrapped many times, all taken
+    assert ra.gen >= 1  # a call emitted more than 8 datagrams: the ring grew, in order
 
 
 @pytest.mark.parametrize(("fast", "mode"), [(False, "py"), (True, "py"), (True, "c")])

@@ -1,0 +1,132 @@
+"""The send ring (mrc/transport/txring.py): its own bookkeeping, and what writing into it saves.
+(That the engine puts the same datagrams into a ring as into a list, on every path and scenario:
+tests/unit/test_fastpath.py, test_the_send_ring_carries_the_same_datagrams.)"""
+
+from __future__ import annotations
+
+import importlib
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from mrc.transport import fastpath
+from mrc.transport.qpcore import Datagram
+from mrc.transport.txring import SLOT, TxRing
+
+L = importlib.import_module("mrc.sim.loopback")
+
+
+def _dg(i: int, n: int = 100) -> Datagram:
+    return Datagram(bytearray(bytes([i & 0xFF]) * n), i % 4, i % 128, bytes([i & 0xFF]) * 16)
+
+
+def test_entries_come_out_in_order_across_wraps_and_growth() -> None:
+    ring = TxRing(4)
+    sent: list[Datagram] = []
+    got: list[Datagram] = []
+    i = 0
+    for burst in (3, 3, 1, 6, 2, 9, 4):  # wraps at 4, grows to 8 in the middle of a wrap, then to 16
+        for _ in range(burst):
+            d = _dg(i, 50 + i)
+            ring.append(d)
+            sent.append(d)
+            i += 1
+        got.extend(ring.take(burst - 1))  # one left behind each time: head and tail apart
+    got.extend(ring.take())
+    assert got == sent
+    assert ring.cap == 16 and ring.gen == 2 and len(ring) == 0
+
+
+def test_runs_and_arrays_describe_the_live_slots() -> None:
+    ring = TxRing(4)
+    for i in range(3):
+        ring.append(_dg(i))
+    ring.release(2)
+    for i in range(3, 6):
+        ring.append(_dg(i, 200))
+    assert ring.runs() == [(2, 2), (0, 2)]  # entries 2..5 sit in slots 2, 3, 0, 1
+    assert ring.runs(1) == [(2, 1)]
+    data, lens, ports, evs, dst = ring.arrays()
+    assert data.shape == (4, SLOT) and dst.shape == (4, 16)
+    for entry in range(2, 6):
+        s = entry % 4
+        d = ring.datagram(entry)
+        assert bytes(data[s, : lens[s]]) == bytes(d.data) and ports[s] == d.port and evs[s] == d.ev_index
+        assert bytes(dst[s]) == d.dst
+    ring.append(_dg(6))  # full: grows, the views are taken again
+    assert ring.arrays()[0].shape == (8, SLOT) and ring.runs() == [(0, 5)]
+
+
+def test_bad_use_is_refused_and_an_oversize_datagram_counted() -> None:
+    with pytest.raises(ValueError, match="power of two"):
+        TxRing(6)
+    ring = TxRing(2)
+    ring.append(Datagram(bytearray(SLOT + 1), 0, 0, b"\0" * 16))  # no driver could send it
+    assert len(ring) == 0 and ring.oversize == 1
+    ring.append(_dg(1))
+    with pytest.raises(ValueError, match="release of 2 entries, 1 live"):
+        ring.release(2)
+    with pytest.raises(IndexError):
+        ring.datagram(1)
+
+
+def _first_send(into_ring: bool) -> tuple[int, int]:
+    """Datagrams of a fresh 16 MiB WRITE's first send call, and the bytes of Python memory that call
+    left allocated (what the datagrams hold while the driver has them). Into the ring, none of them
+    went through `TxRing.append` (a Datagram built, then copied)."""
+    run = L.build(L.LoopbackConfig(size=16 << 20, seed=1))
+    smr = run.a.reg_mr(run.src)
+    dmr = run.b.reg_mr(run.dst)
+    run.qa.post_send(1, smr, 0, run.cfg.size, dmr.addr, dmr.rkey)
+    ring = TxRing(4096)
+    appended: list[Datagram] = []
+    append = TxRing.append
+
+    def spy(self: TxRing, dg: Datagram) -> None:
+        appended.append(dg)
+        append(self, dg)
+
+    TxRing.append = spy  # type: ignore[method-assign]
+    tracemalloc.start()
+    try:
+        c0 = tracemalloc.get_traced_memory()[0]
+        if into_ring:
+            k = run.a.datagrams_into(0, ring)
+        else:
+            held = run.a.datagrams_to_send(0)
+            k = len(held)
+        grew = tracemalloc.get_traced_memory()[0] - c0
+    finally:
+        tracemalloc.stop()
+        TxRing.append = append  # type: ignore[method-assign]
+    assert k > 32 and len(ring) == (k if into_ring else 0)
+    assert appended == []
+    return k, grew
+
+
+_NO_C = "mrc/transport/_fastc.c is not built here (make setup)"
+
+
+@pytest.mark.skipif(fastpath._compiled() is None, reason=_NO_C)
+def test_the_compiled_send_path_builds_data_packets_in_the_ring_without_python_objects() -> None:
+    """A list of Datagrams holds a bytearray and a tuple per packet (4 KiB and more each at the default
+    MTU); the ring's slots were allocated before. What stays allocated per packet is the engine's own
+    per-PSN state (its slot lists' ints), a few hundred bytes."""
+    k, grew_list = _first_send(False)
+    k2, grew_ring = _first_send(True)
+    assert k2 == k
+    assert grew_list > k * 4096
+    assert grew_ring < k * 512, (grew_ring, k)
+
+
+def test_ring_arrays_are_what_the_batch_receive_takes() -> None:
+    """The ring's views have the shapes and types `Context.receive_batch` reads (a peer in the same
+    process, or a test, can hand a run of slots over without a copy per datagram)."""
+    ring = TxRing(8)
+    for i in range(5):
+        ring.append(_dg(i, 64 + i))
+    data, lens, *_ = ring.arrays()
+    (s, k), = ring.runs()
+    assert data[s : s + k].dtype == np.uint8 and lens[s : s + k].dtype == np.int64
+    assert [int(x) for x in lens[s : s + k]] == [64, 65, 66, 67, 68]
