@@ -45,9 +45,11 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from mrc.transport import Context, Datagram
+from mrc.transport.txring import TxRing
 from mrc.wire import ROCEV2_UDP_PORT
 
 from . import mmsg
+from .ringsend import RingSender
 from .udp import ECN_CE, ECN_MASK
 
 IPV6_RECVPKTINFO: Final = 49
@@ -79,6 +81,12 @@ def _port(dg: Datagram) -> int:
     return dg.port
 
 
+def tx_ring_default() -> bool:
+    """The send ring when ``MRC_TX_RING=1`` (and sendmmsg is usable here); off otherwise."""
+    on = os.environ.get("MRC_TX_RING", "0").strip().lower() in ("1", "yes", "on", "true")
+    return on and mmsg.available()
+
+
 def batch_io_default() -> bool:
     """Batch I/O when ``MRC_BATCH_IO=1`` (and sendmmsg/recvmmsg are usable here); off otherwise."""
     on = os.environ.get("MRC_BATCH_IO", "0").strip().lower() in ("1", "yes", "on", "true")
@@ -92,7 +100,7 @@ class SocketDriver:
     def __init__(self, ctx: Context, sock: socket.socket, port_of_ifindex: dict[int, int] | None = None, *,
                  batch: int = 256, clock: Callable[[], int] = time.monotonic_ns,
                  sndbuf: int = 8 << 20, port_rate_bps: list[int] | None = None,
-                 batch_io: bool | None = None) -> None:
+                 batch_io: bool | None = None, tx_ring: bool | None = None) -> None:
         self.ctx = ctx
         self.sock = sock
         self.port_of_ifindex = dict(port_of_ifindex or {})
@@ -135,6 +143,16 @@ class SocketDriver:
         self._karrays: Any = None
         self._sb: mmsg.SendBatch | None = None
         self._names: dict[bytes, int] = {}
+        #: the send ring (``MRC_TX_RING=1``): the engine writes datagrams into its slots and `RingSender`
+        #: sends them from there with sendmmsg, paced as `_pace` paces (dataplane/ringsend.py)
+        self._ring: TxRing | None = None
+        self._rs: RingSender | None = None
+        want_ring = tx_ring_default() if tx_ring is None else bool(tx_ring and mmsg.available())
+        if want_ring and hasattr(ctx, "datagrams_into"):
+            self._ring = TxRing()
+            self._rs = RingSender(self._ring, list(port_rate_bps or []), clock(), burst=PACE_BURST,
+                                  slack_ns=PACE_SLACK_NS, catchup_ns=PACE_CATCHUP_NS, overhead=WIRE_OVERHEAD,
+                                  debt=self.pace_debt, catchup=self.pace_catchup)
         if self.batch_io:
             self._rb = mmsg.RecvBatch(min(MMSG_BATCH, max(1, batch)), _BUF)
             self._sb = mmsg.SendBatch(MMSG_BATCH, _BUF)
@@ -145,11 +163,16 @@ class SocketDriver:
 
     @property
     def want_write(self) -> bool:
-        return bool(self._pending)
+        return bool(self._pending) or (self._rs is not None and self._rs.want_write)
 
     @property
     def queued(self) -> int:
-        return len(self._pending) + len(self._paceq)
+        return len(self._pending) + len(self._paceq) + (len(self._ring) if self._ring is not None else 0)
+
+    @property
+    def tx_ring(self) -> bool:
+        """Whether this driver sends from the send ring (``MRC_TX_RING``)."""
+        return self._ring is not None
 
     # -- receive
     def receive(self, now: int | None = None) -> int:
@@ -398,6 +421,8 @@ class SocketDriver:
         """Send what is pending, then what the engine has to send now (paced per port); returns
         datagrams sent."""
         t = self.clock() if now is None else now
+        if self._rs is not None:
+            return self._flush_ring(t)
         pend = self._pending
         if self._rate:
             self._pace(t, self.ctx.datagrams_to_send(t))
@@ -421,6 +446,25 @@ class SocketDriver:
                 self.send_errors += 1
             pend.popleft()
             n += 1
+        self.tx_datagrams += n
+        return n
+
+    def _flush_ring(self, t: int) -> int:
+        """`flush` with the send ring: the engine fills the ring, `RingSender` paces and sends from it."""
+        rs, ring = self._rs, self._ring
+        assert rs is not None and ring is not None
+        before = rs.before_fill()
+        oversize = ring.oversize
+        self.ctx.datagrams_into(t, ring)
+        rs.after_fill(before)
+        self.send_errors += ring.oversize - oversize  # as the list path: larger than any MTU, lost
+        rs.debt, rs.catchup = self.pace_debt, self.pace_catchup
+        n = rs.flush(self.sock.fileno(), t, self.dst_port)
+        self._pace_at = rs.pace_at
+        self.send_blocked += rs.blocked
+        self.send_errors += rs.errors
+        self.paced += rs.paced
+        rs.blocked = rs.errors = rs.paced = 0
         self.tx_datagrams += n
         return n
 
@@ -499,6 +543,7 @@ class SocketDriver:
                 "send_blocked": self.send_blocked, "send_errors": self.send_errors, "turns": self.turns,
                 "pending": self.queued, "paced": self.paced, "batch_io": int(self.batch_io),
                 "timer_stuck": self.timer_stuck, "rx_kernel": int(bool(self._kernel)),
+                "tx_ring": int(self._ring is not None),
                 "rx_kernel_packets": self._kernel_packets()}
 
 
