@@ -3,9 +3,11 @@ plane port: the socket driver's send half when ``MRC_TX_RING=1`` (`dataplane.dri
 
 The engine writes each datagram into a slot of the ring (`Context.datagrams_into`); this module points
 the kernel at those slots. Per slot it keeps a `struct mmsghdr`, an iovec on the slot and a
-`sockaddr_in6`, built once for the ring's memory (again when the ring grows: `TxRing.gen`); per flush it
-writes the lengths and destinations of the entries to send with numpy, gathers their headers into one
-array and makes one sendmmsg call per 1024 datagrams. No Python object and no copy per datagram.
+`sockaddr_in6`, built once for the ring's memory (again when the ring grows: `TxRing.gen`). Unpaced, a
+flush writes the lengths and destinations of each run of consecutive slots with numpy and sends the run
+where its headers lie; paced, one scalar pass over the live entries applies the buckets and the
+released entries' headers are gathered into one array; one sendmmsg call per 1024 datagrams either way.
+No copy of a datagram and no object kept per datagram (the pass's loop has its transient ints).
 
 Pacing is the socket driver's (`SocketDriver._pace`, whose doc gives the reasons): a token bucket per
 plane port at its rate, bytes counted as on the wire, a datagram short of tokens by at most what the port
@@ -75,8 +77,14 @@ class RingSender:
         self._sendmmsg = mmsg._lib().sendmmsg
         self._gen = -1
         self._cap = 0
-        self._state: Any = np.zeros(0, np.int8)
+        self._st = bytearray()  # per slot: HELD, RELEASED or SENT
+        self._state: Any = np.zeros(0, np.int8)  # the same bytes, for numpy
+        self._lens: Any = memoryview(bytearray(8)).cast("q")
+        self._ports: Any = self._lens
         self._keep: list[Any] = []
+        self._port = -1  # the UDP port the names' sin6_port holds
+        #: RELEASED entries the socket has not taken yet (none: an unpaced flush sends runs in place)
+        self._unsent = 0
 
     # -- the per-slot tables
     def _bind(self, old_head: int, old_cap: int, old_live: int) -> None:
@@ -84,17 +92,20 @@ class RingSender:
         live before the ring grew follow them to their new slots (TxRing.reserve: slots 0.. in order)."""
         ring = self.ring
         cap = ring.cap
-        state = np.zeros(cap, np.int8)
+        st = bytearray(cap)
+        state = np.frombuffer(st, np.int8)
         if self._state.size and old_live:
             state[:old_live] = self._state[(old_head + np.arange(old_live)) % old_cap]
-        self._state = state
+        self._st, self._state = st, state
+        self._lens = memoryview(ring.lens).cast("q")
+        self._ports = memoryview(ring.ports).cast("q")
         data_addr, keep_d = _addr(ring.data)
         self._iov = bytearray(cap * mmsg.IOV)
         self._hdr = bytearray(cap * mmsg.HDR)
         self._names = bytearray(cap * _NAME)
         self._gather = bytearray(min(cap, MAX_VLEN) * mmsg.HDR)
         iov_addr, keep_i = _addr(self._iov)
-        _, keep_h = _addr(self._hdr)
+        self._hdr_addr, keep_h = _addr(self._hdr)
         names_addr, keep_n = _addr(self._names)
         self._gather_addr, keep_g = _addr(self._gather)
         self._keep = [keep_d, keep_i, keep_h, keep_n, keep_g]
@@ -114,6 +125,7 @@ class RingSender:
         self._gather_rows = np.frombuffer(self._gather, np.uint64).reshape(-1, 8)
         self._gen = ring.gen
         self._cap = cap
+        self._port = -1
 
     def before_fill(self) -> tuple[int, int, int]:
         """What `after_fill` needs to follow the ring if the engine grows it: (head, cap, live)."""
@@ -124,48 +136,65 @@ class RingSender:
             self._bind(*before)
 
     # -- pacing
-    def _release(self, now: int, idx: Any, st: Any) -> None:
-        """Mark what each port's bucket allows of the HELD entries `idx` (ring order) RELEASED."""
-        self.pace_at = None
-        held = st == HELD
-        if not held.any():
-            return
-        _, lens, ports, _, _ = self.ring.arrays()
-        nports = len(self.rate)
-        p_of = ports[idx]
-        if not nports:
-            st[held] = RELEASED
-            return
-        st[held & ((p_of >= nports) | (p_of < 0))] = RELEASED  # a port without a rate: not paced
-        for p in range(nports):
-            mine = np.flatnonzero(held & (p_of == p))
-            rate = self.rate[p]
+    def _fill(self, now: int) -> list[float]:
+        """Each port's bucket filled for `now` (`SocketDriver._pace`'s rule); returns its slack."""
+        slack = []
+        for p, rate in enumerate(self.rate):
             earned = self.tokens[p] + (now - self.filled[p]) * rate
             cap = self.burst
             if self.backlog[p] and self.catchup:
                 cap = max(cap, rate * self.catchup_ns)
-            tok = earned if earned < cap else cap
+            self.tokens[p] = earned if earned < cap else cap
             self.filled[p] = now
-            blocked = False
-            if mine.size:
-                need = lens[idx[mine]].astype(np.float64) + self.overhead
-                before = tok - (np.cumsum(need) - need)  # the bucket as each datagram comes to it
-                slack = rate * self.slack_ns if self.debt else 0.0
-                ok = (before >= need - slack) | (before >= self.burst)
-                k = int(ok.size if ok.all() else np.argmin(ok))
-                if k:
-                    st[mine[:k]] = RELEASED
-                    tok = float(before[k - 1] - need[k - 1])
-                if k < ok.size:
-                    blocked = True
+            slack.append(rate * self.slack_ns if self.debt else 0.0)
+        return slack
+
+    def _walk(self, now: int) -> list[int]:
+        """One pass over the live entries, oldest first: each HELD one that its port's bucket allows
+        becomes RELEASED (the buckets are filled once, at the first HELD entry, as `_pace` fills them
+        when it holds any); returns the slots of every RELEASED entry, in order. A scalar loop: the
+        entries of one turn are few, and numpy's cost per call is more than the loop's per entry."""
+        ring = self.ring
+        st = self._st
+        lens, ports = self._lens, self._ports
+        nports = len(self.rate)
+        tokens, rates, burst, overhead = self.tokens, self.rate, self.burst, self.overhead
+        mask = ring.cap - 1
+        go: list[int] = []
+        slack: list[float] | None = None
+        blocked = [False] * nports
+        self.pace_at = None
+        for i in range(ring.head, ring.tail):
+            s = i & mask
+            x = st[s]
+            if x == SENT:
+                continue
+            if x == HELD:
+                p = ports[s]
+                if 0 <= p < nports:  # (a port without a rate: not paced)
+                    if slack is None:
+                        slack = self._fill(now)
+                    if blocked[p]:
+                        continue
+                    need = lens[s] + overhead
+                    tok = tokens[p]
+                    if tok < need - slack[p] and tok < burst:
+                        blocked[p] = True
+                        wait = now + int((need - slack[p] - tok) / rates[p]) + 1
+                        if self.pace_at is None or wait < self.pace_at:
+                            self.pace_at = wait
+                        continue
+                    tokens[p] = tok - need
+                st[s] = RELEASED
+            go.append(s)
+        if slack is not None:
+            for p in range(nports):
+                self.backlog[p] = blocked[p]
+                if blocked[p]:
                     self.paced += 1
-                    wait = now + int((need[k] - slack - before[k]) / rate) + 1
-                    if self.pace_at is None or wait < self.pace_at:
-                        self.pace_at = wait
-            if not blocked and tok > self.burst:  # idle from now on: no more credit than an idle port keeps
-                tok = self.burst
-            self.tokens[p] = tok
-            self.backlog[p] = blocked
+                elif tokens[p] > burst:  # idle from now on: no more credit than an idle port keeps
+                    tokens[p] = burst
+        return go
 
     # -- sending
     def flush(self, fd: int, now: int, dst_port: int) -> int:
@@ -178,25 +207,76 @@ class RingSender:
             return 0
         if ring.gen != self._gen:
             self._bind(ring.head, self._cap, 0)
-        cap = ring.cap
-        idx = (ring.head + np.arange(n)) % cap
-        st = self._state[idx]
-        self._release(now, idx, st)
-        self._state[idx] = st
-        go = idx[st == RELEASED]
-        done = self._send(fd, go, dst_port) if go.size else 0
+        if dst_port != self._port:
+            self._name_head[:] = np.frombuffer(mmsg.sockaddr_in6(bytes(16), dst_port)[:4], np.uint8)
+            self._port = dst_port
+        if not self.rate and not self._unsent:
+            return self._send_runs(fd)
+        go = self._walk(now)
+        done = 0
+        self._unsent = 0
+        if go:
+            g = np.array(go, dtype=np.intp)
+            done = self._send(fd, g)
+            self._unsent = int((self._state[g] == RELEASED).sum())
         # the head moves past the leading SENT entries, whose slots are free again
-        sent = self._state[idx] == SENT
-        lead = int(n if sent.all() else np.argmin(sent))
+        st = self._st
+        mask = ring.cap - 1
+        lead = 0
+        i = ring.head
+        while i < ring.tail and st[i & mask] == SENT:
+            st[i & mask] = HELD
+            i += 1
+            lead += 1
         if lead:
-            self._state[idx[:lead]] = HELD
             ring.release(lead)
         return done
 
-    def _send(self, fd: int, go: Any, dst_port: int) -> int:
+    def _send_runs(self, fd: int) -> int:
+        """Unpaced, nothing left over: every live entry goes, oldest first, so each run of consecutive
+        slots is sent where its headers lie (no gathering, no states); the head follows each call. What
+        the socket refuses is marked RELEASED for the general path."""
+        ring = self.ring
+        _, lens, _, _, dst = ring.arrays()
+        total = 0
+        for s, k in ring.runs():
+            self._iov_len[s : s + k] = lens[s : s + k]
+            self._name_addr[s : s + k] = dst[s : s + k]
+            pos = 0
+            while pos < k:
+                want = min(k - pos, MAX_VLEN)
+                r = int(self._sendmmsg(fd, self._hdr_addr + (s + pos) * mmsg.HDR, want, 0))
+                if r < 0:
+                    e = ctypes.get_errno()
+                    if e == errno.EINTR:
+                        continue
+                    if e in (errno.EAGAIN, errno.EWOULDBLOCK):
+                        return self._refused(total)
+                    self.errors += 1  # that datagram is lost (as below)
+                    ring.release(1)
+                    pos += 1
+                    continue
+                ring.release(r)
+                pos += r
+                total += r
+                if r < want:
+                    return self._refused(total)
+        self.sent += total
+        return total
+
+    def _refused(self, total: int) -> int:
+        """The socket's buffer is full: the live entries wait as RELEASED."""
+        ring = self.ring
+        self.blocked += 1
+        self.sent += total
+        n = len(ring)
+        self._state[(ring.head + np.arange(n)) % ring.cap] = RELEASED
+        self._unsent = n
+        return total
+
+    def _send(self, fd: int, go: Any) -> int:
         _, lens, _, _, dst = self.ring.arrays()
         self._iov_len[go] = lens[go]
-        self._name_head[go] = np.frombuffer(mmsg.sockaddr_in6(bytes(16), dst_port)[:4], np.uint8)
         self._name_addr[go] = dst[go]
         state = self._state
         total = 0
@@ -229,9 +309,5 @@ class RingSender:
     @property
     def want_write(self) -> bool:
         """Released datagrams wait for room in the socket's buffer."""
-        n = len(self.ring)
-        if n == 0 or not self._state.size:
-            return False
-        idx = (self.ring.head + np.arange(n)) % self.ring.cap
-        return bool((self._state[idx] == RELEASED).any())
+        return self._unsent > 0
 
