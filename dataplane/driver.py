@@ -30,6 +30,10 @@ data packet is the same within 1 %, so the per-datagram calls stay the default (
 "Gigabit speeds: where the time goes"). With batch I/O a context with `receive_batch` (the engine's
 compiled batch receive, ``MRC_RX_KERNEL``) gets each recvmmsg batch whole: lengths, ECN and ports from
 `mmsg.parse_controls`, the slots and sources as numpy views, no Python call per datagram.
+
+The send ring (``MRC_TX_RING=1``, off by default): the engine writes into a `TxRing`
+(`Context.datagrams_into`) and `dataplane/ringsend.py` sends the slots with sendmmsg in place, paced by
+the same rules as `_pace` (docs/daemon.md, "The send ring").
 """
 
 from __future__ import annotations

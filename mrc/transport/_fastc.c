@@ -1344,6 +1344,16 @@ python:  /* (also when the message is done: `send` takes the next one) */
     return x == NULL ? -1 : 0;
 }
 
+/* ctx._out a new, empty list: 0, or -1 with an exception */
+static int
+fresh_out(PyObject *ctx)
+{
+    PyObject *fresh = PyList_New(0);
+    int r = fresh == NULL ? -1 : PyObject_SetAttr(ctx, s_out, fresh);
+    Py_XDECREF(fresh);
+    return r;
+}
+
 /* the control packets `receive` and `handle_timer` left in ctx._out, appended to `ring` in order, and
  * ctx._out a new list: the ring then, or NULL with an exception */
 static PyObject *
@@ -1357,13 +1367,10 @@ ring_take_out(PyObject *ctx, PyObject *ring)
         Py_DECREF(out);
         return NULL;
     }
-    PyObject *fresh = PyList_New(0);
-    if (fresh == NULL || PyObject_SetAttr(ctx, s_out, fresh)) {
-        Py_XDECREF(fresh);
+    if (fresh_out(ctx) < 0) {
         Py_DECREF(out);
         return NULL;
     }
-    Py_DECREF(fresh);
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(out); i++) {
         PyObject *r = PyObject_CallMethodOneArg(ring, s_append, PyList_GET_ITEM(out, i));
         if (r == NULL) {
@@ -1458,13 +1465,10 @@ c_datagrams_to_send(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t 
             return NULL;
         return PyLong_FromLongLong(tail - tail0);
     }
-    PyObject *fresh = PyList_New(0);
-    if (fresh == NULL || PyObject_SetAttr(ctx, s_out, fresh)) {
-        Py_XDECREF(fresh);
+    if (fresh_out(ctx) < 0) {
         Py_DECREF(out);
         return NULL;
     }
-    Py_DECREF(fresh);
     return out;
 }
 

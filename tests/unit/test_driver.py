@@ -9,11 +9,11 @@ import time
 from typing import Any
 
 import pytest
+from _udp_parts import rx_socket as _rx
 
 from mrc.dataplane import mmsg
 from mrc.dataplane.driver import (
     IPV6_PKTINFO,
-    IPV6_RECVPKTINFO,
     PACE_BURST,
     PACE_CATCHUP_NS,
     PACE_SLACK_NS,
@@ -26,15 +26,6 @@ from mrc.transport import Datagram
 
 pytestmark = pytest.mark.skipif(not mmsg.available() or not socket.has_ipv6, reason="needs Linux LP64, IPv6")
 LO = socket.inet_pton(socket.AF_INET6, "::1")
-
-
-def _rx() -> socket.socket:
-    s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
-    s.bind(("::1", 0))
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVTCLASS, 1)
-    s.setsockopt(socket.IPPROTO_IPV6, IPV6_RECVPKTINFO, 1)
-    return s
 
 
 def _send(tx: socket.socket, dst: Any, payloads: list[bytes], tclasses: list[int]) -> None:

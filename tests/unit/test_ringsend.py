@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import pytest
+from _udp_parts import rx_socket as _rx
 
 from mrc.dataplane import mmsg
 from mrc.dataplane.driver import PACE_BURST, PACE_CATCHUP_NS, PACE_SLACK_NS, WIRE_OVERHEAD, SocketDriver
@@ -21,13 +22,6 @@ from mrc.transport.txring import TxRing
 
 pytestmark = pytest.mark.skipif(not mmsg.available() or not socket.has_ipv6, reason="needs Linux LP64, IPv6")
 LO = socket.inet_pton(socket.AF_INET6, "::1")
-
-
-def _rx() -> socket.socket:
-    s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
-    s.bind(("::1", 0))
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-    return s
 
 
 def _drain(sk: socket.socket) -> list[bytes]:
