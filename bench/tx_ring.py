@@ -1,14 +1,15 @@
 """The sender's cost per data packet with and without the send ring (``MRC_TX_RING``), side by side in
-one run: two engines, each in its own process with its socket driver, a WRITE of --size bytes from one
-to the other over ::1 (no testbed, no root). Per mode (list: sendto per datagram, the default; batch:
-sendmmsg copying each datagram, ``MRC_BATCH_IO=1``; ring: sendmmsg from the engine's send ring) it
-prints the sender's CPU time per data packet (retransmissions included), the goodput and the
-retransmitted packets, then the JSON.
+one run: two engines with their socket drivers in this process, taking turns (one turn each, in order,
+so every mode sees the same run), a WRITE of --size bytes from one to the other over ::1 (no testbed,
+no root). Per mode (list: sendto per datagram, the default; batch: sendmmsg copying each datagram,
+``MRC_BATCH_IO=1``; ring: sendmmsg from the engine's send ring) it prints the time spent in the
+sender's driver turns per data packet (retransmissions included), the goodput and the retransmitted
+packets, then the JSON. Modes interleave across --reps, and the table gives medians.
 
-    .venv/bin/python bench/tx_ring.py [--size 64M] [--reps 3] [--rate-gbps 0]
+    .venv/bin/python bench/tx_ring.py [--size 64M] [--reps 3] [--rate-gbps 0] [--rtt-us 200]
 
-The receiving process is the same in every mode (recvmmsg into the engine's batch receive), so
-differences are the sender's. Loopback has no fabric: the figures are the CPU's, not a NIC's.
+The receiver is the same in every mode (recvmmsg into the engine's batch receive), so differences are
+the sender's. Loopback has no fabric: the figures are the CPU's, not a NIC's.
 """
 
 from __future__ import annotations
