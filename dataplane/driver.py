@@ -85,16 +85,19 @@ def _port(dg: Datagram) -> int:
     return dg.port
 
 
+def _switched_on(name: str) -> bool:
+    """An off-by-default switch: on when the variable says 1, yes, on or true, and sendmmsg is usable."""
+    return os.environ.get(name, "0").strip().lower() in ("1", "yes", "on", "true") and mmsg.available()
+
+
 def tx_ring_default() -> bool:
     """The send ring when ``MRC_TX_RING=1`` (and sendmmsg is usable here); off otherwise."""
-    on = os.environ.get("MRC_TX_RING", "0").strip().lower() in ("1", "yes", "on", "true")
-    return on and mmsg.available()
+    return _switched_on("MRC_TX_RING")
 
 
 def batch_io_default() -> bool:
     """Batch I/O when ``MRC_BATCH_IO=1`` (and sendmmsg/recvmmsg are usable here); off otherwise."""
-    on = os.environ.get("MRC_BATCH_IO", "0").strip().lower() in ("1", "yes", "on", "true")
-    return on and mmsg.available()
+    return _switched_on("MRC_BATCH_IO")
 
 
 class SocketDriver:
@@ -458,10 +461,11 @@ class SocketDriver:
         rs, ring = self._rs, self._ring
         assert rs is not None and ring is not None
         before = rs.before_fill()
-        oversize = ring.oversize
+        lost = ring.oversize + ring.overflow
         self.ctx.datagrams_into(t, ring)
         rs.after_fill(before)
-        self.send_errors += ring.oversize - oversize  # as the list path: larger than any MTU, lost
+        # as the list path: larger than any MTU, lost; or appended to a ring at its bound, lost
+        self.send_errors += ring.oversize + ring.overflow - lost
         rs.debt, rs.catchup = self.pace_debt, self.pace_catchup
         n = rs.flush(self.sock.fileno(), t, self.dst_port)
         self._pace_at = rs.pace_at

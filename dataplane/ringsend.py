@@ -51,7 +51,7 @@ class RingSender:
     """Send `ring`'s entries on a socket, each to its destination, paced per port at `rates_bps` (a port
     without a rate, or an empty list: not paced; the buckets full at `now`). `flush(fd, now, dst_port)`
     sends what the buckets allow; `pace_at` is when a held datagram may go (None: none held). The
-    counters `sent`, `blocked`, `errors` and `paced` are the socket driver's, which takes them."""
+    counters `blocked`, `errors` and `paced` are the socket driver's, which takes them."""
 
     def __init__(self, ring: TxRing, rates_bps: list[int], now: int, *, burst: int,
                  slack_ns: int, catchup_ns: int, overhead: int, debt: bool = True,
@@ -70,7 +70,6 @@ class RingSender:
         self.filled = [now] * len(self.rate)
         self.backlog = [False] * len(self.rate)
         self.pace_at: int | None = None
-        self.sent = 0
         self.blocked = 0
         self.errors = 0
         self.paced = 0
@@ -261,14 +260,12 @@ class RingSender:
                 total += r
                 if r < want:
                     return self._refused(total)
-        self.sent += total
         return total
 
     def _refused(self, total: int) -> int:
         """The socket's buffer is full: the live entries wait as RELEASED."""
         ring = self.ring
         self.blocked += 1
-        self.sent += total
         n = len(ring)
         self._state[(ring.head + np.arange(n)) % ring.cap] = RELEASED
         self._unsent = n
@@ -303,7 +300,6 @@ class RingSender:
             if r < k:  # the socket took part of the batch: its buffer is full
                 self.blocked += 1
                 break
-        self.sent += total
         return total
 
     @property

@@ -880,26 +880,22 @@ ring_close(ringw *w)
     return slot_set_ll(w->ring, o_r_tail, w->tail);
 }
 
-/* the next free slot's index, the ring grown first when it is full (`TxRing.reserve`, which moves the
- * live entries and so the arrays: read again); -1 with an exception */
-static long long
-ring_slot(ringw *w)
+/* room for one more entry: 1, or 0 when the ring is full at its bound (`TxRing.reserve` grows it
+ * below MAX_SLOTS, moving the live entries and so the arrays: read again); -1 with an exception */
+static int
+ring_room(ringw *w)
 {
-    if (w->tail - w->head >= w->cap) {
-        if (ring_close(w) < 0)
-            return -1;
-        PyObject *r = PyObject_CallMethodNoArgs(w->ring, s_reserve);
-        if (r == NULL)
-            return -1;
-        Py_DECREF(r);
-        if (ring_open(w, w->ring) < 0)
-            return -1;
-        if (w->tail - w->head >= w->cap) {
-            PyErr_SetString(PyExc_RuntimeError, "TxRing.reserve left no free slot");
-            return -1;
-        }
-    }
-    return w->tail & (w->cap - 1);
+    if (w->tail - w->head < w->cap)
+        return 1;
+    if (ring_close(w) < 0)
+        return -1;
+    PyObject *r = PyObject_CallMethodNoArgs(w->ring, s_reserve);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    if (ring_open(w, w->ring) < 0)
+        return -1;
+    return w->tail - w->head < w->cap;
 }
 
 /* the entry in slot `rs` is complete: its fields, then the tail */
@@ -1056,6 +1052,15 @@ c_send_new(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
             ok = 0;
             break;
         }
+        if (to_ring) {  /* a ring full at its bound: the rest waits for the next call, nothing lost */
+            int room = ring_room(&rw);
+            if (room < 0)
+                goto done;
+            if (room == 0) {
+                ok = 0;
+                break;
+            }
+        }
         long long n = length - sent;
         if (n > mtu)
             n = mtu;
@@ -1124,9 +1129,8 @@ c_send_new(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
         PyObject *buf = NULL;
         unsigned char *b;
         long long rs = 0;
-        if (to_ring) {  /* written in its slot (end + ICRC_LEN <= MAX_PAYLOAD + 64 < RING_SLOT) */
-            if ((rs = ring_slot(&rw)) < 0)
-                goto done;
+        if (to_ring) {  /* in its slot (end + ICRC_LEN < RING_SLOT; room made above) */
+            rs = rw.tail & (rw.cap - 1);
             b = rw.data + rs * RING_SLOT;
         } else {
             if ((buf = PyByteArray_FromStringAndSize(NULL, end + ICRC_LEN)) == NULL)

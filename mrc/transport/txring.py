@@ -17,8 +17,11 @@ Layout (native byte order, what `arrays()` views with numpy):
 
 Entries are numbered from 0 for the ring's life; entry i lives in slot i % cap, and the live ones are
 head <= i < tail. A full ring doubles (`reserve`): the live entries move to slots 0.. in order and `gen`
-counts up, so a reader that cached addresses or views knows to take them again. What bounds the ring
-is what bounds the list it replaces: one call of the engine emits at most what its windows allow.
+counts up, so a reader that cached addresses or views knows to take them again. One call of the engine
+emits at most what its windows allow, but a driver whose socket stays full keeps calling, so the ring
+stops growing at MAX_SLOTS: then the compiled send stops until the next call (nothing lost) and a
+datagram appended by the Python paths is dropped and counted (`overflow`; the engine recovers it as a
+fabric loss).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from .qpcore import Datagram
 SLOT: Final = 9216
 #: a new ring's slots
 DEFAULT_CAP: Final = 256
+#: the most slots a ring grows to (151 MB of slots)
+MAX_SLOTS: Final = 1 << 14
 #: the arrays' byte order (native: numpy and the C module read them in place)
 _ORDER: Final = sys.byteorder
 
@@ -41,7 +46,8 @@ class TxRing:
     """Datagrams in fixed slots, oldest first (module doc). `append` and `reserve` are the producer's
     (the engine's); `release`, `runs`, `arrays`, `datagram` and `take` the consumer's."""
 
-    __slots__ = ("_np", "cap", "data", "dst", "evs", "gen", "head", "lens", "oversize", "ports", "tail")
+    __slots__ = ("_np", "cap", "data", "dst", "evs", "gen", "head", "lens", "overflow", "oversize", "ports",
+                 "tail")
 
     def __init__(self, cap: int = DEFAULT_CAP) -> None:
         if cap < 1 or cap & (cap - 1):
@@ -52,6 +58,8 @@ class TxRing:
         self.gen = 0
         #: datagrams longer than SLOT that were offered and dropped (no driver could send them: EMSGSIZE)
         self.oversize = 0
+        #: datagrams appended to a ring full at MAX_SLOTS, dropped
+        self.overflow = 0
         self._np: Any = None
         self._alloc(cap)
 
@@ -68,9 +76,9 @@ class TxRing:
 
     # -- producer
     def reserve(self) -> None:
-        """Make room for one more entry: double the slots when they are all live."""
+        """Make room for one more entry: double the slots when they are all live, up to MAX_SLOTS."""
         n = self.tail - self.head
-        if n < self.cap:
+        if n < self.cap or self.cap >= MAX_SLOTS:
             return
         old = (self.data, self.lens, self.ports, self.evs, self.dst)
         cap, h = self.cap, self.head % self.cap
@@ -92,6 +100,9 @@ class TxRing:
             self.oversize += 1
             return
         self.reserve()
+        if self.tail - self.head >= self.cap:
+            self.overflow += 1
+            return
         s = self.tail % self.cap
         self.data[s * SLOT : s * SLOT + n] = data
         self.lens[8 * s : 8 * s + 8] = n.to_bytes(8, _ORDER, signed=True)
@@ -142,8 +153,8 @@ class TxRing:
                         bytes(self.dst[16 * s : 16 * s + 16]))
 
     def take(self, k: int | None = None) -> list[Datagram]:
-        """The oldest `k` (all) entries as Datagrams, released: for tests and for drivers without batch
-        I/O, which need an object per datagram anyway."""
+        """The oldest `k` (all) entries as Datagrams, released: for tests, and for a consumer that needs
+        an object per datagram anyway (it gives up what the ring saves)."""
         n = self.tail - self.head if k is None else min(k, self.tail - self.head)
         out = [self.datagram(self.head + j) for j in range(n)]
         self.head += n

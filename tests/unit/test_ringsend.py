@@ -9,6 +9,7 @@ import errno
 import random
 import socket
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -196,3 +197,21 @@ def test_every_datagram_goes_once_through_partial_sends_a_full_buffer_and_an_err
         assert total == 49 and d.send_errors == 1 and d.tx_datagrams == 49 and not d.want_write
         got = [int.from_bytes(w[:4], "big") for w in _drain(peer)]
     assert got == [i for i in range(50) if i != lost]
+
+
+def test_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Off by default; ``MRC_TX_RING=1`` turns it on for a context that has `datagrams_into`."""
+    from mrc.dataplane import driver
+
+    monkeypatch.delenv("MRC_TX_RING", raising=False)
+    assert not driver.tx_ring_default()
+    with _rx() as s:
+        assert not SocketDriver(RingCtx([]), s).tx_ring  # type: ignore[arg-type]
+    monkeypatch.setenv("MRC_TX_RING", "1")
+    assert driver.tx_ring_default()
+    with _rx() as s:
+        d = SocketDriver(RingCtx([]), s)  # type: ignore[arg-type]
+        assert d.tx_ring and d.stats()["tx_ring"] == 1 and d.flush() == 0 and d.queued == 0
+    list_only = SimpleNamespace(datagrams_to_send=lambda now: [], next_deadline=lambda: None)
+    with _rx() as s:
+        assert not SocketDriver(list_only, s).tx_ring  # type: ignore[arg-type]  # (no datagrams_into)
