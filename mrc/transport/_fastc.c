@@ -60,7 +60,7 @@
 /* qpcore's tx_state values */
 #define TX_INFLIGHT 1
 
-#define FASTC_ABI 4  /* fastpath._FASTC_ABI: raise both with any change of setup() or a function's contract */
+#define FASTC_ABI 5  /* fastpath._FASTC_ABI: raise both with any change of setup() or a function's contract */
 
 typedef uint32_t (*crc_fn)(uint32_t init, const unsigned char *buf, uint64_t len);
 
@@ -935,10 +935,86 @@ is_list(PyObject *o, Py_ssize_t len)
     return o != NULL && PyList_CheckExact(o) && (len < 0 || PyList_GET_SIZE(o) == len);
 }
 
+/* One of the QP's int64 slot arrays (`qpcore._i64`: array('q') of W items), read and written in place,
+ * without an int object per slot. */
+typedef struct {
+    Py_buffer b;
+    int64_t *p;
+} i64arr;
+
+/* 0, or -1 with no exception left where `o` is not W native int64s in one writable block (the caller
+ * leaves the work to the Python code, or raises). Released by i64_close, also after a failed open. */
+static int
+i64_open(i64arr *a, PyObject *o, long long W)
+{
+    a->b.obj = NULL;
+    a->p = NULL;
+    if (o == NULL || !PyObject_CheckBuffer(o)
+        || PyObject_GetBuffer(o, &a->b, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        a->b.obj = NULL;
+        return -1;
+    }
+    const char *f = a->b.format;
+    if (f != NULL && (*f == '@' || *f == '=' || *f == '<'))
+        f++;
+    if (a->b.itemsize != 8 || a->b.ndim != 1 || a->b.len != W * 8 || f == NULL
+        || !(strcmp(f, "q") == 0 || strcmp(f, "l") == 0)) {
+        PyBuffer_Release(&a->b);
+        return -1;
+    }
+    a->p = (int64_t *)a->b.buf;
+    return 0;
+}
+
+static void
+i64_close(i64arr *a, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (a[i].b.obj != NULL)
+            PyBuffer_Release(&a[i].b);
+}
+
+/* the five per-PSN arrays of a QP, in this order */
+enum { A_LEN, A_EV, A_TIME, A_SERIAL, A_OFF, N_TXA };
+
+static int
+tx_arrays_open(i64arr a[N_TXA], PyObject *qp, long long W);
+
 static PyObject *
 attr(PyObject *o, const char *name)
 {
     return PyObject_GetAttrString(o, name);
+}
+
+static int
+tx_arrays_open(i64arr a[N_TXA], PyObject *qp, long long W)
+{
+    static const Py_ssize_t *const offs[N_TXA] = {&o_tx_len, &o_tx_ev, &o_tx_time, &o_tx_serial, &o_tx_off};
+    int bad = 0;
+    for (int i = 0; i < N_TXA; i++)
+        bad |= i64_open(&a[i], SLOT(qp, *offs[i]), W);
+    if (bad)
+        i64_close(a, N_TXA);
+    return bad ? -1 : 0;
+}
+
+#define PORT_ACC 64
+
+/* port_bytes[i] += n */
+static int
+port_add(PyObject *port_bytes, Py_ssize_t i, long long n)
+{
+    if (i < 0 || i >= PyList_GET_SIZE(port_bytes)) {
+        PyErr_SetString(PyExc_IndexError, "EV's port outside port_bytes");
+        return -1;
+    }
+    PyObject *k = PyLong_FromLongLong(n);
+    if (k == NULL)
+        return -1;
+    PyObject *v = PyNumber_Add(PyList_GET_ITEM(port_bytes, i), k);
+    Py_DECREF(k);
+    return list_set(port_bytes, i, v);
 }
 
 /* send_new(qp, wr, now, out) -> bool: `fastpath.send_new` (the same packets, state and counters). */
@@ -982,11 +1058,8 @@ c_send_new(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
         if (PyErr_Occurred())
             goto slow;
     }
-    PyObject *tx_state = SLOT(self, o_tx_state), *tx_len = SLOT(self, o_tx_len), *tx_ev = SLOT(self, o_tx_ev),
-             *tx_time = SLOT(self, o_tx_time), *tx_serial = SLOT(self, o_tx_serial), *tx_wr = SLOT(self, o_tx_wr),
-             *tx_off = SLOT(self, o_tx_off), *tx_retx = SLOT(self, o_tx_retx);
-    if (!is_list(tx_state, W) || !is_list(tx_len, W) || !is_list(tx_ev, W) || !is_list(tx_time, W)
-        || !is_list(tx_serial, W) || !is_list(tx_wr, W) || !is_list(tx_off, W) || !is_list(tx_retx, W))
+    PyObject *tx_state = SLOT(self, o_tx_state), *tx_wr = SLOT(self, o_tx_wr), *tx_retx = SLOT(self, o_tx_retx);
+    if (!is_list(tx_state, W) || !is_list(tx_wr, W) || !is_list(tx_retx, W))
         goto slow;
     PyObject *c = SLOT(self, o_c), *gid = SLOT(self, o_peer_gid), *icrc = SLOT(self, o_tx_icrc),
              *paths = SLOT(self, o_paths), *cc = SLOT(self, o_cc), *mr = SLOT(wr, o_wr_mr);
@@ -1010,12 +1083,17 @@ c_send_new(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
              *seq_poso = attr(paths, "seq_pos");
     Py_buffer vb;
     vb.obj = NULL;
+    /* the per-PSN arrays, held open for the whole call: the loop calls into Python (`paths.next_ev`,
+     * `rto_interval`), and an array with an open buffer cannot be resized under us */
+    i64arr ta[N_TXA];
+    memset(ta, 0, sizeof(ta));
     PyObject *view = SLOT(mr, o_mr_view);
     if (!is_list(ev_port, -1) || !is_list(port_bytes, -1) || !is_list(seq, -1) || seq_poso == NULL
-        || !PyLong_CheckExact(seq_poso) || view == NULL || PyObject_GetBuffer(view, &vb, PyBUF_SIMPLE) < 0
-        || base + length > (long long)vb.len) {
+        || !PyLong_CheckExact(seq_poso) || view == NULL || tx_arrays_open(ta, self, W) < 0
+        || PyObject_GetBuffer(view, &vb, PyBUF_SIMPLE) < 0 || base + length > (long long)vb.len) {
         if (vb.obj != NULL)
             PyBuffer_Release(&vb);
+        i64_close(ta, N_TXA);
         Py_XDECREF(ev_port); Py_XDECREF(port_bytes); Py_XDECREF(seq); Py_XDECREF(seq_poso);
         goto slow;
     }
@@ -1023,13 +1101,19 @@ c_send_new(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
     Py_DECREF(seq_poso);
     if (seq_len && (seq_pos < 0 || seq_pos >= seq_len)) {  /* (also a failed conversion: -1) */
         PyBuffer_Release(&vb);
+        i64_close(ta, N_TXA);
         Py_DECREF(ev_port); Py_DECREF(port_bytes); Py_DECREF(seq);
         goto slow;
     }
+    int64_t *t_len = ta[A_LEN].p, *t_ev = ta[A_EV].p, *t_time = ta[A_TIME].p, *t_serial = ta[A_SERIAL].p,
+            *t_off = ta[A_OFF].p;
+    /* bytes sent per port, added to paths.port_bytes once, at the end of the call (PORT_ACC ports;
+     * a port past them is added to as it goes) */
+    long long pacc[PORT_ACC];
+    memset(pacc, 0, sizeof(pacc));
     /* The loop calls into Python (`paths.next_ev`, `rto_interval`), which could rebind the QP's slots:
      * the objects read from them are held for the whole call. */
-    PyObject *held[] = {tx_state, tx_len, tx_ev, tx_time, tx_serial, tx_wr, tx_off, tx_retx, c, gid, icrc,
-                        paths, cc, mr, imm};
+    PyObject *held[] = {tx_state, tx_wr, tx_retx, c, gid, icrc, paths, cc, mr, imm};
     const size_t nheld = sizeof(held) / sizeof(held[0]);
     for (size_t i = 0; i < nheld; i++)
         Py_INCREF(held[i]);
@@ -1174,14 +1258,19 @@ c_send_new(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
             Py_XDECREF(buf);
             goto done;
         }
-        if (list_set(tx_wr, slot, Py_NewRef(wr)) || list_set(tx_off, slot, PyLong_FromLongLong(off))
-            || list_set(tx_len, slot, PyLong_FromLongLong(n)) || list_set(tx_state, slot, PyLong_FromLong(TX_INFLIGHT))
-            || list_set(tx_ev, slot, PyLong_FromLong(ev)) || list_set(tx_time, slot, Py_NewRef(nowo))
-            || list_set(tx_serial, slot, PyLong_FromLongLong(serial)) || list_set(tx_retx, slot, Py_NewRef(Py_False))
-            || list_set(port_bytes, pi, PyNumber_Add(PyList_GET_ITEM(port_bytes, pi), PyList_GET_ITEM(tx_len, slot)))) {
+        if (list_set(tx_wr, slot, Py_NewRef(wr)) || list_set(tx_state, slot, PyLong_FromLong(TX_INFLIGHT))
+            || list_set(tx_retx, slot, Py_NewRef(Py_False))
+            || (pi >= PORT_ACC && port_add(port_bytes, pi, n))) {
             Py_XDECREF(buf);
             goto done;
         }
+        t_off[slot] = off;
+        t_len[slot] = n;
+        t_ev[slot] = ev;
+        t_time[slot] = now;
+        t_serial[slot] = serial;
+        if (pi < PORT_ACC)
+            pacc[pi] += n;
         inflight += n;
         if (to_ring) {
             ring_push(&rw, rs, end + ICRC_LEN, pi, ev, PyBytes_AS_STRING(gid));
@@ -1237,16 +1326,23 @@ c_send_new(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
     }
     res = Py_NewRef(ok ? Py_True : Py_False);
 done:
-    if (to_ring) {  /* what was written is sent, also when an error ends the loop (its state changed) */
+    /* what was written is sent and counted, also when an error ends the loop (its state changed) */
+    {
         PyObject *et, *ev_, *tb;
         PyErr_Fetch(&et, &ev_, &tb);
-        if (ring_close(&rw) < 0) {
+        int bad = 0;
+        for (Py_ssize_t i = 0; i < PORT_ACC && !bad; i++)
+            bad = pacc[i] && port_add(port_bytes, i, pacc[i]);
+        if (to_ring && !bad)
+            bad = ring_close(&rw) < 0;
+        if (bad) {
             Py_CLEAR(res);
             Py_XDECREF(et); Py_XDECREF(ev_); Py_XDECREF(tb);
         } else
             PyErr_Restore(et, ev_, tb);
     }
     PyBuffer_Release(&vb);
+    i64_close(ta, N_TXA);
     Py_DECREF(ev_port);
     Py_DECREF(port_bytes);
     Py_DECREF(seq);
@@ -1571,32 +1667,33 @@ c_ack_bits(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
             PyErr_SetString(PyExc_TypeError, "ack_bits: unexpected argument");
         return NULL;
     }
-    PyObject *tx_state = SLOT(qp, o_tx_state), *tx_len = SLOT(qp, o_tx_len), *tx_serial = SLOT(qp, o_tx_serial),
-             *tx_ev = SLOT(qp, o_tx_ev);
-    if (!is_list(tx_state, W) || !is_list(tx_len, W) || !is_list(tx_serial, W) || !is_list(tx_ev, W)) {
-        PyErr_SetString(PyExc_TypeError, "ack_bits: the QP's slot lists");
+    PyObject *tx_state = Py_XNewRef(SLOT(qp, o_tx_state));
+    i64arr ta[N_TXA];
+    if (!is_list(tx_state, W) || tx_arrays_open(ta, qp, W) < 0) {
+        Py_XDECREF(tx_state);
+        PyErr_SetString(PyExc_TypeError, "ack_bits: the QP's slot arrays");
         return NULL;
     }
+    const int64_t *t_len = ta[A_LEN].p, *t_serial = ta[A_SERIAL].p, *t_ev = ta[A_EV].p;
+    PyObject *left = NULL, *raw = NULL;
     PyObject *bl = PyObject_CallMethod(newly, "bit_length", NULL);
     if (bl == NULL)
-        return NULL;
+        goto fail;
     Py_ssize_t nbits = PyLong_AsSsize_t(bl);
     Py_DECREF(bl);
     if (nbits < 0)
-        return NULL;
+        goto fail;
     Py_ssize_t nbytes = (nbits + 7) / 8;
-    PyObject *raw = PyObject_CallMethod(newly, "to_bytes", "ns", nbytes ? nbytes : 1, "little");
+    raw = PyObject_CallMethod(newly, "to_bytes", "ns", nbytes ? nbytes : 1, "little");
     if (raw == NULL)
-        return NULL;
+        goto fail;
     const unsigned char *bits = (const unsigned char *)PyBytes_AS_STRING(raw);
-    PyObject *left = NULL;
     for (Py_ssize_t i = 0; i < nbits; i++) {
         if (!(bits[i >> 3] & (1u << (i & 7))))
             continue;
         Py_ssize_t slot = (Py_ssize_t)(((una + i) % W + W) % W);
         long st = PyLong_AsLong(PyList_GET_ITEM(tx_state, slot));
-        long long n = AS_LL(PyList_GET_ITEM(tx_len, slot));
-        long long ser = AS_LL(PyList_GET_ITEM(tx_serial, slot));
+        long long n = t_len[slot], ser = t_serial[slot];
         if (PyErr_Occurred())
             goto fail;
         if (st == TX_LOST) {  /* the Python loop's case: the bits from here on */
@@ -1617,7 +1714,7 @@ c_ack_bits(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
         if (ser > las)
             las = ser;
         if (rack != Py_None) {
-            long e = PyLong_AsLong(PyList_GET_ITEM(tx_ev, slot));
+            long long e = t_ev[slot];
             if (e < 0 || e >= PyList_GET_SIZE(ev_port)) {
                 if (!PyErr_Occurred())
                     PyErr_SetString(PyExc_IndexError, "ack_bits: EV outside ev_port");
@@ -1637,6 +1734,8 @@ c_ack_bits(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
         }
     }
     Py_DECREF(raw);
+    i64_close(ta, N_TXA);
+    Py_DECREF(tx_state);
     if (left == NULL)
         left = PyLong_FromLong(0);
     if (left == NULL)
@@ -1644,8 +1743,10 @@ c_ack_bits(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
     PyObject *res = Py_BuildValue("(NLLL)", left, inflight, acked, las);
     return res;
 fail:
-    Py_DECREF(raw);
+    Py_XDECREF(raw);
     Py_XDECREF(left);
+    i64_close(ta, N_TXA);
+    Py_DECREF(tx_state);
     return NULL;
 }
 
@@ -1698,19 +1799,21 @@ c_loss_scan(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
     if (PyErr_Occurred())
         return NULL;
     int code = 0;
-    PyObject *tx_state = SLOT(qp, o_tx_state), *tx_retx = SLOT(qp, o_tx_retx), *tx_serial = SLOT(qp, o_tx_serial),
-             *tx_ev = SLOT(qp, o_tx_ev), *tx_time = SLOT(qp, o_tx_time), *port_thr = SLOT(qp, o_port_thr),
+    PyObject *tx_state = SLOT(qp, o_tx_state), *tx_retx = SLOT(qp, o_tx_retx), *port_thr = SLOT(qp, o_port_thr),
              *rack_ser = SLOT(qp, o_rack_ser), *rack_thr = SLOT(qp, o_rack_thr), *paths = SLOT(qp, o_paths);
     PyObject *ev_port = NULL, *pen = NULL;
+    i64arr ta[N_TXA];
+    memset(ta, 0, sizeof(ta));
     if (slot_ll(qp, o_W, &W) || slot_ll(qp, o_snd_nxt, &nxt) || W <= 0 || !is_list(tx_state, W)
-        || !is_list(tx_retx, W) || !is_list(tx_serial, W) || !is_list(tx_ev, W) || !is_list(tx_time, W)
-        || !is_list(port_thr, -1) || !is_list(rack_ser, -1) || !is_list(rack_thr, -1) || paths == NULL
-        || (ev_port = PyObject_GetAttr(paths, s_ev_port)) == NULL || (pen = PyObject_GetAttr(paths, s_pen)) == NULL
-        || !is_list(ev_port, -1) || !is_list(pen, -1)) {
+        || !is_list(tx_retx, W) || !is_list(port_thr, -1) || !is_list(rack_ser, -1) || !is_list(rack_thr, -1)
+        || paths == NULL || (ev_port = PyObject_GetAttr(paths, s_ev_port)) == NULL
+        || (pen = PyObject_GetAttr(paths, s_pen)) == NULL || !is_list(ev_port, -1) || !is_list(pen, -1)
+        || tx_arrays_open(ta, qp, W) < 0) {
         PyErr_Clear();
         code = -1;
         goto out;
     }
+    const int64_t *t_serial = ta[A_SERIAL].p, *t_ev = ta[A_EV].p, *t_time = ta[A_TIME].p;
     while (p < nxt) {
         long long slot = ((p % W) + W) % W, st, ser, e, port, thr, rs, rt, sent, pe;
         if (lget(tx_state, slot, &st)) {
@@ -1727,15 +1830,13 @@ c_loss_scan(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
             p++;
             continue;
         }
-        if (lget(tx_serial, slot, &ser)) {
-            code = -1;
-            break;
-        }
+        ser = t_serial[slot];
         if (ser > las)
             break;
-        if (lget(tx_ev, slot, &e) || lget(ev_port, e, &port) || lget(port_thr, port, &thr)
-            || lget(rack_ser, port, &rs) || lget(rack_thr, port, &rt) || lget(pen, e, &pe)
-            || lget(tx_time, slot, &sent)) {
+        e = t_ev[slot];
+        sent = t_time[slot];
+        if (lget(ev_port, e, &port) || lget(port_thr, port, &thr) || lget(rack_ser, port, &rs)
+            || lget(rack_thr, port, &rt) || lget(pen, e, &pe)) {
             code = -1;
             break;
         }
@@ -1762,6 +1863,7 @@ c_loss_scan(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
         break;
     }
 out:
+    i64_close(ta, N_TXA);
     Py_XDECREF(ev_port);
     Py_XDECREF(pen);
     return Py_BuildValue("(LLLLi)", p, stop, ahead, deadline, code);

@@ -425,7 +425,7 @@ def install(ctx: Any) -> None:
 
 
 #: `_fastc.ABI` of the _fastc.c this file works with
-_FASTC_ABI: Final = 4
+_FASTC_ABI: Final = 5
 #: the C module once set up (`_compiled`), False when it cannot be used
 _C: Any = None
 

@@ -20,7 +20,7 @@ from mrc.wire.packet import build_probe
 
 from .cc import NsccConfig
 from .paths import EvProfile
-from .qpcore import _FREE, _LOST, _PROBE_SIZE, _RTS, NEVER, Datagram
+from .qpcore import _LOST, _PROBE_SIZE, _RTS, NEVER, Datagram
 from .requester import Requester
 from .responder import Responder
 from .verbs import (
@@ -142,14 +142,7 @@ class QueuePair(Requester, Responder):
         attr.check()
         self.attr = attr
         self.W = W = attr.window
-        self.tx_state = [_FREE] * W
-        self.tx_len = [0] * W
-        self.tx_ev = [0] * W
-        self.tx_time = [0] * W
-        self.tx_serial = [0] * W
-        self.tx_wr = [None] * W
-        self.tx_off = [0] * W
-        self.tx_retx = [False] * W
+        self._reset_tx(W)
         self.ack_timeout = attr.ack_timeout_ns
         self.port_thr = [attr.ack_timeout_ns] * self.paths.nports
         self.reo_extra = attr.reorder_ns + attr.ack_delay_ns

@@ -17,12 +17,14 @@ attribute hop to every send and every SACK and a second set of fields to keep in
 
 PSNs are kept as unbounded integers inside the engine (so wrap-around never reaches the arithmetic)
 and masked to 24 bits on the wire; the receiver maps wire PSNs back relative to its cumulative point.
-Per-PSN requester state lives in preallocated lists indexed by PSN modulo the MPR window; received and
-acknowledged PSN sets are Python integers used as bitmaps (bit i <=> PSN base + i).
+Per-PSN requester state lives in preallocated int64 arrays and lists indexed by PSN modulo the MPR
+window (`QpCore._reset_tx`); received and acknowledged PSN sets are Python integers used as bitmaps
+(bit i <=> PSN base + i).
 """
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
@@ -58,6 +60,11 @@ _FREE: Final = 0
 _INFLIGHT: Final = 1
 _LOST: Final = 2
 _ACKED: Final = 3
+
+
+def _i64(n: int) -> array[int]:
+    """n zeroed int64 slots (array.array: the stdlib's flat buffer, indexable like a list)."""
+    return array("q", bytes(8 * n))
 
 _RETX: Final = int(MxhFlag.RETX)
 _CE: Final = int(SackFlag.ECN_CE)
@@ -124,6 +131,22 @@ class QpCore:
         self.rack_calm = [0] * nports
         self.rack_bump = [0] * nports
         self.rack_lost: dict[int, tuple[int, int]] = {}
+
+    def _reset_tx(self, W: int) -> None:
+        """The requester's per-PSN slots (index: PSN mod W). The five numeric ones are flat int64
+        arrays, not lists: a list slot holds an int object per packet (offset, length, serial and, past
+        256, the EV: about 100 bytes a packet in flight), which the C send writes without making
+        (`_fastc.c`, `i64_open`), and an int64 bounds what a slot can hold (times and serials stay
+        far below 2^63). States and the retransmitted flag stay lists of small ints and bools, which
+        CPython shares (no object per packet), so the pure path keeps its slice tricks on them."""
+        self.tx_state = [_FREE] * W
+        self.tx_len = _i64(W)
+        self.tx_ev = _i64(W)
+        self.tx_time = _i64(W)
+        self.tx_serial = _i64(W)
+        self.tx_wr: list[SendWr | None] = [None] * W
+        self.tx_off = _i64(W)
+        self.tx_retx = [False] * W  # this PSN has been retransmitted (watched through rtxq)
 
     # the ICRC contexts of the two directions: set by INIT -> RTR, when the peer is known
     tx_icrc: IcrcContext
@@ -199,18 +222,11 @@ class QpCore:
         self.snd_una = self.snd_nxt = attr.initial_psn
         self.sacked = 0  # bit i <=> PSN snd_una + i acknowledged
         self.inflight = 0
-        self.tx_state = [_FREE] * W
-        self.tx_len = [0] * W
-        self.tx_ev = [0] * W
-        self.tx_time = [0] * W
-        self.tx_serial = [0] * W
-        self.tx_wr: list[SendWr | None] = [None] * W
-        self.tx_off = [0] * W
+        self._reset_tx(W)
         self.serial = 0  # transmissions so far (first sends and retransmissions)
         self.tx_bytes = 0
         self.retx_bytes = 0  # payload bytes sent again (of tx_bytes)
         self.latest_acked_serial = 0
-        self.tx_retx = [False] * W  # this PSN has been retransmitted (watched through rtxq)
         # PSN -> times of its earlier transmissions, for PSNs sent more than once (feedback may echo any)
         self.tx_old: dict[int, list[int]] = {}
         self.tx_old_ev: dict[int, list[int]] = {}  # ... and the EVs they went on (Requester.on_sack)

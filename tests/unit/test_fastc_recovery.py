@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import random
+from array import array
 from collections import deque
 from typing import Any
 
@@ -64,6 +65,8 @@ def _apply(qp: Any, st: dict[str, Any]) -> None:
             qp.paths.pen = list(v)
         elif k == "rtxq":
             qp.rtxq = deque(v)
+        elif k in ("tx_serial", "tx_time", "tx_ev"):
+            getattr(qp, k)[:] = array("q", v)  # the QP's int64 slot arrays (qpcore._i64)
         elif k != "now":
             setattr(qp, k, list(v) if isinstance(v, list) else v)
     qp.rack_lost = {}
@@ -99,8 +102,8 @@ def test_loss_scan_declares_what_the_python_walk_declares(monkeypatch: pytest.Mo
 
 
 def test_loss_scan_hands_state_it_does_not_read_back_to_python(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Penalties that are bools, send times past 64 bits: the walk goes on in Python from the first it
-    meets, with the same result as all in Python."""
+    """Penalties that are bools, send times whose deadline passes 64 bits: the walk goes on in Python
+    from the first it meets, with the same result as all in Python."""
     qp = _qp()
     rng = random.Random(11)
     handed = 0
@@ -109,7 +112,8 @@ def test_loss_scan_hands_state_it_does_not_read_back_to_python(monkeypatch: pyte
         if i % 2:
             st["pen"] = [bool(x) for x in st["pen"]]
         else:
-            st["tx_time"] = [t + (1 << 70) if rng.random() < 0.5 else t for t in st["tx_time"]]
+            st["tx_time"] = [(1 << 63) - 1 - rng.randrange(1000) if rng.random() < 0.5 else t
+                             for t in st["tx_time"]]
         py = _walk(qp, st, False, monkeypatch)
         codes: list[int] = []
 
