@@ -9,7 +9,8 @@ packets, then the JSON. Modes interleave across --reps, and the table gives medi
     .venv/bin/python bench/tx_ring.py [--size 64M] [--reps 3] [--rate-gbps 0] [--rtt-us 200]
 
 The receiver is the same in every mode (recvmmsg into the engine's batch receive), so differences are
-the sender's. Loopback has no fabric: the figures are the CPU's, not a NIC's.
+the sender's. Loopback has no fabric: the figures are the CPU's, not a NIC's. The pair of engines and
+drivers is dataplane/lopair.py's, which tests/unit/test_driver_pair.py also runs.
 """
 
 from __future__ import annotations
@@ -17,83 +18,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
-import time
 from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import numpy as np
-
-from mrc.dataplane.driver import SocketDriver
-from mrc.transport import Context, EvProfile, NsccConfig, QpAttr
+from mrc.dataplane import lopair
 from mrc.units import parse_size
-
-LO = socket.inet_pton(socket.AF_INET6, "::1")
-PLANES = 4
-
-
-def _sock() -> socket.socket:
-    s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
-    s.bind(("::1", 0))
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 << 20)
-    return s
-
-
-def _pair(size: int, mtu: int, rtt_ns: int, bdp: int) -> tuple[Any, ...]:
-    a = Context(LO, ports=PLANES, seed=1, name="A")
-    b = Context(LO, ports=PLANES, seed=2, name="B")
-    nscc = NsccConfig.for_path(rtt_ns, bdp, mtu)
-    qps = []
-    for ctx in (a, b):
-        prof = ctx.create_ev_profile(EvProfile.even(1, 128, PLANES))
-        ccp = ctx.create_cc_profile(nscc)
-        qps.append(ctx.create_qp(ctx.create_cq(), ev_profile=prof, cc_profile=ccp, attr=QpAttr(mtu=mtu)))
-    qa, qb = qps
-    qa.connect(LO, qb.qpn)
-    qb.connect(LO, qa.qpn)
-    return a, b, qa, qb
 
 
 def one(mode: str, size: int, mtu: int, rate_bps: int, rtt_ns: int) -> dict[str, Any]:
-    """One WRITE of `size` bytes; the two drivers take turns in this process (a turn each, in order, so
-    the run is the same in every mode), and only the sender's turns are timed."""
-    bdp = max(4 * mtu, int(rate_bps * PLANES / 8e9 * rtt_ns)) if rate_bps else 4 << 20
-    a, b, qa, qb = _pair(size, mtu, rtt_ns, bdp)
-    sa, sb = _sock(), _sock()
-    src = np.frombuffer(os.urandom(size), np.uint8).copy()
-    dst = np.zeros(size, np.uint8)
-    smr, dmr = a.reg_mr(src), b.reg_mr(dst)
-    qb.post_recv(7)
-    rates = [rate_bps] * PLANES if rate_bps else None
-    d = SocketDriver(a, sa, batch_io=mode == "batch", tx_ring=mode == "ring", port_rate_bps=rates)
-    assert d.tx_ring is (mode == "ring")
-    rd = SocketDriver(b, sb, batch_io=True, tx_ring=False)  # the engine's batch receive: a fast peer
-    d.dst_port, rd.dst_port = sb.getsockname()[1], sa.getsockname()[1]
-    done: list[Any] = []
-    got: list[Any] = []
-    sender_s = 0.0
-    t0 = time.perf_counter()
-    clock = time.perf_counter
-    qa.post_send(1, smr, 0, size, dmr.addr, dmr.rkey, imm=0x1234)
-    deadline = t0 + 120
-    while not (done and got) and clock() < deadline:
-        c = clock()
-        d.turn()
-        sender_s += clock() - c
-        rd.turn()
-        done.extend(qa.send_cq.poll())
-        got.extend(qb.recv_cq.poll())
-    wall = clock() - t0
-    sa.close()
-    sb.close()
-    st = qa.stats()
-    pkts = max(1, int(st["data_tx"]))
-    ok = bool(done and got) and done[0].status.name == "SUCCESS" and np.array_equal(src, dst)
-    return {"mode": mode, "ok": ok, "sender_us_per_pkt": sender_s / pkts * 1e6,
-            "goodput_gbps": size * 8 / wall / 1e9, "tx_packets": pkts, "retx": pkts - -(-size // mtu)}
+    """One WRITE of `size` bytes (dataplane/lopair.py); only the sender's driver turns are timed."""
+    r = lopair.run(lopair.PairConfig(size=size, mtu=mtu, rate_bps=rate_bps, rtt_ns=rtt_ns,
+                                     batch_io=mode == "batch", tx_ring=mode == "ring"))
+    assert r["driver"]["tx_ring"] == (mode == "ring")
+    keep = ("ok", "sender_us_per_pkt", "goodput_gbps", "tx_packets", "retx")
+    return {"mode": mode, **{k: r[k] for k in keep}}
 
 
 def main() -> None:
