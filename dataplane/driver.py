@@ -19,21 +19,25 @@ The caller waits with `selectors` on `fileno()` (and its own fds) for at most `t
 sub-millisecond timers without a busy spin when idle (epoll's timeout has 1 ms granularity, so a
 deadline closer than that is slept with `time.sleep`, which uses a high-resolution timer).
 
-Batch I/O (``MRC_BATCH_IO=1``, off by default): the standard library has no sendmmsg/recvmmsg, so
-`dataplane/mmsg.py` calls them through ctypes: one recvmmsg per up to 64 datagrams (each with its
-IPV6_TCLASS and IPV6_PKTINFO control messages and source address, parsed from the batch's buffers) and
-one sendmmsg per up to 64 datagrams; pacing is the same token buckets, refilled once per flush. Both ways
-give the engine identical arguments and the wire identical bytes (tests/unit/test_driver.py). Measured
-on 10 Gbit/s links it saves about 1 us per received datagram but nothing per sent one (the kernel's
-per-packet work through the eBPF fabric runs inside the send call either way) and the mrcds' CPU per
-data packet is the same within 1 %, so the per-datagram calls stay the default (docs/daemon.md,
-"Gigabit speeds: where the time goes"). With batch I/O a context with `receive_batch` (the engine's
-compiled batch receive, ``MRC_RX_KERNEL``) gets each recvmmsg batch whole: lengths, ECN and ports from
-`mmsg.parse_controls`, the slots and sources as numpy views, no Python call per datagram.
+Batch I/O (on by default where the engine's batch receive is compiled C; ``MRC_BATCH_IO=0`` turns it
+off): the standard library has no sendmmsg/recvmmsg, so `dataplane/mmsg.py` calls them through ctypes:
+one recvmmsg per up to 64 datagrams (each with its IPV6_TCLASS and IPV6_PKTINFO control messages and
+source address) and one sendmmsg per up to 64 datagrams; pacing is the same token buckets, refilled
+once per flush. Both ways give the engine identical arguments and the wire identical bytes
+(tests/unit/test_driver.py). A context with `receive_batch` (the engine's compiled batch receive,
+``MRC_RX_KERNEL``) gets each recvmmsg batch whole: lengths, ECN and ports from `mmsg.parse_controls`,
+the slots and sources as numpy views, no Python object per data packet.
 
 The send ring (``MRC_TX_RING=1``, off by default): the engine writes into a `TxRing`
 (`Context.datagrams_into`) and `dataplane/ringsend.py` sends the slots with sendmmsg in place, paced by
 the same rules as `_pace` (docs/daemon.md, "The send ring").
+
+Why batch I/O is on by default and the ring is not (docs/daemon.md, "Batch I/O by default"): with the
+C receive kernel a batch of data packets crosses the driver and the engine without a Python object
+per packet, for less receive CPU per packet at high rates (batches of 16 and more) and the C receive's
+one call per datagram below that; the ring takes the per-packet objects off the send side too, but
+measured side by side it costs the sender as much CPU or more (sendmmsg through ctypes for a flush of
+one or two datagrams), so it stays a switch.
 """
 
 from __future__ import annotations
@@ -85,19 +89,27 @@ def _port(dg: Datagram) -> int:
     return dg.port
 
 
-def _switched_on(name: str) -> bool:
-    """An off-by-default switch: on when the variable says 1, yes, on or true, and sendmmsg is usable."""
-    return os.environ.get(name, "0").strip().lower() in ("1", "yes", "on", "true") and mmsg.available()
+def _switch(name: str, default: bool) -> bool:
+    """The switch `name` in the environment: on for 1, yes, on or true, off for 0, no, off or false,
+    `default` when unset (or anything else); off wherever sendmmsg/recvmmsg are not usable."""
+    v = os.environ.get(name, "").strip().lower()
+    on = True if v in ("1", "yes", "on", "true") else False if v in ("0", "no", "off", "false") else default
+    return on and mmsg.available()
 
 
 def tx_ring_default() -> bool:
-    """The send ring when ``MRC_TX_RING=1`` (and sendmmsg is usable here); off otherwise."""
-    return _switched_on("MRC_TX_RING")
+    """The send ring with ``MRC_TX_RING=1`` (and where sendmmsg is usable); off by default: it saves no
+    CPU per packet and costs some on small flushes (docs/daemon.md, "Batch I/O by default")."""
+    return _switch("MRC_TX_RING", False)
 
 
 def batch_io_default() -> bool:
-    """Batch I/O when ``MRC_BATCH_IO=1`` (and sendmmsg/recvmmsg are usable here); off otherwise."""
-    return _switched_on("MRC_BATCH_IO")
+    """Batch I/O unless ``MRC_BATCH_IO=0``, where the engine's batch receive is the C kernel
+    (`rxbatch.KERNEL`); where it would be numba's, only with ``MRC_BATCH_IO=1``: numba's import alone
+    costs a process ~120 MB (docs/daemon.md, "Batch I/O by default")."""
+    from mrc.transport import rxbatch
+
+    return _switch("MRC_BATCH_IO", rxbatch.KERNEL == "c")
 
 
 class SocketDriver:

@@ -3,7 +3,8 @@
 What an mrcd does per host (a `Context`, a UDP socket, a `SocketDriver`), without a testbed or root:
 the drivers' send and receive paths (per-datagram calls, batch I/O, the send ring, pacing) carry a
 real WRITE between two real engines through the kernel's UDP stack. One driver turn each, in order,
-so a run is the same whatever the drivers do inside their turns. Loopback has no fabric: what it
+then, as mrcd's loop does, a wait for a datagram or the nearer deadline; a driver receives in its turn
+only when its socket is readable then. Loopback has no fabric: what it
 measures is the CPU's, and its only losses are a full receive buffer (`rcvbuf`).
 
 Used by bench/tx_ring.py (the sender's time per packet, mode by mode) and by
@@ -13,6 +14,8 @@ tests/unit/test_driver_pair.py (every driver mode moves the bytes intact, with a
 from __future__ import annotations
 
 import os
+import select
+import selectors
 import socket
 import time
 from dataclasses import dataclass
@@ -22,7 +25,7 @@ import numpy as np
 
 from mrc.transport import Context, EvProfile, NsccConfig, QpAttr
 
-from .driver import SocketDriver
+from .driver import SocketDriver, wait
 
 LO = socket.inet_pton(socket.AF_INET6, "::1")
 
@@ -39,9 +42,11 @@ class PairConfig:
     rate_bps: int = 0
     rtt_ns: int = 200_000
     rcvbuf: int = 32 << 20
-    batch_io: bool = False  # A's driver
-    tx_ring: bool = False  # A's driver
-    peer_batch_io: bool = True  # B's driver (the engine's batch receive: a fast peer)
+    # the drivers' switches (None: the driver's default, `driver.batch_io_default`, `tx_ring_default`)
+    batch_io: bool | None = False  # A's driver
+    tx_ring: bool | None = False  # A's driver
+    peer_batch_io: bool | None = True  # B's driver (the engine's batch receive: a fast peer)
+    peer_tx_ring: bool | None = False  # B's driver (its SACKs)
     seed: int = 1
     timeout_s: float = 120.0  # a run that has not finished by then fails (ok False); not a speed bound
 
@@ -59,8 +64,8 @@ def _sock(rcvbuf: int) -> socket.socket:
 
 def run(cfg: PairConfig) -> dict[str, Any]:
     """The WRITE from A to B (with an immediate, so B completes a receive), driven to its end or to
-    `timeout_s`. Returns whether it completed with every byte intact, the time spent in A's driver
-    turns per data packet it sent, the goodput, A's counters and both drivers' statistics."""
+    `timeout_s`. Returns whether it completed with every byte intact, the time spent in A's and in B's
+    driver turns per data packet A sent, the goodput, A's counters and both drivers' statistics."""
     a = Context(LO, ports=cfg.planes, seed=cfg.seed, name="A")
     b = Context(LO, ports=cfg.planes, seed=cfg.seed + 1, name="B")
     bdp = max(4 * cfg.mtu, int(cfg.rate_bps * cfg.planes / 8e9 * cfg.rtt_ns)) if cfg.rate_bps else 4 << 20
@@ -86,22 +91,31 @@ def run(cfg: PairConfig) -> dict[str, Any]:
         raise
     try:
         d = SocketDriver(a, sa, batch_io=cfg.batch_io, tx_ring=cfg.tx_ring, port_rate_bps=rates)
-        rd = SocketDriver(b, sb, batch_io=cfg.peer_batch_io, tx_ring=False)
+        rd = SocketDriver(b, sb, batch_io=cfg.peer_batch_io, tx_ring=cfg.peer_tx_ring)
         d.dst_port, rd.dst_port = sb.getsockname()[1], sa.getsockname()[1]
         done: list[Any] = []
         got: list[Any] = []
-        sender_s = 0.0
         clock = time.perf_counter
         t0 = clock()
         deadline = t0 + cfg.timeout_s
         qa.post_send(1, smr, 0, cfg.size, dmr.addr, dmr.rkey, imm=0x1234)
+        sel = selectors.DefaultSelector()
+        sel.register(sa, selectors.EVENT_READ)
+        sel.register(sb, selectors.EVENT_READ)
+        spent = {d: 0.0, rd: 0.0}
         while not (done and got) and clock() < deadline:
-            c = clock()
-            d.turn()
-            sender_s += clock() - c
-            rd.turn()
+            for drv, sk in ((d, sa), (rd, sb)):
+                readable = bool(select.select([sk], [], [], 0)[0])  # as its mrcd's selector would say
+                c = clock()
+                drv.turn(readable)
+                spent[drv] += clock() - c
             done.extend(qa.send_cq.poll())
             got.extend(qb.recv_cq.poll())
+            # as mrcd's loop: wait for a datagram or the nearer driver's deadline (not timed)
+            waits = [w for w in (d.timeout(), rd.timeout()) if w is not None]
+            wait(0 if d.want_write or rd.want_write else min([*waits, 0.01]), sel.select)
+        sender_s, receiver_s = spent[d], spent[rd]
+        sel.close()
         wall = clock() - t0
         stats, peer_stats = d.stats(), rd.stats()
     finally:
@@ -111,6 +125,7 @@ def run(cfg: PairConfig) -> dict[str, Any]:
     pkts = max(1, int(st["data_tx"]))
     ok = (bool(done and got) and done[0].status.name == "SUCCESS" and got[0].status.name == "SUCCESS"
           and bool(np.array_equal(src, dst)))
-    return {"ok": ok, "sender_us_per_pkt": sender_s / pkts * 1e6, "goodput_gbps": cfg.size * 8 / wall / 1e9,
+    return {"ok": ok, "sender_us_per_pkt": sender_s / pkts * 1e6,
+            "receiver_us_per_pkt": receiver_s / pkts * 1e6, "goodput_gbps": cfg.size * 8 / wall / 1e9,
             "tx_packets": pkts, "retx": pkts - -(-cfg.size // cfg.mtu), "qp": st, "driver": stats,
             "peer_driver": peer_stats}

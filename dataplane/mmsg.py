@@ -213,12 +213,19 @@ class RecvBatch:
 _parse: Any = None
 
 
-def parse_controls() -> Any:
-    """A numba kernel `parse(hdrs, ctl, k, ctl_size, port_of_ifindex, lens, ecn, ports) -> CE count`:
-    for the first k slots of a received batch, the datagram's length, whether its traffic class says
-    ECN-CE and the plane port of its arrival interface (`port_of_ifindex[ifindex]`, 0 for one beyond
-    the table), as `RecvBatch.control` reads them, without a Python call per datagram. Compiled on
-    first use (numba is imported only by drivers that batch)."""
+def parse_controls(kernel: str | None = None) -> Any:
+    """A kernel `parse(hdrs, ctl, k, ctl_size, port_of_ifindex, lens, ecn, ports) -> CE count`: for the
+    first k slots of a received batch, the datagram's length, whether its traffic class says ECN-CE and
+    the plane port of its arrival interface (`port_of_ifindex[ifindex]`, 0 for one beyond the table), as
+    `RecvBatch.control` reads them, without a Python call per datagram. The engine's batch receive's
+    kind (`rxbatch.KERNEL`, or `kernel`): `_fastc.rx_parse` in C, else this numba one, compiled on first
+    use (numba is imported only where it is the kernel)."""
+    from mrc.transport import fastpath, rxbatch
+
+    if (kernel if kernel is not None else rxbatch.KERNEL) == "c":
+        c = fastpath._compiled()
+        assert c is not None
+        return c.rx_parse
     global _parse
     if _parse is None:
         import numpy as np

@@ -2377,6 +2377,278 @@ cleanup:
     return Py_BuildValue("LLLL", events, seq, now, last_t);
 }
 
+/* ----------------------------------------------------------------------------- batch receive kernel */
+
+/* rxbatch.py's `_run` and mmsg.py's `parse_controls`, in C: the same checks in the same order, the same
+ * state row, so that `Context.receive_batch` takes the common data packet without numba (whose import
+ * and compiler cost an mrcd ~120 MB of memory and, on a fresh checkout, seconds of compiling). The numba
+ * kernels stay (MRC_RX_KERNEL=numba), and tests/unit/test_rxbatch.py runs every scenario through both. */
+
+/* a 1-D or 2-D array's memory, read through its strides */
+typedef struct {
+    Py_buffer b;
+    char *p;
+    Py_ssize_t n, s0, n1, s1;  /* rows and their stride; for 2-D, columns and their stride */
+} arr;
+
+/* 0, or -1 with a TypeError naming `what`: `o` an array of `ndim` dimensions whose items are `itemsize`
+ * bytes (format letter in `letters`; writable when `wr`) */
+static int
+arr_open(arr *a, PyObject *o, int ndim, Py_ssize_t itemsize, const char *letters, int wr, const char *what)
+{
+    a->b.obj = NULL;
+    if (PyObject_GetBuffer(o, &a->b, PyBUF_STRIDES | PyBUF_FORMAT | (wr ? PyBUF_WRITABLE : 0)) < 0)
+        goto bad;
+    const char *f = a->b.format;
+    if (f != NULL && (*f == '@' || *f == '=' || *f == '<'))
+        f++;
+    if (a->b.ndim != ndim || a->b.itemsize != itemsize || f == NULL || f[0] == 0 || f[1] != 0
+        || strchr(letters, f[0]) == NULL)
+        goto bad;
+    a->p = (char *)a->b.buf;
+    a->n = a->b.shape[0];
+    a->s0 = a->b.strides[0];
+    a->n1 = ndim == 2 ? a->b.shape[1] : 1;
+    a->s1 = ndim == 2 ? a->b.strides[1] : 0;
+    return 0;
+bad:
+    if (a->b.obj != NULL)
+        PyBuffer_Release(&a->b);
+    a->b.obj = NULL;
+    PyErr_Format(PyExc_TypeError, "rx kernel: %s is not the array it takes", what);
+    return -1;
+}
+
+static void
+arr_close(arr *a, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (a[i].b.obj != NULL)
+            PyBuffer_Release(&a[i].b);
+}
+
+#define I64(a, i) (*(int64_t *)((a).p + (i) * (a).s0))
+#define U64(a, i) (*(uint64_t *)((a).p + (i) * (a).s0))
+#define U8(a, i) (*(uint8_t *)((a).p + (i) * (a).s0))
+#define U8_2(a, i, c) (*(uint8_t *)((a).p + (i) * (a).s0 + (c) * (a).s1))
+
+/* rxbatch.py's state row and stop reasons (checked against it by rxbatch at import: `rx_consts`) */
+enum { S_CUM, S_OFF, S_WD, S_RXP, S_RXB, S_UNACK, S_COAL, S_QPN, S_RKEY, S_MRADDR, S_MRLEN, S_MSN, S_MDONE,
+       S_MLEN, S_END, S_ECN, S_LAST, S_PSN, S_EV, S_TS, S_FLAGS, S_PORT, S_NEED_RKEY, S_NEED_MSN, S_NEED_EV,
+       S_LPSN, S_LEV, S_LTS, S_LPORT, ST_LEN };
+enum { RX_DONE, RX_SACK, RX_PURE, RX_CTX, RX_OTHER_QP, RX_FULL };
+#define RX_MIN_LEN 56
+#define RX_STARTS 0x4000 /* EV_INDEX_MAX + 1 */
+
+static inline int64_t
+row32(const uint8_t *r, int o)
+{
+    return ((int64_t)r[o] << 24) | ((int64_t)r[o + 1] << 16) | ((int64_t)r[o + 2] << 8) | (int64_t)r[o + 3];
+}
+
+/* rx_run(data, lens, ecn, ports, srcs, peer, j, k, st, words, mr, starts) -> (why, j): rxbatch._run */
+static PyObject *
+c_rx_run(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "rx_run takes 12 arguments");
+        return NULL;
+    }
+    if (crc32 == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_fastc.rx_run before _fastc.setup");
+        return NULL;
+    }
+    Py_ssize_t j = PyLong_AsSsize_t(args[6]), k = PyLong_AsSsize_t(args[7]);
+    if (PyErr_Occurred())
+        return NULL;
+    enum { DATA, LENS, ECN, PORTS, SRCS, PEER, ST, WORDS, MR, STARTS, NA };
+    arr a[NA];
+    memset(a, 0, sizeof(a));
+    if (arr_open(&a[DATA], args[0], 2, 1, "Bbc", 0, "data") || arr_open(&a[LENS], args[1], 1, 8, "qlQL", 0, "lens")
+        || arr_open(&a[ECN], args[2], 1, 1, "?Bb", 0, "ecn") || arr_open(&a[PORTS], args[3], 1, 8, "qlQL", 0, "ports")
+        || arr_open(&a[SRCS], args[4], 2, 1, "Bbc", 0, "srcs") || arr_open(&a[PEER], args[5], 1, 1, "Bbc", 0, "peer")
+        || arr_open(&a[ST], args[8], 1, 8, "ql", 1, "st") || arr_open(&a[WORDS], args[9], 1, 8, "QLql", 1, "words")
+        || arr_open(&a[MR], args[10], 1, 1, "Bbc", 1, "mr") || arr_open(&a[STARTS], args[11], 1, 8, "ql", 0, "starts"))
+        goto fail;
+    if (j < 0 || k > a[LENS].n || k > a[DATA].n || k > a[ECN].n || k > a[PORTS].n
+        || (a[SRCS].n && (k > a[SRCS].n || a[SRCS].n1 < 16)) || a[PEER].n < 16 || a[ST].n < ST_LEN
+        || a[STARTS].n < RX_STARTS || (a[DATA].n1 > 1 && a[DATA].s1 != 1) || (a[MR].n > 1 && a[MR].s0 != 1)) {
+        PyErr_SetString(PyExc_ValueError, "rx_run: arrays of the wrong shapes");
+        goto fail;
+    }
+    arr st = a[ST], words = a[WORDS];
+    int64_t nbits = (int64_t)words.n * 64, rowlen = a[DATA].n1;
+    uint8_t *mrp = (uint8_t *)a[MR].p;
+    int64_t mrn = a[MR].n;
+    int why = RX_DONE;
+#define STOP(w) do { why = (w); goto out; } while (0)
+    while (j < k) {
+        int64_t n = I64(a[LENS], j);
+        const uint8_t *row = (const uint8_t *)(a[DATA].p + j * a[DATA].s0);
+        if (n < RX_MIN_LEN || n > rowlen || row[0] != 0x0A)
+            STOP(n >= RX_MIN_LEN && n <= rowlen ? RX_OTHER_QP : RX_PURE);
+        if ((((int64_t)row[5] << 16) | ((int64_t)row[6] << 8) | (int64_t)row[7]) != I64(st, S_QPN))
+            STOP(RX_OTHER_QP);
+        if (a[SRCS].n)
+            for (int b = 0; b < 16; b++)
+                if (U8_2(a[SRCS], j, b) != U8(a[PEER], b))
+                    STOP(RX_PURE);
+        int64_t b1 = row[1], qw = row32(row, 4), pw = row32(row, 8);
+        int64_t va = (row32(row, 12) << 32) | row32(row, 16);
+        int64_t rkey = row32(row, 20), dlen = row32(row, 24), ver = row[28], flags = row[29];
+        int64_t ev = ((int64_t)row[30] << 8) | row[31];
+        int64_t msn = row32(row, 32), mlen = row32(row, 36), moff = row32(row, 40);
+        int64_t pkey = ((int64_t)row[2] << 8) | row[3];
+        if ((b1 & 0x0F) || (pkey & 0x7FFF) != 0x7FFF || qw > 0xFFFFFF || ver != 1 || (flags & 0x01)
+            || dlen > 8192 || ev > 0x3FFF)
+            STOP(RX_PURE);
+        int64_t pad = (b1 >> 4) & 3, end = 52 + dlen + pad;
+        if (((dlen + pad) & 3) || n != end + 4 || moff + dlen > mlen)
+            STOP(RX_PURE);
+        int64_t sv = I64(a[STARTS], ev & 0x3FFF);
+        if (end != I64(st, S_END) || rkey != I64(st, S_RKEY) || msn != I64(st, S_MSN) || sv < 0) {
+            I64(st, S_NEED_RKEY) = rkey;
+            I64(st, S_NEED_MSN) = msn;
+            I64(st, S_NEED_EV) = ev;
+            I64(st, S_END) = end;
+            STOP(RX_CTX);
+        }
+        if (crc32((uint32_t)sv, row, (uint64_t)n) != CRC32_RESIDUE)
+            STOP(RX_PURE);
+        int64_t psn = pw & 0xFFFFFF, d = (psn - I64(st, S_CUM)) & 0xFFFFFF;
+        if (d >= 0x800000 || d >= I64(st, S_WD))
+            STOP(RX_PURE);
+        int64_t i = I64(st, S_OFF) + d;
+        if (i >= nbits)
+            STOP(RX_FULL);
+        int64_t w = i >> 6;
+        uint64_t bit = (uint64_t)1 << (i & 63);
+        int64_t off = va - I64(st, S_MRADDR);
+        /* (the region's own length bounds the copy too: st says where the region is, the array what is there) */
+        if ((U64(words, w) & bit) || off < 0 || off + dlen > I64(st, S_MRLEN) || off + dlen > mrn
+            || I64(st, S_MDONE) + dlen >= I64(st, S_MLEN))
+            STOP(RX_PURE);
+        /* ---- placement and accounting (fastpath.receive's) */
+        memcpy(mrp + off, row + 52, (size_t)dlen);
+        U64(words, w) |= bit;
+        if (d == 0) {
+            int64_t t = i;
+            while (t < nbits && (U64(words, t >> 6) & ((uint64_t)1 << (t & 63))))
+                t++;
+            I64(st, S_CUM) = (I64(st, S_CUM) + t - i) & 0xFFFFFF;
+            I64(st, S_OFF) = t;
+        }
+        I64(st, S_RXP) += 1;
+        I64(st, S_RXB) += dlen;
+        I64(st, S_MDONE) += dlen;
+        int e = U8(a[ECN], j) != 0;
+        if (e)
+            I64(st, S_ECN) += 1;
+        int64_t ts = (int64_t)(((uint64_t)row32(row, 44) << 32) | (uint64_t)row32(row, 48));
+        int64_t port = I64(a[PORTS], j);
+        j++;
+        int64_t u = I64(st, S_UNACK) + 1;
+        if (e || (pw & 0x80000000) || u >= I64(st, S_COAL) || (flags & 0x12)) {
+            I64(st, S_PSN) = psn;
+            I64(st, S_EV) = ev;
+            I64(st, S_TS) = ts;
+            I64(st, S_FLAGS) = flags;
+            I64(st, S_PORT) = port;
+            STOP(RX_SACK);
+        }
+        I64(st, S_UNACK) = u;
+        I64(st, S_LPSN) = psn;
+        I64(st, S_LEV) = ev;
+        I64(st, S_LTS) = ts;
+        I64(st, S_LPORT) = port;
+        I64(st, S_LAST) = 1;
+    }
+#undef STOP
+out:
+    arr_close(a, NA);
+    return Py_BuildValue("(in)", why, j);
+fail:
+    arr_close(a, NA);
+    return NULL;
+}
+
+/* rx_parse(hdrs, ctl, k, csize, table, lens, ecn, ports) -> CE count: mmsg.parse_controls' kernel (each
+ * received datagram's length from its mmsghdr, ECN-CE from IPV6_TCLASS, the plane port of the IPV6_PKTINFO
+ * interface through `table`, 0 beyond it). Reads little-endian fields as the kernel laid them out. */
+static PyObject *
+c_rx_parse(PyObject *Py_UNUSED(mod), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "rx_parse takes 8 arguments");
+        return NULL;
+    }
+    Py_ssize_t k = PyLong_AsSsize_t(args[2]), csize = PyLong_AsSsize_t(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    enum { HDRS, CTL, TABLE, LENS, ECN, PORTS, NA };
+    arr a[NA];
+    memset(a, 0, sizeof(a));
+    if (arr_open(&a[HDRS], args[0], 1, 1, "Bbc", 0, "hdrs") || arr_open(&a[CTL], args[1], 1, 1, "Bbc", 0, "ctl")
+        || arr_open(&a[TABLE], args[4], 1, 8, "ql", 0, "table") || arr_open(&a[LENS], args[5], 1, 8, "ql", 1, "lens")
+        || arr_open(&a[ECN], args[6], 1, 1, "?Bb", 1, "ecn") || arr_open(&a[PORTS], args[7], 1, 8, "ql", 1, "ports")) {
+        arr_close(a, NA);
+        return NULL;
+    }
+    if (k < 0 || csize < 0 || k * 64 > a[HDRS].n || k > a[LENS].n || k > a[ECN].n || k > a[PORTS].n) {
+        arr_close(a, NA);
+        PyErr_SetString(PyExc_ValueError, "rx_parse: arrays of the wrong shapes");
+        return NULL;
+    }
+    int64_t ce = 0, nctl = a[CTL].n;
+#define B(x, i) ((int64_t)U8((x), (i)))
+    for (Py_ssize_t j = 0; j < k; j++) {
+        Py_ssize_t h = j * 64;
+        int64_t n = 0, clen = 0;
+        for (int b = 0; b < 4; b++)
+            n |= B(a[HDRS], h + 56 + b) << (8 * b);
+        for (int b = 0; b < 8; b++)
+            clen |= B(a[HDRS], h + 40 + b) << (8 * b);
+        I64(a[LENS], j) = n;
+        int64_t tclass = -1, ifindex = 0, base = (int64_t)j * csize, off = 0;
+        while (off + 16 <= clen && base + off + 16 <= nctl) {
+            uint64_t ln = 0;
+            for (int b = 0; b < 8; b++)
+                ln |= (uint64_t)B(a[CTL], base + off + b) << (8 * b);
+            if (ln < 16 || ln > (uint64_t)1 << 32)
+                break;
+            int64_t level = B(a[CTL], base + off + 8) | (B(a[CTL], base + off + 9) << 8);
+            int64_t kind = B(a[CTL], base + off + 12) | (B(a[CTL], base + off + 13) << 8);
+            if (level == 41) { /* IPPROTO_IPV6 */
+                if (kind == 67 && ln >= 20 && base + off + 18 <= nctl) /* IPV6_TCLASS */
+                    tclass = B(a[CTL], base + off + 16) | (B(a[CTL], base + off + 17) << 8);
+                else if (kind == 50 && ln >= 36 && base + off + 36 <= nctl) { /* IPV6_PKTINFO's ifindex */
+                    ifindex = 0;
+                    for (int b = 0; b < 4; b++)
+                        ifindex |= B(a[CTL], base + off + 32 + b) << (8 * b);
+                }
+            }
+            off += (int64_t)((ln + 7) & ~(uint64_t)7);
+        }
+        int e = tclass >= 0 && (tclass & 3) == 3;
+        U8(a[ECN], j) = (uint8_t)e;
+        ce += e;
+        I64(a[PORTS], j) = ifindex < a[TABLE].n ? I64(a[TABLE], ifindex) : 0;
+    }
+#undef B
+    arr_close(a, NA);
+    return PyLong_FromLongLong(ce);
+}
+
+/* rxbatch.py's numbering of the state row and of the stop reasons, as compiled here */
+static PyObject *
+c_rx_consts(PyObject *Py_UNUSED(mod), PyObject *Py_UNUSED(a))
+{
+    return Py_BuildValue("{sisisisisisisisisisisisisisi}", "S_CUM", S_CUM, "S_END", S_END, "S_ECN", S_ECN,
+                         "S_LAST", S_LAST, "S_PSN", S_PSN, "S_PORT", S_PORT, "S_NEED_EV", S_NEED_EV,
+                         "S_LPORT", S_LPORT, "ST_LEN", ST_LEN, "DONE", RX_DONE, "SACK", RX_SACK, "PURE", RX_PURE,
+                         "CTX", RX_CTX, "FULL", RX_FULL);
+}
+
 /* ---------------------------------------------------------------------------------------- setup */
 
 struct slotspec {
@@ -2519,6 +2791,11 @@ static PyMethodDef methods[] = {
     {"setup", c_setup, METH_VARARGS, "Resolve the engine's slot offsets and the Python fallbacks."},
     {"setup_ring", c_setup_ring, METH_VARARGS, "setup_ring(TxRing, SLOT): the send ring's slot offsets."},
     {"consts", c_consts, METH_NOARGS, "The wire constants compiled in (checked against mrc.wire.consts)."},
+    {"rx_run", (PyCFunction)(void (*)(void))c_rx_run, METH_FASTCALL,
+     "rx_run(data, lens, ecn, ports, srcs, peer, j, k, st, words, mr, starts) -> (why, j): rxbatch's kernel."},
+    {"rx_parse", (PyCFunction)(void (*)(void))c_rx_parse, METH_FASTCALL,
+     "rx_parse(hdrs, ctl, k, csize, table, lens, ecn, ports) -> CE count: mmsg.parse_controls' kernel."},
+    {"rx_consts", c_rx_consts, METH_NOARGS, "rxbatch's state row and stop reasons as compiled in."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -7,11 +7,12 @@ that order: the same placements, state, counters, timers and datagrams to send (
 test_rxbatch.py compares them packet by packet). What differs is the cost: the packets that
 `fastpath.receive` handles inline (a well-formed WRITE with a good ICRC, in the window, new, inside a
 message already under way that it does not complete, for a valid memory region, no immediate) are
-parsed, checked and placed by `_run`, a numba kernel that takes a run of them for one QP at a time: no
-Python object is made for them, not even the datagram's `bytes`. The ICRC is ISA-L's CRC-32 from
-python-isal's own library and the placement libc's memcpy, both called from the kernel by address
-(`FNS`, through the `_call3` intrinsic): an address passed in keeps the kernel in numba's cache, where a
-ctypes global would make every process compile it (~2.4 s).
+parsed, checked and placed by a kernel that takes a run of them for one QP at a time: no Python object
+is made for them, not even the datagram's `bytes`. The kernel is `_fastc.rx_run` (C, beside the fast
+path's send and receive) where that is built, else `_rxnumba` (numba); both take the same arguments and
+state row and give the same results (tests/unit/test_rxbatch.py runs every scenario through each). Why C
+first: numba's import and compiler cost a process ~120 MB of memory (an mrcd 49 MB -> 170 MB) and a
+fresh checkout ~5 s of compiling before the first batch.
 
 The QP's state crosses into the kernel as plain numbers and a word array (the responder's bitmap, a
 Python int, as uint64 words) and back when the kernel stops: after the run, before a packet it may not
@@ -19,22 +20,22 @@ take (which then goes to `Context.receive` whole, before any state has changed, 
 and after a packet that must be acknowledged at once (the SACK is built by `fastpath.sack` from the
 state copied back). So every rare case keeps its one implementation.
 
-The switch: ``MRC_RX_KERNEL=0`` (read once, at import) keeps `receive_batch` a loop over
-`Context.receive`; so does a context on the pure path (``MRC_FASTPATH=0``), and a python-isal build
-without `crc32_gzip_refl` (`AVAILABLE`).
+The switch: ``MRC_RX_KERNEL`` (read once, at import; `KERNEL`): ``0`` keeps `receive_batch` a loop over
+`Context.receive`, ``numba`` takes the numba kernel, anything else (the default) the C one where it is
+built. A context on the pure path (``MRC_FASTPATH=0``) takes its datagrams one by one too, and so does
+every context where neither kernel can run (`AVAILABLE`: no _fastc build and a python-isal without
+`crc32_gzip_refl`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import numpy as np
 import numpy.typing as npt
-from llvmlite import ir
-from numba import njit
-from numba.extending import intrinsic
 
 from mrc.wire.consts import EV_INDEX_MAX, EV_SPORT_BASE, ICRC_LEN, MAX_PAYLOAD, MXH_VERSION, PSN_MASK, MxhFlag
 from mrc.wire.crc import isal_crc32_address
@@ -73,30 +74,11 @@ try:
     _MEMCPY_ADDR = _address(ctypes.CDLL(None).memcpy)
 except (OSError, AttributeError):
     _MEMCPY_ADDR = 0
-AVAILABLE: Final = _CRC is not None and _MEMCPY_ADDR != 0
+#: the numba kernel's callees are there (ISA-L's CRC, memcpy)
+NUMBA_OK: Final = _CRC is not None and _MEMCPY_ADDR != 0
 #: what the kernel calls, by address: a function pointer passed in, not a ctypes global, keeps the
 #: kernel cacheable (numba does not cache code that holds a ctypes pointer; compiling costs ~2.5 s)
 FNS: Final = np.array([_address(_CRC) if _CRC is not None else 0, _MEMCPY_ADDR], dtype=np.int64)
-
-
-def _intrinsic(fn: Any) -> Any:
-    """numba's `intrinsic`, typed Any: called from jitted code without the typing context argument."""
-    return intrinsic(fn)
-
-
-@_intrinsic
-def _call3(typingctx: Any, fn: Any, a: Any, b: Any, c: Any) -> Any:
-    """Call the C function at address `fn` with (uint32, uint64, uint64) or (uint64, uint64, uint64)
-    arguments, returning the first argument's type (ISA-L's crc32_gzip_refl; libc's memcpy)."""
-    sig = a(fn, a, b, c)
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        f, x, y, z = args
-        fnty = ir.FunctionType(x.type, [x.type, y.type, z.type])
-        return builder.call(builder.inttoptr(f, fnty.as_pointer()), [x, y, z])
-
-    return sig, codegen
-
 
 
 # what the kernel reports when it stops (`_run`'s first result)
@@ -133,109 +115,6 @@ U8 = npt.NDArray[np.uint8]
 I64 = npt.NDArray[np.int64]
 
 
-if AVAILABLE:
-
-    @njit(nogil=True)
-    def _u16(a: Any, o: int) -> Any:
-        return (np.int64(a[o]) << 8) | np.int64(a[o + 1])
-
-    @njit(nogil=True)
-    def _u32(a: Any, o: int) -> Any:
-        return ((np.int64(a[o]) << 24) | (np.int64(a[o + 1]) << 16) | (np.int64(a[o + 2]) << 8)
-                | np.int64(a[o + 3]))
-
-    @njit(nogil=True, cache=True)
-    def _run(data: Any, lens: Any, ecn: Any, ports: Any, srcs: Any, peer: Any, j: int, k: int,
-             st: Any, words: Any, mr: Any, starts: Any, fns: Any) -> tuple[int, int]:
-        """Take packets j, j+1, ... < k for the QP of st[S_QPN] in fastpath.receive's order of checks;
-        returns (what stopped it, the index where it stopped)."""
-        nbits = words.shape[0] * 64
-        while j < k:
-            n = lens[j]
-            row = data[j]
-            if n < 56 or n > row.shape[0] or row[0] != 0x0A:
-                return (OTHER_QP if n >= 56 and n <= row.shape[0] else PURE), j
-            if ((np.int64(row[5]) << 16) | (np.int64(row[6]) << 8) | np.int64(row[7])) != st[S_QPN]:
-                return OTHER_QP, j
-            if srcs.shape[0]:
-                for b in range(16):
-                    if srcs[j, b] != peer[b]:
-                        return PURE, j
-            b1 = np.int64(row[1])
-            qw = _u32(row, 4)
-            pw = _u32(row, 8)
-            va = (_u32(row, 12) << 32) | _u32(row, 16)
-            rkey = _u32(row, 20)
-            dlen = _u32(row, 24)
-            ver = np.int64(row[28])
-            flags = np.int64(row[29])
-            ev = _u16(row, 30)
-            msn = _u32(row, 32)
-            mlen = _u32(row, 36)
-            moff = _u32(row, 40)
-            if (b1 & 0x0F or _u16(row, 2) & 0x7FFF != 0x7FFF or qw > 0xFFFFFF or ver != 1 or flags & 0x01
-                    or dlen > 8192 or ev > 0x3FFF):
-                return PURE, j
-            pad = (b1 >> 4) & 3
-            end = 52 + dlen + pad
-            if (dlen + pad) & 3 or n != end + 4 or moff + dlen > mlen:
-                return PURE, j
-            if end != st[S_END] or rkey != st[S_RKEY] or msn != st[S_MSN] or starts[ev & 0x3FFF] < 0:
-                st[S_NEED_RKEY] = rkey
-                st[S_NEED_MSN] = msn
-                st[S_NEED_EV] = ev
-                st[S_END] = end
-                return CTX, j
-            crc = _call3(fns[0], np.uint32(starts[ev & 0x3FFF]), np.uint64(row.ctypes.data), np.uint64(n))
-            if crc != 0x2144DF1C:
-                return PURE, j
-            psn = pw & 0xFFFFFF
-            d = (psn - st[S_CUM]) & 0xFFFFFF
-            if d >= 0x800000 or d >= st[S_WD]:
-                return PURE, j
-            i = st[S_OFF] + d
-            if i >= nbits:
-                return FULL, j
-            w = i >> 6
-            bit = np.uint64(1) << np.uint64(i & 63)
-            off = va - st[S_MRADDR]
-            if words[w] & bit or off < 0 or off + dlen > st[S_MRLEN] or st[S_MDONE] + dlen >= st[S_MLEN]:
-                return PURE, j
-            # ---- placement and accounting (fastpath.receive's)
-            _call3(fns[1], np.uint64(mr.ctypes.data + off), np.uint64(row.ctypes.data + 52), np.uint64(dlen))
-            words[w] |= bit
-            if d == 0:
-                t = i
-                while t < nbits and words[t >> 6] & (np.uint64(1) << np.uint64(t & 63)):
-                    t += 1
-                st[S_CUM] = (st[S_CUM] + t - i) & 0xFFFFFF
-                st[S_OFF] = t
-            st[S_RXP] += 1
-            st[S_RXB] += dlen
-            st[S_MDONE] += dlen
-            e = ecn[j]
-            if e:
-                st[S_ECN] += 1
-            ts = (_u32(row, 44) << 32) | _u32(row, 48)
-            port = ports[j]
-            j += 1
-            u = st[S_UNACK] + 1
-            if e or pw & 0x80000000 or u >= st[S_COAL] or flags & 0x12:
-                st[S_PSN] = psn
-                st[S_EV] = ev
-                st[S_TS] = ts
-                st[S_FLAGS] = flags
-                st[S_PORT] = port
-                return SACK, j
-            st[S_UNACK] = u
-            st[S_LPSN] = psn
-            st[S_LEV] = ev
-            st[S_LTS] = ts
-            st[S_LPORT] = port
-            st[S_LAST] = 1
-        return DONE, j
-
-
 assert _ACK_NOW | _RETX == 0x12 and _TRIMMED == 0x01 and MXH_VERSION == 1 and MAX_PAYLOAD == 8192
 assert CRC32_RESIDUE == 0x2144DF1C and PSN_MASK == 0xFFFFFF and _HALF == 0x800000 and _OP_WRITE == 0x0A
 assert EV_INDEX_MAX == 0x3FFF
@@ -244,18 +123,56 @@ assert EV_INDEX_MAX == 0x3FFF
 _EMPTY: Final = np.zeros(0, dtype=np.uint8)
 
 
+def _c_kernel_ok() -> bool:
+    """`_fastc.rx_run` is built, of this file's numbering, and the C fast path is on."""
+    c = fastpath._compiled() if fastpath.C_ENABLED else None
+    return c is not None and hasattr(c, "rx_consts") and c.rx_consts() == {
+        "S_CUM": S_CUM, "S_END": S_END, "S_ECN": S_ECN, "S_LAST": S_LAST, "S_PSN": S_PSN, "S_PORT": S_PORT,
+        "S_NEED_EV": S_NEED_EV, "S_LPORT": S_LPORT, "ST_LEN": ST_LEN, "DONE": DONE, "SACK": SACK,
+        "PURE": PURE, "CTX": CTX, "FULL": FULL}
+
+
+def choose(setting: str) -> str:
+    """The kernel `MRC_RX_KERNEL` asks for: "0" none (""); "numba" the numba kernel; anything else the C
+    kernel, where _fastc is built (else the numba one). "" also where neither can run here."""
+    v = setting.strip().lower()
+    if v == "0":
+        return ""
+    if v != "numba" and _c_kernel_ok():
+        return "c"
+    return "numba" if NUMBA_OK else ""
+
+
+#: a batch of fewer datagrams goes one by one: a kernel call costs ~10 us of Python per batch (the QP's
+#: state and bitmap copied in and out), one datagram through the C receive ~3 us, so the kernel pays
+#: from about 16 datagrams a batch (bench/rxbatch.py: 5.5-8.8 against 3.9-4.8 us a packet at 4, parity
+#: at 16, 2.5-2.7 against 3.0-3.3 at 64). Tests set it to 1 to send every batch through the kernel.
+MIN_BATCH: int = 16
+
+#: the kernel in use: "c" (`_fastc.rx_run`), "numba" (`_rxnumba`), or "" (none: one by one)
+KERNEL: str = choose(os.environ.get(ENV, "1"))
+AVAILABLE: bool = KERNEL != ""
+
+
 def warm() -> None:
-    """Compile (or load from numba's cache) the kernel for the array kinds drivers pass, so that the
-    first batch does not wait for it: sources as a C array (or none), and as a strided view of
-    recvmmsg's sockaddr_in6 slots."""
-    if not AVAILABLE:
-        return
-    st = np.zeros(ST_LEN, dtype=np.int64)
-    one = np.zeros(1, dtype=np.int64)
-    args = (np.zeros((1, 64), dtype=np.uint8), one, np.zeros(1, dtype=np.bool_), one)
-    for srcs in (np.zeros((0, 16), dtype=np.uint8), np.zeros((1, 28), dtype=np.uint8)[:, 8:24]):
-        _run(*args, srcs, np.zeros(16, dtype=np.uint8), 0, 0, st, np.zeros(1, dtype=np.uint64), _EMPTY,
-             np.zeros(1, dtype=np.int64), FNS)
+    """Compile (or load from numba's cache) the numba kernel, when it is the one in use, so that the
+    first batch does not wait for it. The C kernel needs nothing."""
+    if KERNEL == "numba":
+        from . import _rxnumba
+
+        _rxnumba.warm()
+
+
+def kernel(name: str) -> Callable[..., tuple[int, int]]:
+    """The kernel `name` ("c" or "numba") as `run(data, lens, ecn, ports, srcs, peer, j, k, st, words, mr,
+    starts) -> (why, j)`."""
+    if name == "c":
+        c = fastpath._compiled()
+        assert c is not None
+        return cast("Callable[..., tuple[int, int]]", c.rx_run)
+    from . import _rxnumba
+
+    return _rxnumba.run
 
 
 class _QpView:
@@ -281,6 +198,9 @@ class BatchReceiver:
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
+        #: the kernel (module's KERNEL when this receiver was made), None: one by one
+        self.kernel = KERNEL
+        self._run = kernel(KERNEL) if KERNEL else None
         self.views: dict[int, _QpView] = {}
         #: packets taken by the kernel, and kernel calls (statistics for benchmarks)
         self.taken = 0
@@ -289,7 +209,7 @@ class BatchReceiver:
     def receive_batch(self, data: U8, lens: I64, ecn: Any, ports: I64, srcs: U8 | None, now: int) -> None:
         ctx = self.ctx
         k = len(lens)
-        if not (ENABLED and AVAILABLE and ctx.fastpath):
+        if k < MIN_BATCH or not (ENABLED and self._run is not None and ctx.fastpath):
             self._one_by_one(data, lens, ecn, ports, srcs, now, 0, k)
             return
         no_src = np.zeros((0, 16), dtype=np.uint8)
@@ -434,11 +354,13 @@ class BatchReceiver:
     def _loop(self, qp: QueuePair, v: _QpView, m: list[Any] | None, data: U8, lens: I64, ecn: Any,
               ports: I64, srcs: U8, now: int, j: int, k: int) -> int:
         st = v.st
+        run = self._run
+        assert run is not None
         full_at = -1
         while True:
             self.calls += 1
             j0 = j
-            why, j = _run(data, lens, ecn, ports, srcs, v.peer, j, k, st, v.words, v.mr_arr, v.starts, FNS)
+            why, j = run(data, lens, ecn, ports, srcs, v.peer, j, k, st, v.words, v.mr_arr, v.starts)
             self.taken += j - j0
             if why == CTX:
                 if m is not None:  # the message so far, before the kernel is given another one

@@ -145,12 +145,23 @@ class FakeBatchCtx(FakeCtx):
                              srcs[j].tobytes()))
 
 
+@pytest.mark.parametrize("kernel", ["c", "numba"])
 @pytest.mark.parametrize("rate", [None, [10**12, 10**12]])
 @pytest.mark.parametrize("kind", [FakeCtx, FakeBatchCtx])
-def test_driver_both_ways_identical(rate: list[int] | None, kind: type[FakeCtx]) -> None:
+def test_driver_both_ways_identical(rate: list[int] | None, kind: type[FakeCtx], kernel: str,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Per-datagram calls and sendmmsg/recvmmsg batches give the engine and the wire the same; with a
     context that takes batches (FakeBatchCtx) the batch's lengths, ECN marks, ports and sources come
-    from `mmsg.parse_controls`."""
+    from `mmsg.parse_controls`, in C (`_fastc.rx_parse`) or numba."""
+    from mrc.transport import fastpath, rxbatch
+
+    if kernel == "c" and not rxbatch._c_kernel_ok():
+        pytest.skip("mrc/transport/_fastc.c is not built here (make setup)")
+    if kernel == "numba" and not rxbatch.NUMBA_OK:
+        pytest.skip("python-isal without crc32_gzip_refl")
+    monkeypatch.setattr(rxbatch, "KERNEL", kernel)
+    if kernel == "c":
+        assert mmsg.parse_controls() is fastpath._compiled().rx_parse
     payloads = _payloads(300)
     tcs = [ECN_CE if i % 5 == 0 else ECN_ECT0 for i in range(len(payloads))]
     lo_index = socket.if_nametoindex("lo")
@@ -197,13 +208,20 @@ def test_driver_both_ways_identical(rate: list[int] | None, kind: type[FakeCtx])
 
 def test_batch_io_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     from mrc.dataplane import driver
+    from mrc.transport import rxbatch
 
     monkeypatch.delenv("MRC_BATCH_IO", raising=False)
-    assert not driver.batch_io_default()  # off by default (docs/daemon.md: it does not pay here)
-    monkeypatch.setenv("MRC_BATCH_IO", "0")
-    assert not driver.batch_io_default()
+    for kernel in ("c", "numba", ""):  # on by default only where the batch receive is compiled C
+        monkeypatch.setattr(rxbatch, "KERNEL", kernel)
+        assert driver.batch_io_default() is (kernel == "c")
+        monkeypatch.setenv("MRC_BATCH_IO", "0")
+        assert not driver.batch_io_default()
+        monkeypatch.setenv("MRC_BATCH_IO", "no")
+        assert not driver.batch_io_default()
+        monkeypatch.setenv("MRC_BATCH_IO", "1")
+        assert driver.batch_io_default()
+        monkeypatch.delenv("MRC_BATCH_IO")
     monkeypatch.setenv("MRC_BATCH_IO", "1")
-    assert driver.batch_io_default()
     with _rx() as s:
         d = SocketDriver(FakeCtx([]), s, batch_io=None)  # type: ignore[arg-type]
         assert d.batch_io and d.stats()["batch_io"] == 1

@@ -5,7 +5,10 @@ tests (tests/netns) run the same drivers inside mrcds, where the kernel has SRv6
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -39,3 +42,29 @@ def test_losses_from_a_full_receive_buffer_are_recovered(mode: str) -> None:
     assert r["ok"], r
     assert r["retx"] > 0 and r["qp"]["data_retx_bytes"] > 0
     assert r["driver"]["send_errors"] == 0
+
+
+def test_the_default_drivers_carry_data_packets_without_numba() -> None:
+    """With the C batch receive, batch I/O is the drivers' default, and neither it nor the send ring
+    imports numba, whose import alone costs a process ~120 MB; the receiver's kernel took the data
+    packets."""
+    from mrc.transport import rxbatch
+
+    if not rxbatch._c_kernel_ok():
+        pytest.skip("mrc/transport/_fastc.c is not built here (make setup)")
+    code = (
+        "import sys\n"
+        "from mrc.dataplane import lopair\n"
+        "from mrc.dataplane.driver import batch_io_default, tx_ring_default\n"
+        "assert batch_io_default() and not tx_ring_default()\n"
+        "r = lopair.run(lopair.PairConfig(size=2 << 20, batch_io=None, tx_ring=True, peer_batch_io=None,\n"
+        "                                 peer_tx_ring=True))\n"
+        "d, p = r['driver'], r['peer_driver']\n"
+        "print(r['ok'], d['batch_io'], d['tx_ring'], p['rx_kernel_packets'], 'numba' in sys.modules)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MRC_")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    ok, batch, ring, taken, numba = out.stdout.split()
+    assert (ok, batch, ring, numba) == ("True", "1", "1", "False")
+    assert int(taken) > 128  # most of the 256 data packets went through the C kernel

@@ -200,13 +200,18 @@ def test_every_datagram_goes_once_through_partial_sends_a_full_buffer_and_an_err
 
 
 def test_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Off by default; ``MRC_TX_RING=1`` turns it on for a context that has `datagrams_into`."""
+    """Off by default (and with ``MRC_TX_RING=0``); ``MRC_TX_RING=1`` turns it on for a context that has
+    `datagrams_into`."""
     from mrc.dataplane import driver
 
-    monkeypatch.delenv("MRC_TX_RING", raising=False)
-    assert not driver.tx_ring_default()
-    with _rx() as s:
-        assert not SocketDriver(RingCtx([]), s).tx_ring  # type: ignore[arg-type]
+    for v in (None, "0", "off"):
+        if v is None:
+            monkeypatch.delenv("MRC_TX_RING", raising=False)
+        else:
+            monkeypatch.setenv("MRC_TX_RING", v)
+        assert not driver.tx_ring_default()
+        with _rx() as s:
+            assert not SocketDriver(RingCtx([]), s).tx_ring  # type: ignore[arg-type]
     monkeypatch.setenv("MRC_TX_RING", "1")
     assert driver.tx_ring_default()
     with _rx() as s:

@@ -25,6 +25,18 @@ SLOT = 9216
 
 pytestmark = pytest.mark.skipif(not rxbatch.AVAILABLE, reason="python-isal without crc32_gzip_refl")
 
+#: the kernels this machine can run: every scenario goes through each (they must agree with one-by-one,
+#: and so with each other)
+KERNELS = [k for k, ok in (("c", rxbatch._c_kernel_ok()), ("numba", rxbatch.NUMBA_OK)) if ok]
+
+
+@pytest.fixture(autouse=True, params=KERNELS)
+def kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The batch receivers made in the test take this kernel, for every batch, however small."""
+    monkeypatch.setattr(rxbatch, "KERNEL", request.param)
+    monkeypatch.setattr(rxbatch, "MIN_BATCH", 1)
+    return str(request.param)
+
 
 def _state(qp: QueuePair, ctx: Context) -> dict[str, Any]:
     return {
@@ -66,8 +78,9 @@ def _scenario(batched: bool, seed: int, mtu: int) -> tuple[list[Any], np.ndarray
             r = rng.random()
             if r < 0.02:
                 continue  # lost
-            if r < 0.03:
-                pkt = pkt[:30] + bytes([pkt[30] ^ 0x40]) + pkt[31:]  # corrupted: bad ICRC
+            if r < 0.03:  # corrupted: bad ICRC, in an EV bit (a header check refuses it first) or the payload
+                i = 30 if r < 0.025 else len(pkt) - 9
+                pkt = pkt[:i] + bytes([pkt[i] ^ 0x40]) + pkt[i + 1 :]
             held.append((pkt, dg.port, rng.random() < 0.03, GA))
             if r > 0.99:
                 held.append((pkt, dg.port, False, GA))  # duplicated
@@ -113,7 +126,7 @@ def _scenario(batched: bool, seed: int, mtu: int) -> tuple[list[Any], np.ndarray
 
 
 @pytest.mark.parametrize(("seed", "mtu"), [(1, 4096), (2, 8192), (3, 1024)])
-def test_batches_give_what_one_by_one_gives(seed: int, mtu: int) -> None:
+def test_batches_give_what_one_by_one_gives(seed: int, mtu: int, kernel: str) -> None:
     one, dst_one, _ = _scenario(False, seed, mtu)
     bat, dst_bat, rx = _scenario(True, seed, mtu)
     assert len(one) == len(bat)
@@ -125,6 +138,7 @@ def test_batches_give_what_one_by_one_gives(seed: int, mtu: int) -> None:
     final = one[-1][2]
     assert final["c"]["imm_rx"] > 0 and final["drops"]  # messages completed; strays counted
     assert rx is not None and rx.taken > final["rx_packets"] // 2  # the kernel took most data packets
+    assert rx.kernel == kernel
 
 
 def test_the_switch_keeps_the_one_by_one_path(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -133,6 +147,26 @@ def test_the_switch_keeps_the_one_by_one_path(monkeypatch: pytest.MonkeyPatch) -
     bat, dst_bat, rx = _scenario(True, 4, 4096)
     assert [t[1:] for t in one] == [t[1:] for t in bat] and np.array_equal(dst_one, dst_bat)
     assert rx is not None and rx.taken == 0 and rx.calls == 0
+
+
+def test_a_batch_below_the_threshold_goes_one_by_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below `MIN_BATCH` datagrams the kernel costs more than it saves: the batch goes one by one (the
+    same results), from `MIN_BATCH` on through the kernel."""
+    monkeypatch.setattr(rxbatch, "MIN_BATCH", 8)
+    b, qb, dst, mr = _responder()
+    pkts = _render([(0, None, i) for i in range(7 + 8)], qb, mr, mr.rkey)
+    slots = np.zeros((len(pkts), SLOT), dtype=np.uint8)
+    for j, (pkt, _ce, _src) in enumerate(pkts):
+        slots[j, : len(pkt)] = np.frombuffer(pkt, dtype=np.uint8)
+    lens = np.array([len(x[0]) for x in pkts], dtype=np.int64)
+    z, ones = np.zeros(len(pkts), np.bool_), np.ones(len(pkts), dtype=np.int64)
+    b.receive_batch(slots[:7], lens[:7], z[:7], ones[:7], None, 5_000)
+    rx = b._batch_rx
+    assert rx is not None and rx.calls == 0 and qb.rx_packets == 7
+    b.receive_batch(slots[7:], lens[7:], z[7:], ones[7:], None, 5_000)
+    assert rx.calls > 0 and rx.taken > 0 and qb.rx_packets == 15
+    assert qb.rcv_cum == 15
+    assert np.array_equal(dst[: 15 * 4096], np.repeat(np.arange(15, dtype=np.uint8), 4096))
 
 
 def test_isal_crc_through_ctypes_is_zlibs() -> None:
@@ -160,7 +194,7 @@ _FAULTS = [None] * 8 + [
     "psn_far", "psn_beyond_window", "psn_dup", "va_below", "va_past_end", "len_odd", "len_zero",
     "len_max", "mlen_small", "moff_past", "trimmed", "ack_now", "retx", "last", "rkey", "pad_bits",
     "tver", "mxh_version", "qpn_reserved_byte", "short", "long", "foreign_src", "ecn", "ackreq", "ts_high",
-    "pkey_other", "pkey_limited", "ev_high",
+    "pkey_other", "pkey_limited", "ev_high", "payload_flip",
 ]
 _PACKET = st.tuples(st.integers(0, 3), st.sampled_from(_FAULTS), st.integers(0, 40))
 
@@ -218,6 +252,8 @@ def _render(specs: list[tuple[int, str | None, int]], qb: QueuePair, mr: Any,
         if header is not None:
             pkt[header[0]] ^= header[1]
             qb.rx_icrc.write(pkt, n - 4, 0xC000 | ev)
+        if fault == "payload_flip":  # after the ICRC was written: only the ICRC tells
+            pkt[n - 9] ^= 0x01
         if fault == "short":
             pkt = pkt[:-5]
         elif fault == "long":
@@ -237,7 +273,8 @@ def _responder() -> tuple[Context, QueuePair, np.ndarray, Any]:
     return b, qb, dst, mr
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(specs=st.lists(_PACKET, min_size=1, max_size=48),
        cuts=st.lists(st.integers(1, 16), min_size=1, max_size=8))
 def test_hostile_headers_with_a_valid_icrc_give_what_one_by_one_gives(
@@ -245,8 +282,9 @@ def test_hostile_headers_with_a_valid_icrc_give_what_one_by_one_gives(
 ) -> None:
     """Every header field the kernel reads, pushed out of range (window, region bounds, R_Key, lengths,
     pad, MXH version, flags, the QPN's reserved byte, a foreign source, ECN) in packets whose ICRC is
-    valid, so that only the kernel's own checks stand between them and the region: the same state,
-    datagrams and bytes as one `receive` per packet."""
+    valid, so that only the kernel's own checks stand between them and the region, and a payload bit
+    flipped after the ICRC (only the ICRC refuses it): the same state, datagrams and bytes as one
+    `receive` per packet."""
     b1, q1, d1, m1 = _responder()
     b2, q2, d2, m2 = _responder()
     p1 = _render(specs, q1, m1, m1.rkey)
