@@ -161,7 +161,7 @@ class RankProcesses:
                                            text=True, start_new_session=True, env=env))
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> list[Any]:
-        return [self.answer(r, timeout, "ready") for r in range(len(self.procs))]
+        return self.answers(timeout, "ready")
 
     def log_tail(self, r: int) -> str:
         try:
@@ -170,26 +170,49 @@ class RankProcesses:
             return ""
         return lines[-1] if lines else ""
 
-    def answer(self, r: int, timeout: float, key: str = "ok") -> Any:
+    def _read(self, r: int, key: str) -> Any:
+        """Rank r's answer line (readable now): its `key`, or its error raised."""
         p = self.procs[r]
         assert p.stdout is not None
+        line = p.stdout.readline()
+        if not line:
+            p.wait(5)
+            tail = self.log_tail(r)
+            raise MrcError(f"rank {r} ({self.hosts[r]}) exited (status {p.returncode})"
+                           + (f": {tail}" if tail else ""))
+        doc = json.loads(line)
+        if "error" in doc:
+            raise MrcError(str(doc["error"]))
+        return doc[key]
+
+    def answers(self, timeout: float, key: str = "ok") -> list[Any]:
+        """One answer from every rank, in rank order, waiting on all of them at once. The first failure
+        (a rank's error, its exit, or no answer within `timeout`) ends every rank and is raised then: a
+        rank that failed leaves its peers waiting for messages that will never come, and waiting for
+        their answers one by one held the run for their whole transport timeout (120 s by default)."""
+        got: list[Any] = [None] * len(self.procs)
+        pending = set(range(len(self.procs)))
         deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise MrcError(f"rank {r} ({self.hosts[r]}): no answer within {timeout:.0f} s")
-            rd, _, _ = select.select([p.stdout], [], [], min(left, 1.0))
-            if rd:
-                line = p.stdout.readline()
-                if not line:
-                    p.wait(5)
-                    tail = self.log_tail(r)
-                    raise MrcError(f"rank {r} ({self.hosts[r]}) exited (status {p.returncode})"
-                                   + (f": {tail}" if tail else ""))
-                doc = json.loads(line)
-                if "error" in doc:
-                    raise MrcError(str(doc["error"]))
-                return doc[key]
+        try:
+            while pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    r = min(pending)
+                    raise MrcError(f"rank {r} ({self.hosts[r]}): no answer within {timeout:.0f} s")
+                files: dict[IO[str], int] = {}
+                for r in sorted(pending):
+                    out = self.procs[r].stdout
+                    assert out is not None
+                    files[out] = r
+                rd, _, _ = select.select(list(files), [], [], min(left, 1.0))
+                for f in rd:
+                    r = files[f]
+                    got[r] = self._read(r, key)
+                    pending.discard(r)
+        except MrcError:
+            self.close(grace_s=0.0)
+            raise
+        return got
 
     def send(self, r: int, doc: dict[str, Any]) -> None:
         p = self.procs[r]
@@ -197,15 +220,17 @@ class RankProcesses:
         try:
             p.stdin.write(json.dumps(doc) + "\n")
             p.stdin.flush()
-        except (BrokenPipeError, OSError):
+        except (OSError, ValueError):  # a broken pipe, or a rank already ended (its stdin closed)
             raise MrcError(f"rank {r} ({self.hosts[r]}) is gone: {self.log_tail(r)}") from None
 
-    def close(self) -> None:
+    def close(self, grace_s: float = 10.0) -> None:
+        """End every rank: a `quit` line, `grace_s` to leave, then SIGTERM, then SIGKILL (by PID). Safe
+        to call again."""
         for r, p in enumerate(self.procs):
             if p.poll() is None:
                 with contextlib.suppress(MrcError):
                     self.send(r, {"op": "quit"})
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + grace_s
         for p in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(max(0.1, deadline - time.monotonic()))
@@ -302,9 +327,6 @@ class MrcRunner:
                               "--prefix", f"ar{os.getpid()}"], env)
         self.ranks.wait_ready()
 
-    def _answer(self, r: int, timeout: float, key: str = "ok") -> Any:
-        return self.ranks.answer(r, timeout, key)
-
     def _send(self, r: int, doc: dict[str, Any]) -> None:
         self.ranks.send(r, doc)
 
@@ -378,30 +400,11 @@ class MrcRunner:
                            "intra_bits": self.intra_bits})
         # every rank has read its input before any starts: the iteration's clock is the collective's,
         # not the spread of the ranks' file reads
-        loaded: list[int] = []
-        load_error: MrcError | None = None
-        for r in range(n):
-            try:
-                self._answer(r, self.timeout_s + 30, "loaded")
-                loaded.append(r)
-            except MrcError as e:
-                load_error = load_error or e
-        if load_error is not None:  # a rank is gone: the others could only time out; they leave
-            for r in loaded:
-                with contextlib.suppress(MrcError, OSError):
-                    self._send(r, {"op": "quit"})
-            raise load_error
+        # (a rank that fails ends them all: `RankProcesses.answers`)
+        self.ranks.answers(self.timeout_s + 30, "loaded")
         for r in range(n):
             self._send(r, {"op": "go"})
-        answers: list[dict[str, Any]] = []
-        first_error: MrcError | None = None
-        for r in range(n):
-            try:
-                answers.append(self._answer(r, self.timeout_s + 30))
-            except MrcError as e:
-                first_error = first_error or e
-        if first_error is not None:
-            raise first_error
+        answers: list[dict[str, Any]] = self.ranks.answers(self.timeout_s + 30)
         t0 = min(int(a["t_start_ns"]) for a in answers)
         t1 = max(int(a["t_end_ns"]) for a in answers)
         results = []

@@ -258,15 +258,7 @@ class DdpRanks:
             self.ranks.send(r, {"op": "train", **full})
         # a stall fails inside the rank within its timeout; the whole run scales with the steps
         limit = 2 * self.timeout_s + 5.0 * int(full["steps"])
-        answers: list[dict[str, Any]] = []
-        first_error: MrcError | None = None
-        for r in range(len(self.procs)):
-            try:
-                answers.append(self.ranks.answer(r, limit))
-            except MrcError as e:
-                first_error = first_error or e
-        if first_error is not None:
-            raise first_error
+        answers: list[dict[str, Any]] = self.ranks.answers(limit)  # the first failure ends every rank
         return {"config": full, "ranks": answers,
                 "params_identical": len({a["params_sha256"] for a in answers}) == 1}
 
@@ -277,15 +269,7 @@ class DdpRanks:
             raise MrcError("local ranks have no MRC transport: mrc=False")
         for r in range(len(self.procs)):
             self.ranks.send(r, {"op": "compare", "cfg": cfg, "mrc": mrc})
-        answers: list[dict[str, Any]] = []
-        first_error: MrcError | None = None
-        for r in range(len(self.procs)):
-            try:
-                answers.append(self.ranks.answer(r, limit_s))
-            except MrcError as e:
-                first_error = first_error or e
-        if first_error is not None:
-            raise first_error
+        answers: list[dict[str, Any]] = self.ranks.answers(limit_s)  # the first failure ends every rank
         return answers
 
     def close(self) -> None:
