@@ -28,16 +28,16 @@ once per flush. Both ways give the engine identical arguments and the wire ident
 ``MRC_RX_KERNEL``) gets each recvmmsg batch whole: lengths, ECN and ports from `mmsg.parse_controls`,
 the slots and sources as numpy views, no Python object per data packet.
 
-The send ring (``MRC_TX_RING=1``, off by default): the engine writes into a `TxRing`
+The send ring (on by default; ``MRC_TX_RING=0`` turns it off): the engine writes into a `TxRing`
 (`Context.datagrams_into`) and `dataplane/ringsend.py` sends the slots with sendmmsg in place, paced by
 the same rules as `_pace` (docs/daemon.md, "The send ring").
 
-Why batch I/O is on by default and the ring is not (docs/daemon.md, "Batch I/O by default"): with the
-C receive kernel a batch of data packets crosses the driver and the engine without a Python object
-per packet, for less receive CPU per packet at high rates (batches of 16 and more) and the C receive's
-one call per datagram below that; the ring takes the per-packet objects off the send side too, but
-measured side by side it costs the sender as much CPU or more (sendmmsg through ctypes for a flush of
-one or two datagrams), so it stays a switch.
+Why both are on by default (docs/daemon.md, "Batch I/O and the send ring by default"): with them a data
+packet of a bulk transfer crosses the driver and the engine without a Python object either way (the
+C receive kernel takes batches of 16 and more from recvmmsg's slots; the C send writes each packet in
+its ring slot), for the same CPU per packet as the per-datagram calls, measured side by side
+(bench/tx_ring.py); the per-datagram calls stay for a context without the batch methods, and behind
+the switches.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from mrc.transport import Context, Datagram
-from mrc.transport.txring import TxRing
+from mrc.transport.txring import DEFAULT_CAP, TxRing
 from mrc.wire import ROCEV2_UDP_PORT
 
 from . import mmsg
@@ -83,6 +83,10 @@ MMSG_BATCH: Final = 64
 #: how long the loop waits when the engine's timers ran and a deadline is still due (an engine bug:
 #: counted as `timer_stuck`); without it the loop would spin on that deadline for the QP's lifetime
 STUCK_TIMER_WAIT_NS: Final = 1_000_000
+#: the send ring grows for a burst (each slot 9 KiB, up to 16,384) and keeps its slots, where the list
+#: path frees its datagrams as they go: a ring whose live entries stayed at a quarter of its slots or
+#: fewer for this long, and is empty, shrinks to the smallest size that held them twice over
+RING_SHRINK_NS: Final = 2_000_000_000
 
 
 def _port(dg: Datagram) -> int:
@@ -98,15 +102,14 @@ def _switch(name: str, default: bool) -> bool:
 
 
 def tx_ring_default() -> bool:
-    """The send ring with ``MRC_TX_RING=1`` (and where sendmmsg is usable); off by default: it saves no
-    CPU per packet and costs some on small flushes (docs/daemon.md, "Batch I/O by default")."""
-    return _switch("MRC_TX_RING", False)
+    """The send ring unless ``MRC_TX_RING=0`` (and where sendmmsg is usable)."""
+    return _switch("MRC_TX_RING", True)
 
 
 def batch_io_default() -> bool:
     """Batch I/O unless ``MRC_BATCH_IO=0``, where the engine's batch receive is the C kernel
     (`rxbatch.KERNEL`); where it would be numba's, only with ``MRC_BATCH_IO=1``: numba's import alone
-    costs a process ~120 MB (docs/daemon.md, "Batch I/O by default")."""
+    costs a process ~120 MB (docs/daemon.md, "Batch I/O and the send ring by default")."""
     from mrc.transport import rxbatch
 
     return _switch("MRC_BATCH_IO", rxbatch.KERNEL == "c")
@@ -166,6 +169,8 @@ class SocketDriver:
         #: sends them from there with sendmmsg, paced as `_pace` paces (dataplane/ringsend.py)
         self._ring: TxRing | None = None
         self._rs: RingSender | None = None
+        self._ring_peak = 0  # the most live entries since the last shrink check
+        self._ring_check_at = clock() + RING_SHRINK_NS
         want_ring = tx_ring_default() if tx_ring is None else bool(tx_ring and mmsg.available())
         if want_ring and hasattr(ctx, "datagrams_into"):
             self._ring = TxRing()
@@ -476,6 +481,8 @@ class SocketDriver:
         lost = ring.oversize + ring.overflow
         self.ctx.datagrams_into(t, ring)
         rs.after_fill(before)
+        if len(ring) > self._ring_peak:
+            self._ring_peak = len(ring)
         # as the list path: larger than any MTU, lost; or appended to a ring at its bound, lost
         self.send_errors += ring.oversize + ring.overflow - lost
         rs.debt, rs.catchup = self.pace_debt, self.pace_catchup
@@ -486,6 +493,11 @@ class SocketDriver:
         self.paced += rs.paced
         rs.blocked = rs.errors = rs.paced = 0
         self.tx_datagrams += n
+        if t >= self._ring_check_at:
+            self._ring_check_at = t + RING_SHRINK_NS
+            peak, self._ring_peak = self._ring_peak, len(ring)
+            if not len(ring) and ring.cap > DEFAULT_CAP and 4 * peak <= ring.cap:
+                ring.shrink(max(DEFAULT_CAP, 1 << (2 * peak - 1).bit_length() if peak else 1))
         return n
 
     def _flush_batch(self, pend: collections.deque[Datagram]) -> int:

@@ -92,6 +92,20 @@ class TxRing:
         self.gen += 1
         self._np = None
 
+    def shrink(self, cap: int) -> None:
+        """Fewer slots (`cap`, a power of two, at most the present count), giving back the memory a burst
+        made the ring grow to; only when no entry is live (readers rebind: `gen`)."""
+        if self.tail != self.head:
+            raise ValueError(f"a ring with {self.tail - self.head} live entries cannot shrink")
+        if cap < 1 or cap & (cap - 1) or cap > self.cap:
+            raise ValueError(f"a ring of {self.cap} slots cannot shrink to {cap}")
+        if cap == self.cap:
+            return
+        self._alloc(cap)
+        self.head = self.tail = 0
+        self.gen += 1
+        self._np = None
+
     def append(self, dg: Datagram) -> None:
         """Copy `dg` into the next slot (the engine's Python paths call this as they would a list's)."""
         data = dg.data

@@ -199,19 +199,96 @@ def test_every_datagram_goes_once_through_partial_sends_a_full_buffer_and_an_err
     assert got == [i for i in range(50) if i != lost]
 
 
+def test_released_slots_that_are_not_one_run_go_gathered_once_each_through_errors(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Paced, a slow port holds its datagrams while a fast one's go: the released slots have holes, so
+    their headers are gathered; through a partial send, EAGAIN and ENOBUFS on that path every datagram
+    still goes exactly once, but the one lost to the error, which is counted."""
+    out = _tagged(50, 2)
+    with _rx() as drv_sock, _rx() as peer:
+        d = SocketDriver(RingCtx(out), drv_sock, batch_io=False, tx_ring=True,  # type: ignore[arg-type]
+                         port_rate_bps=[10**12, 10**9])
+        d.dst_port = peer.getsockname()[1]
+        rs = d._rs
+        assert rs is not None
+        real = rs._sendmmsg
+        script = [3, -errno.EAGAIN, 5, -errno.ENOBUFS]
+        gathered = []
+
+        def sendmmsg(fd: int, vec: int, k: int, flags: int) -> int:
+            gathered.append(vec == rs._gather_addr)
+            step = script.pop(0) if script else None
+            if step is None:
+                return int(real(fd, vec, k, flags))
+            if step < 0:
+                ctypes.set_errno(-step)
+                return -1
+            return int(real(fd, vec, min(step, k), flags))
+
+        monkeypatch.setattr(rs, "_sendmmsg", sendmmsg)
+        total = 0
+        deadline = time.monotonic() + 30  # port 1 earns a datagram's tokens in ~70 us
+        while (d.queued or total == 0) and time.monotonic() < deadline:
+            total += d.flush()
+        assert gathered[:4] == [True] * 4  # the scripted steps all met the gathering path
+        assert total == 49 and d.send_errors == 1 and d.tx_datagrams == 49 and d.queued == 0
+        got = [int.from_bytes(w[:4], "big") for w in _drain(peer)]
+    assert len(got) == 49 and len(set(got)) == 49  # each once; one lost
+    assert [x for x in got if x % 2 == 0] == sorted(x for x in got if x % 2 == 0)  # each port in order
+    assert [x for x in got if x % 2] == sorted(x for x in got if x % 2)
+
+
+def test_a_ring_that_grew_for_a_burst_gives_its_slots_back_when_idle() -> None:
+    """A burst of 1000 datagrams grows the ring to 1024 slots (9 MiB); once its live entries have stayed
+    at a quarter of that or fewer for RING_SHRINK_NS and it is empty, it shrinks back, and what comes
+    after still goes out intact. A ring still in use at its size keeps it."""
+    from mrc.dataplane.driver import RING_SHRINK_NS
+    from mrc.transport.txring import DEFAULT_CAP
+
+    now = [0]
+    ctx = RingCtx(_tagged(1000, 2))
+    with _rx() as drv_sock, _rx() as peer:
+        d = SocketDriver(ctx, drv_sock, batch_io=False, tx_ring=True,  # type: ignore[arg-type]
+                         clock=lambda: now[0])
+        d.dst_port = peer.getsockname()[1]
+        ring = d._ring
+        assert ring is not None
+        sent = 0
+        while sent < 1000:
+            sent += d.flush()
+            got = _drain(peer)
+        assert ring.cap == 1024 and len(ring) == 0
+        now[0] += RING_SHRINK_NS  # the first check saw the burst: the ring keeps its slots
+        d.flush()
+        assert ring.cap == 1024
+        ctx.out = _tagged(300, 2)  # in use at a third of its slots: kept
+        now[0] += RING_SHRINK_NS
+        d.flush()
+        got = _drain(peer)
+        assert ring.cap == 1024 and len(got) == 300
+        now[0] += RING_SHRINK_NS  # a quiet period: back to the default size
+        d.flush()
+        assert ring.cap == DEFAULT_CAP
+        ctx.out = _tagged(40, 2)
+        assert d.flush() == 40
+        got = _drain(peer)
+    assert [int.from_bytes(w[:4], "big") for w in got] == list(range(40))
+    assert all(len(w) == 8248 for w in got)
+
+
 def test_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Off by default (and with ``MRC_TX_RING=0``); ``MRC_TX_RING=1`` turns it on for a context that has
-    `datagrams_into`."""
+    """On by default for a context that has `datagrams_into`; ``MRC_TX_RING=0`` (or off, no, false)
+    turns it off."""
     from mrc.dataplane import driver
 
-    for v in (None, "0", "off"):
-        if v is None:
-            monkeypatch.delenv("MRC_TX_RING", raising=False)
-        else:
-            monkeypatch.setenv("MRC_TX_RING", v)
+    for v in ("0", "off"):
+        monkeypatch.setenv("MRC_TX_RING", v)
         assert not driver.tx_ring_default()
         with _rx() as s:
             assert not SocketDriver(RingCtx([]), s).tx_ring  # type: ignore[arg-type]
+    monkeypatch.delenv("MRC_TX_RING")
+    assert driver.tx_ring_default()
     monkeypatch.setenv("MRC_TX_RING", "1")
     assert driver.tx_ring_default()
     with _rx() as s:

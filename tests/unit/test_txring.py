@@ -188,3 +188,19 @@ def test_ring_arrays_are_what_the_batch_receive_takes() -> None:
     (s, k), = ring.runs()
     assert data[s : s + k].dtype == np.uint8 and lens[s : s + k].dtype == np.int64
     assert [int(x) for x in lens[s : s + k]] == [64, 65, 66, 67, 68]
+
+
+def test_shrink_only_when_empty_and_smaller() -> None:
+    ring = TxRing(8)
+    for i in range(12):  # grows to 16
+        ring.append(_dg(i, 100))
+    gen = ring.gen
+    with pytest.raises(ValueError, match="live entries"):
+        ring.shrink(8)
+    ring.release(12)
+    with pytest.raises(ValueError, match="cannot shrink to 32"):
+        ring.shrink(32)
+    ring.shrink(8)
+    assert ring.cap == 8 and ring.gen == gen + 1 and len(ring) == 0 and len(ring.data) == 8 * SLOT
+    ring.append(_dg(99, 64))
+    assert ring.take()[0].data == _dg(99, 64).data
