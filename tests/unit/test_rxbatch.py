@@ -355,3 +355,52 @@ def _with_ts(pkt: bytes, qb: QueuePair, ts: int) -> bytes:
     ev = int.from_bytes(p[30:32], "big") & 0x3FFF
     qb.rx_icrc.write(p, len(p) - 4, 0xC000 | ev)
     return bytes(p)
+
+
+def test_the_c_kernels_refuse_arrays_they_cannot_take() -> None:
+    """`_fastc.rx_run` and `rx_parse` read and write through the arrays they are given: a wrong item type,
+    a shape that does not hold `k` packets, a row that is not contiguous or a read-only state row is a
+    TypeError or ValueError, never a read or write outside the arrays."""
+    from mrc.transport import fastpath
+
+    c = fastpath._compiled()
+    if c is None or not hasattr(c, "rx_run"):
+        pytest.skip("mrc/transport/_fastc.c is not built here (make setup)")
+    k = 4
+    good: dict[str, Any] = {
+        "data": np.zeros((k, 64), np.uint8), "lens": np.zeros(k, np.int64), "ecn": np.zeros(k, np.bool_),
+        "ports": np.zeros(k, np.int64), "srcs": np.zeros((0, 16), np.uint8), "peer": np.zeros(16, np.uint8),
+        "st": np.zeros(rxbatch.ST_LEN, np.int64), "words": np.zeros(4, np.uint64),
+        "mr": np.zeros(0, np.uint8), "starts": np.full(0x4000, -1, np.int64),
+    }
+    order = ["data", "lens", "ecn", "ports", "srcs", "peer", "st", "words", "mr", "starts"]
+
+    def call(j: int = 0, kk: int = k, **over: Any) -> Any:
+        a = {**good, **over}
+        return c.rx_run(*(a[n] for n in order[:6]), j, kk, *(a[n] for n in order[6:]))
+
+    assert call() == (rxbatch.PURE, 0)  # zero-length packets: the one-by-one path's
+    ro = np.zeros(rxbatch.ST_LEN, np.int64)
+    ro.flags.writeable = False
+    bad: list[dict[str, Any]] = [
+        {"lens": np.zeros(k, np.int32)}, {"st": ro}, {"st": np.zeros(3, np.int64)},
+        {"starts": np.zeros(16, np.int64)}, {"data": np.zeros((k, 128), np.uint8)[:, ::2]},
+        {"data": np.zeros(64, np.uint8)}, {"srcs": np.zeros((k, 8), np.uint8)},
+        {"peer": np.zeros(4, np.uint8)},
+        {"words": np.zeros(4, np.float64)}, {"ecn": np.zeros(k, np.int64)}, {"lens": [0, 0, 0, 0]},
+    ]
+    for over in bad:
+        with pytest.raises((TypeError, ValueError)):
+            call(**over)
+    with pytest.raises(ValueError):
+        call(kk=k + 1)  # more packets than the arrays hold
+    with pytest.raises(ValueError):
+        call(j=-1)
+    hdrs, ctl = np.zeros(k * 64, np.uint8), np.zeros(k * 64, np.uint8)
+    table, lens, ports = np.zeros(4, np.int64), np.zeros(k, np.int64), np.zeros(k, np.int64)
+    ecn = np.zeros(k, np.bool_)
+    assert c.rx_parse(hdrs, ctl, k, 64, table, lens, ecn, ports) == 0
+    with pytest.raises(ValueError):
+        c.rx_parse(hdrs, ctl, k + 1, 64, table, lens, ecn, ports)
+    with pytest.raises(TypeError):
+        c.rx_parse(hdrs, ctl, k, 64, table, lens.astype(np.int32), ecn, ports)
