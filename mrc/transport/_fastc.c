@@ -1330,11 +1330,10 @@ done:
     {
         PyObject *et, *ev_, *tb;
         PyErr_Fetch(&et, &ev_, &tb);
-        int bad = 0;
-        for (Py_ssize_t i = 0; i < PORT_ACC && !bad; i++)
-            bad = pacc[i] && port_add(port_bytes, i, pacc[i]);
-        if (to_ring && !bad)
-            bad = ring_close(&rw) < 0;
+        int bad = to_ring && ring_close(&rw) < 0;
+        for (Py_ssize_t i = 0; i < PORT_ACC; i++)
+            if (pacc[i] && port_add(port_bytes, i, pacc[i]))
+                bad = 1;
         if (bad) {
             Py_CLEAR(res);
             Py_XDECREF(et); Py_XDECREF(ev_); Py_XDECREF(tb);
