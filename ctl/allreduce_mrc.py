@@ -180,7 +180,12 @@ class RankProcesses:
             tail = self.log_tail(r)
             raise MrcError(f"rank {r} ({self.hosts[r]}) exited (status {p.returncode})"
                            + (f": {tail}" if tail else ""))
-        doc = json.loads(line)
+        try:
+            doc = json.loads(line)
+        except json.JSONDecodeError:
+            doc = None
+        if not isinstance(doc, dict) or ("error" not in doc and key not in doc):
+            raise MrcError(f"rank {r} ({self.hosts[r]}): expected a {key!r} line, got {line.strip()[:200]!r}")
         if "error" in doc:
             raise MrcError(str(doc["error"]))
         return doc[key]

@@ -165,8 +165,8 @@ class SocketDriver:
         self._karrays: Any = None
         self._sb: mmsg.SendBatch | None = None
         self._names: dict[bytes, int] = {}
-        #: the send ring (``MRC_TX_RING=1``): the engine writes datagrams into its slots and `RingSender`
-        #: sends them from there with sendmmsg, paced as `_pace` paces (dataplane/ringsend.py)
+        #: the send ring (``MRC_TX_RING``, on by default): the engine writes datagrams into its slots and
+        #: `RingSender` sends them from there with sendmmsg, paced as `_pace` paces (dataplane/ringsend.py)
         self._ring: TxRing | None = None
         self._rs: RingSender | None = None
         self._ring_peak = 0  # the most live entries since the last shrink check

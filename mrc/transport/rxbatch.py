@@ -81,7 +81,7 @@ NUMBA_OK: Final = _CRC is not None and _MEMCPY_ADDR != 0
 FNS: Final = np.array([_address(_CRC) if _CRC is not None else 0, _MEMCPY_ADDR], dtype=np.int64)
 
 
-# what the kernel reports when it stops (`_run`'s first result)
+# what a kernel reports when it stops (the first of `rx_run`'s results)
 DONE: Final = 0  # every packet of the range taken
 SACK: Final = 1  # the packet before `j` must be acknowledged now (its fields in st[S_PSN:])
 PURE: Final = 2  # packet `j` goes to Context.receive whole
@@ -176,7 +176,7 @@ def kernel(name: str) -> Callable[..., tuple[int, int]]:
 
 
 class _QpView:
-    """One QP's state as `_run` takes it, kept between batches: the ICRC start table for its full-size
+    """One QP's state as a kernel takes it, kept between batches: the ICRC start table for its full-size
     packet length, the memory region's array, the state vector and the bitmap words."""
 
     __slots__ = ("end", "ic", "m", "mr_arr", "mr_obj", "peer", "st", "starts", "words")

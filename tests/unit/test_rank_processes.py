@@ -22,7 +22,9 @@ print(json.dumps({"ready": mode}), flush=True)
 for line in sys.stdin:
     if json.loads(line).get("op") == "quit":
         break
-    if mode == "fail":
+    if mode == "garbage":
+        print("Traceback (most recent call last):", flush=True)
+    elif mode == "fail":
         print(json.dumps({"error": "rank 1: input: 3000 elements where 2000 were expected"}), flush=True)
     elif mode == "ok":
         print(json.dumps({"ok": 7}), flush=True)
@@ -77,4 +79,14 @@ def test_a_rank_that_exits_is_named_with_its_status(ranks: allreduce_mrc.RankPro
     ranks.send(0, {"op": "run"})
     ranks.send(2, {"op": "run"})
     with pytest.raises(MrcError, match=r"rank 1 \(h1\) exited \(status 0\)"):
+        ranks.answers(60)
+
+
+def test_a_rank_line_that_is_not_an_answer_is_named_not_a_traceback(
+    ranks: allreduce_mrc.RankProcesses, tmp_path: Path
+) -> None:
+    _start(ranks, tmp_path, ["ok", "garbage", "ok"])
+    for r in range(3):
+        ranks.send(r, {"op": "run"})
+    with pytest.raises(MrcError, match=r"rank 1 \(h1\): expected a 'ok' line, got 'Traceback"):
         ranks.answers(60)

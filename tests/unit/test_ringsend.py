@@ -1,6 +1,6 @@
-"""The socket driver's send ring (``MRC_TX_RING=1``: dataplane/ringsend.py) against its list path: the
-same datagrams on the wire, the same pacing decisions turn by turn, and every datagram sent exactly
-once through partial sends, a full socket buffer and a send error."""
+"""The socket driver's send ring (dataplane/ringsend.py, the default) against its list path
+(``MRC_TX_RING=0``): the same datagrams on the wire, the same pacing decisions turn by turn, and every
+datagram sent exactly once through partial sends, a full socket buffer and a send error."""
 
 from __future__ import annotations
 
@@ -161,6 +161,27 @@ def test_the_ring_paces_as_the_list_path_turn_by_turn(seed: int) -> None:
     assert any(p == 4 for turn, _ in a for _, p in turn)
 
 
+def _script_sendmmsg(rs: RingSender, script: list[int], monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """`rs`'s sendmmsg, the first calls scripted: n > 0 takes at most n datagrams, -errno fails with it;
+    then the real call. Returns the header-array address of every call, in order (filled as they come)."""
+    real = rs._sendmmsg
+    script = list(script)
+    vecs: list[int] = []
+
+    def sendmmsg(fd: int, vec: int, k: int, flags: int) -> int:
+        vecs.append(vec)
+        step = script.pop(0) if script else None
+        if step is None:
+            return int(real(fd, vec, k, flags))
+        if step < 0:
+            ctypes.set_errno(-step)
+            return -1
+        return int(real(fd, vec, min(step, k), flags))
+
+    monkeypatch.setattr(rs, "_sendmmsg", sendmmsg)
+    return vecs
+
+
 @pytest.mark.parametrize(("script", "first", "lost"), [
     ([3, -errno.EAGAIN, 5, -errno.ENOBUFS], 3, 8),  # the error on the path that gathers released entries
     ([-errno.ENOBUFS, 2, -errno.EAGAIN], 2, 0),  # on the path that sends runs in place
@@ -177,19 +198,7 @@ def test_every_datagram_goes_once_through_partial_sends_a_full_buffer_and_an_err
         d.dst_port = peer.getsockname()[1]
         rs = d._rs
         assert rs is not None
-        real = rs._sendmmsg
-        script = list(script)  # then the real call for the rest
-
-        def sendmmsg(fd: int, vec: int, k: int, flags: int) -> int:
-            step = script.pop(0) if script else None
-            if step is None:
-                return int(real(fd, vec, k, flags))
-            if step < 0:
-                ctypes.set_errno(-step)
-                return -1
-            return int(real(fd, vec, min(step, k), flags))
-
-        monkeypatch.setattr(rs, "_sendmmsg", sendmmsg)
+        _script_sendmmsg(rs, script, monkeypatch)
         assert d.flush() == first and d.send_blocked == 1 and d.want_write
         total = first
         while d.queued:
@@ -212,26 +221,12 @@ def test_released_slots_that_are_not_one_run_go_gathered_once_each_through_error
         d.dst_port = peer.getsockname()[1]
         rs = d._rs
         assert rs is not None
-        real = rs._sendmmsg
-        script = [3, -errno.EAGAIN, 5, -errno.ENOBUFS]
-        gathered = []
-
-        def sendmmsg(fd: int, vec: int, k: int, flags: int) -> int:
-            gathered.append(vec == rs._gather_addr)
-            step = script.pop(0) if script else None
-            if step is None:
-                return int(real(fd, vec, k, flags))
-            if step < 0:
-                ctypes.set_errno(-step)
-                return -1
-            return int(real(fd, vec, min(step, k), flags))
-
-        monkeypatch.setattr(rs, "_sendmmsg", sendmmsg)
+        vecs = _script_sendmmsg(rs, [3, -errno.EAGAIN, 5, -errno.ENOBUFS], monkeypatch)
         total = 0
         deadline = time.monotonic() + 30  # port 1 earns a datagram's tokens in ~70 us
         while (d.queued or total == 0) and time.monotonic() < deadline:
             total += d.flush()
-        assert gathered[:4] == [True] * 4  # the scripted steps all met the gathering path
+        assert vecs[:4] == [rs._gather_addr] * 4  # the scripted steps all met the gathering path
         assert total == 49 and d.send_errors == 1 and d.tx_datagrams == 49 and d.queued == 0
         got = [int.from_bytes(w[:4], "big") for w in _drain(peer)]
     assert len(got) == 49 and len(set(got)) == 49  # each once; one lost
